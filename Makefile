@@ -1,0 +1,33 @@
+# Two commands a newcomer needs: `make demo` and `make test`.
+# Both create .venv and install everything themselves.
+SHELL := /bin/bash
+PYTHON312 := $(shell command -v python3.12 2>/dev/null || ls -d $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python 2>/dev/null | tail -n 1)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv bench faults clean
+
+$(STAMP): pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
+	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) manage.py shardq_demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+faults: $(STAMP)
+	SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q tests/faults
+
+bench: $(STAMP)
+	$(PY) manage.py shardq_bench
+
+clean:
+	rm -rf $(VENV) .pgdata .demo bench/results

@@ -1,0 +1,48 @@
+import json
+
+from django.db import transaction
+from django.http import Http404, HttpResponseBadRequest, JsonResponse
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from .models import Order
+from .tasks import add, send_receipt
+
+
+@csrf_exempt
+@require_POST
+def create_order(request):
+    """Create an order and, in the same transaction, enqueue its receipt."""
+    try:
+        body = json.loads(request.body or b"{}")
+        customer_id, total = int(body["customer_id"]), int(body["total_cents"])
+    except (ValueError, KeyError, TypeError):
+        return HttpResponseBadRequest("POST JSON {\"customer_id\": int, \"total_cents\": int}")
+    with transaction.atomic():
+        order = Order.objects.create(customer_id=customer_id, total_cents=total)
+        result = send_receipt.enqueue(customer_id=customer_id, order_id=order.pk)
+    return JsonResponse({"order": order.pk, "job": result.id}, status=201)
+
+
+@csrf_exempt
+@require_POST
+def enqueue_add(request):
+    try:
+        body = json.loads(request.body or b"{}")
+        result = add.enqueue(body["a"], body["b"])
+    except (ValueError, KeyError, TypeError, InvalidTask) as exc:
+        return HttpResponseBadRequest(str(exc))
+    return JsonResponse({"job": result.id}, status=201)
+
+
+@require_GET
+def job_status(request, job_id):
+    try:
+        result = send_receipt.get_backend().get_result(job_id)
+    except TaskResultDoesNotExist:
+        raise Http404("no such job") from None
+    body = {"id": result.id, "status": result.status, "worker_ids": result.worker_ids}
+    if result.status == "SUCCESSFUL":
+        body["return_value"] = result.return_value
+    return JsonResponse(body)

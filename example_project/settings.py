@@ -1,0 +1,98 @@
+"""Settings of the example project: everything comes from the environment.
+
+``DATABASE_URL`` picks the PostgreSQL server; when it is unset an embedded
+server (``pgserver``) is started under ``.pgdata/`` and its URL exported, so
+child processes (gunicorn, workers) join the same server.
+``SHARDQ_*`` variables tune shardq (see docs/configuration.md).
+"""
+
+import os
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+if not os.environ.get("DATABASE_URL"):
+    from shardq import embedded
+
+    os.environ["DATABASE_URL"] = embedded.start()
+
+SECRET_KEY = env("DJANGO_SECRET_KEY", default="insecure-example-key-change-me")
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "shardq",
+    "example_project.demo",
+    *env.list("DJANGO_EXTRA_APPS", default=[]),
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "example_project.urls"
+WSGI_APPLICATION = "example_project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASES = {"default": env.db("DATABASE_URL")}
+DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+USE_TZ = True
+TIME_ZONE = "UTC"
+STATIC_URL = "static/"
+
+TASKS = {
+    "default": {
+        "BACKEND": "shardq.backend.ShardqBackend",
+        "QUEUES": env.list("SHARDQ_QUEUES", default=["default", "emails", "reports"]),
+    }
+}
+
+SHARDQ = {
+    "SHARD_COUNT": env.int("SHARDQ_SHARD_COUNT", default=64),
+    "LEASE_TTL": env.float("SHARDQ_LEASE_TTL", default=30.0),
+    "HEARTBEAT": env.float("SHARDQ_HEARTBEAT", default=10.0),
+    "POLL_INTERVAL": env.float("SHARDQ_POLL_INTERVAL", default=1.0),
+    "NOTIFY": env.bool("SHARDQ_NOTIFY", default=True),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("DJANGO_LOG_LEVEL", default="WARNING")},
+    "loggers": {
+        "django.tasks": {"level": env("SHARDQ_TASK_LOG_LEVEL", default="WARNING")},
+        "shardq": {"level": env("SHARDQ_LOG_LEVEL", default="INFO")},
+    },
+}

@@ -1,0 +1,361 @@
+"""The worker's local sharded queue: claimed jobs between fetch and execution.
+
+The fetcher pushes jobs it has claimed; executor threads pop the best one,
+run it and call ``done``. Everything is in memory and bounded by
+``capacity`` (buffered + processing), which is what makes the fetcher
+demand-driven: it asks the database for ``free`` jobs at most.
+
+Where a buffered job lives
+--------------------------
+* **delayed index** — ``run_after > now`` at push time; a time-ordered index
+  (skip list or SortedList, see :mod:`shardq.core.skiplist`). Every ``pop``
+  first moves everything due into the lanes (one range pop).
+* **lane** — ready to run. ``lane = FNV-1a(queue name) & (lane_count - 1)``;
+  each lane is an indexed priority queue (:mod:`shardq.core.heap`) ordered by
+  (-priority, run_after, sequence). One sequence counter is shared by all
+  lanes, so FIFO ties break the same way across lanes. ``pop`` takes the best
+  head over the non-empty lanes.
+* **key wait list** — an ``ordered`` job whose key already has a job in a
+  lane or in processing. Per-key FIFO: each key has at most one *holder*
+  (the job in a lane or processing); the rest wait, in the order they became
+  ready, and the next one enters its lane only when the holder is ``done``
+  (or removed by ``drop_shard``/``drain``). The gate is on the key string
+  alone, across queues. Unordered jobs are never gated.
+
+Popped jobs move to **processing** (by job id) until ``done``.
+
+Locks and lock order
+--------------------
+Three lock domains, always taken in this order, never the reverse:
+
+1. ``_index_lock`` — the job index (buffered id → job), per-shard id sets,
+   the delayed index, key holders and wait lists.
+2. ``_lanes_lock`` — the lane heaps and the set of non-empty lanes.
+3. ``_processing_lock`` — processing jobs by id.
+
+``push``/``pop``/``drop_shard``/``drain`` take 1, then 2 and/or 3 nested.
+``done`` takes 3 alone, releases it, and only then (for an ordered job) takes
+1 → 2 to pass the key on: it never holds 3 while asking for 1. Between the
+two steps the key is still held, so no second job of that key can start
+early. Read-only properties read a ``len()`` without locks (atomic under the
+GIL; ``free`` is a snapshot, not a reservation).
+
+Capacity check: ``push`` counts processing under lock 3 nested in lock 1;
+processing only grows inside lock 1 (``pop``), so a concurrent ``done`` can
+only make the check conservative, never overfill.
+
+No clock is read: every time-dependent call takes ``now`` (seconds, the same
+clock as ``run_after``).
+"""
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from itertools import count
+from threading import Lock
+
+from .hashing import fnv1a_32
+from .heap import make_indexed_queue
+from .skiplist import make_delayed_index
+
+__all__ = ["DuplicateJob", "LocalQueue", "QueueFull", "QueuedJob"]
+
+
+class QueueFull(Exception):
+    """The local queue holds ``capacity`` jobs (buffered + processing)."""
+
+
+class DuplicateJob(ValueError):
+    """A job with this id is already buffered or processing here."""
+
+
+@dataclass(slots=True)
+class QueuedJob:
+    """A claimed job as the local queue sees it."""
+
+    id: int
+    queue_name: str
+    priority: int
+    run_after: float
+    shard: int
+    key: str | None = None
+    ordered: bool = False
+    payload: object = None
+
+
+class LocalQueue:
+    """Bounded, thread-safe, lane-partitioned priority queue of claimed jobs."""
+
+    __slots__ = (
+        "_capacity",
+        "_mask",
+        "_lanes",
+        "_active",
+        "_lane_of",
+        "_seq",
+        "_jobs",
+        "_by_shard",
+        "_delayed",
+        "_holders",
+        "_waiting",
+        "_processing",
+        "_index_lock",
+        "_lanes_lock",
+        "_processing_lock",
+    )
+
+    def __init__(self, lane_count: int, capacity: int):
+        if lane_count < 1 or lane_count & (lane_count - 1):
+            raise ValueError(f"lane_count must be a power of two ≥ 1, got {lane_count!r}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity!r}")
+        self._capacity = capacity
+        self._mask = lane_count - 1
+        self._seq = count()
+        self._lanes = [make_indexed_queue(self._seq) for _ in range(lane_count)]
+        self._active = {}  # lane index -> lane, for non-empty lanes only
+        self._lane_of = {}  # queue name -> lane index (memo of the FNV-1a)
+        self._jobs = {}  # buffered job id -> job (lanes, delayed, waiting)
+        self._by_shard = {}  # shard -> set of buffered job ids
+        self._delayed = make_delayed_index()
+        self._holders = {}  # ordered key -> id of its job in a lane or processing
+        self._waiting = {}  # ordered key -> OrderedDict(id -> job) not yet admitted
+        self._processing = {}  # job id -> job
+        self._index_lock = Lock()
+        self._lanes_lock = Lock()
+        self._processing_lock = Lock()
+
+    # -- sizes -----------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def lane_count(self) -> int:
+        return self._mask + 1
+
+    @property
+    def buffered(self) -> int:
+        """Jobs held and not yet handed out (ready, delayed or key-waiting)."""
+        return len(self._jobs)
+
+    @property
+    def processing(self) -> int:
+        """Jobs handed out by ``pop`` and not yet ``done``."""
+        return len(self._processing)
+
+    @property
+    def free(self) -> int:
+        """``capacity - buffered - processing``: how many jobs to fetch."""
+        return self._capacity - len(self._jobs) - len(self._processing)
+
+    def lane_for(self, queue_name: str) -> int:
+        """The lane a queue's jobs go to."""
+        lane = self._lane_of.get(queue_name)
+        if lane is None:
+            lane = self._lane_of[queue_name] = fnv1a_32(queue_name) & self._mask
+        return lane
+
+    # -- push / pop / done -----------------------------------------------------
+    def push(self, job: QueuedJob, now: float) -> None:
+        """Buffer a claimed job. Raises QueueFull or DuplicateJob."""
+        job_id = job.id
+        jobs = self._jobs
+        with self._index_lock:
+            if job_id in jobs:
+                raise DuplicateJob(f"job {job_id} is already buffered")
+            with self._processing_lock:
+                if job_id in self._processing:
+                    raise DuplicateJob(f"job {job_id} is already processing")
+                held = len(jobs) + len(self._processing)
+            if held >= self._capacity:
+                raise QueueFull(
+                    f"local queue is full ({held} of {self._capacity}); fetch only `free` jobs"
+                )
+            jobs[job_id] = job
+            ids = self._by_shard.get(job.shard)
+            if ids is None:
+                ids = self._by_shard[job.shard] = set()
+            ids.add(job_id)
+            if job.run_after > now:
+                self._delayed.add(job_id, job.run_after, job)
+            elif job.ordered and job.key is not None:
+                self._admit_ordered(job)
+            else:
+                self._to_lane(job)
+
+    def pop(self, now: float) -> QueuedJob | None:
+        """Hand out the best ready job (moving it to processing), or None."""
+        with self._index_lock:
+            delayed = self._delayed
+            if delayed:
+                due_at = delayed.next_time()
+                if due_at <= now:
+                    self._promote(delayed.pop_due(now))
+            with self._lanes_lock:
+                active = self._active
+                if not active:
+                    return None
+                if len(active) == 1:
+                    for index, lane in active.items():
+                        break
+                    job = lane.pop()
+                    if not lane:
+                        del active[index]
+                else:
+                    best = None
+                    best_index = -1
+                    for index, lane in active.items():
+                        head = lane.peek()
+                        if best is None or head < best:
+                            best = head
+                            best_index = index
+                    lane = active[best_index]
+                    job = lane.pop()
+                    if not lane:
+                        del active[best_index]
+            job_id = job.id
+            del self._jobs[job_id]
+            ids = self._by_shard[job.shard]
+            ids.discard(job_id)
+            if not ids:
+                del self._by_shard[job.shard]
+            with self._processing_lock:
+                self._processing[job_id] = job
+            return job
+
+    def done(self, job_id: int) -> None:
+        """The job finished (any outcome): forget it and release its key."""
+        with self._processing_lock:
+            job = self._processing.pop(job_id, None)
+        if job is None:
+            raise KeyError(f"job {job_id} is not processing in this local queue")
+        if job.ordered and job.key is not None:
+            # Lock 3 is released: taking 1 now keeps the lock order.
+            with self._index_lock:
+                self._release_key(job.key, job_id)
+
+    # -- bulk removal ----------------------------------------------------------
+    def drop_shard(self, shard: int) -> list[QueuedJob]:
+        """Remove and return every buffered job of ``shard`` (a lost lease).
+
+        Runs in time proportional to that shard's buffered jobs. Processing
+        jobs are untouched. Returned in id order.
+        """
+        with self._index_lock:
+            ids = self._by_shard.pop(shard, None)
+            if not ids:
+                return []
+            jobs = self._jobs
+            out = []
+            for job_id in sorted(ids):
+                job = jobs.pop(job_id)
+                self._unlink(job)
+                out.append(job)
+            return out
+
+    def drain(self) -> list[QueuedJob]:
+        """Remove and return every buffered job (shutdown), in id order."""
+        with self._index_lock:
+            out = sorted(self._jobs.values(), key=_job_id)
+            self._jobs.clear()
+            self._by_shard.clear()
+            self._delayed.clear()
+            self._waiting.clear()
+            with self._lanes_lock:
+                for lane in self._lanes:
+                    lane.clear()
+                self._active.clear()
+            with self._processing_lock:
+                processing = self._processing
+                # Only keys held by a processing job stay held.
+                self._holders = {
+                    key: job_id
+                    for key, job_id in self._holders.items()
+                    if job_id in processing
+                }
+            return out
+
+    def next_due(self) -> float | None:
+        """Earliest ``run_after`` among delayed jobs, or None."""
+        with self._index_lock:
+            return self._delayed.next_time()
+
+    def snapshot(self) -> dict:
+        """Counts per place, for metrics and tests (takes the locks)."""
+        with self._index_lock:
+            with self._lanes_lock:
+                lanes = [len(lane) for lane in self._lanes]
+            return {
+                "buffered": len(self._jobs),
+                "delayed": len(self._delayed),
+                "waiting": sum(len(w) for w in self._waiting.values()),
+                "lanes": lanes,
+                "processing": len(self._processing),
+            }
+
+    # -- internals: callers hold _index_lock -----------------------------------
+    def _to_lane(self, job):
+        index = self._lane_of.get(job.queue_name)
+        if index is None:
+            index = self.lane_for(job.queue_name)
+        with self._lanes_lock:
+            lane = self._lanes[index]
+            lane.push(job.id, job.priority, job.run_after, job)
+            self._active[index] = lane
+
+    def _admit_ordered(self, job):
+        key = job.key
+        if key in self._holders:
+            waiting = self._waiting.get(key)
+            if waiting is None:
+                waiting = self._waiting[key] = OrderedDict()
+            waiting[job.id] = job
+        else:
+            self._holders[key] = job.id
+            self._to_lane(job)
+
+    def _promote(self, due):
+        for job in due:
+            if job.ordered and job.key is not None:
+                self._admit_ordered(job)
+            else:
+                self._to_lane(job)
+
+    def _release_key(self, key, job_id):
+        if self._holders.get(key) != job_id:
+            return
+        waiting = self._waiting.get(key)
+        if waiting:
+            _, nxt = waiting.popitem(last=False)
+            if not waiting:
+                del self._waiting[key]
+            self._holders[key] = nxt.id
+            self._to_lane(nxt)
+        else:
+            del self._holders[key]
+
+    def _unlink(self, job):
+        """Take a buffered job (already out of _jobs/_by_shard) out of its place."""
+        job_id = job.id
+        if self._delayed.remove(job_id):
+            return
+        key = job.key
+        if job.ordered and key is not None:
+            waiting = self._waiting.get(key)
+            if waiting is not None and job_id in waiting:
+                del waiting[job_id]
+                if not waiting:
+                    del self._waiting[key]
+                return
+        index = self.lane_for(job.queue_name)
+        with self._lanes_lock:
+            lane = self._lanes[index]
+            lane.remove(job_id)
+            if not lane:
+                self._active.pop(index, None)
+        if job.ordered and key is not None:
+            self._release_key(key, job_id)
+
+
+def _job_id(job):
+    return job.id

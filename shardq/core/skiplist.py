@@ -1,0 +1,242 @@
+"""Time-ordered index of delayed jobs: the worker's look-ahead.
+
+A delayed job (``run_after`` in the future) waits here until it is due; the
+local queue then range-pops *everything* due in one call (``pop_due(now)``)
+and moves it to its lane. The operations the runtime needs are therefore:
+insert, remove by id (a shard was dropped), earliest time (when to wake),
+and pop-the-due-prefix.
+
+Two implementations share the interface:
+
+* :class:`SkipListDelayedIndex` — a skip list (p = 0.5) ordered by
+  ``(time, sequence)`` with an id → node map. ``pop_due`` cuts the due
+  prefix off the head in O(log n + k); ``remove`` is O(log n) expected.
+* :class:`SortedListDelayedIndex` — ``sortedcontainers.SortedList`` of
+  ``(time, sequence, id)`` plus a dict.
+
+``bench/core_bench.py`` measures both; :data:`FastestDelayedIndex` /
+:func:`make_delayed_index` pick the faster (docs/benchmarks.md). Equal times
+pop in insertion (FIFO) order. Not thread-safe: the owner locks.
+"""
+
+from itertools import count
+from math import inf
+from random import Random
+
+from sortedcontainers import SortedList
+
+__all__ = [
+    "FastestDelayedIndex",
+    "SkipListDelayedIndex",
+    "SortedListDelayedIndex",
+    "make_delayed_index",
+]
+
+_MAX_LEVEL = 32
+
+
+class _Node:
+    __slots__ = ("time", "seq", "id", "item", "next")
+
+    def __init__(self, time, seq, item_id, item, level):
+        self.time = time
+        self.seq = seq
+        self.id = item_id
+        self.item = item
+        self.next = [None] * level
+
+
+class SkipListDelayedIndex:
+    """Skip list keyed by ``(time, sequence)`` with O(log n) remove by id."""
+
+    __slots__ = ("_head", "_level", "_nodes", "_counter", "_bits")
+
+    def __init__(self, seed=None):
+        self._head = _Node(-inf, -1, None, None, _MAX_LEVEL)
+        self._level = 1
+        self._nodes = {}
+        self._counter = count()
+        # A private generator: levels need no cryptographic quality, and a
+        # seed makes a run reproducible.
+        self._bits = Random(seed).getrandbits
+
+    def __len__(self):
+        return len(self._nodes)
+
+    def __bool__(self):
+        return bool(self._nodes)
+
+    def __contains__(self, item_id):
+        return item_id in self._nodes
+
+    def add(self, item_id, time, item):
+        """Index ``item`` under ``time``; an id already present is moved."""
+        if item_id in self._nodes:
+            self.remove(item_id)
+        seq = next(self._counter)
+        # Geometric level with p = 0.5: position of the lowest set bit.
+        bits = self._bits(_MAX_LEVEL - 1) | (1 << (_MAX_LEVEL - 1))
+        level = (bits & -bits).bit_length()
+        head = self._head
+        if level > self._level:
+            self._level = level
+        update = [head] * level
+        x = head
+        for lvl in range(self._level - 1, -1, -1):
+            nxt = x.next[lvl]
+            while nxt is not None and (
+                nxt.time < time or (nxt.time == time and nxt.seq < seq)
+            ):
+                x = nxt
+                nxt = x.next[lvl]
+            if lvl < level:
+                update[lvl] = x
+        node = _Node(time, seq, item_id, item, level)
+        nexts = node.next
+        for lvl in range(level):
+            prev = update[lvl]
+            nexts[lvl] = prev.next[lvl]
+            prev.next[lvl] = node
+        self._nodes[item_id] = node
+
+    def remove(self, item_id):
+        """Remove ``item_id``; True if it was present. O(log n) expected."""
+        node = self._nodes.pop(item_id, None)
+        if node is None:
+            return False
+        time = node.time
+        seq = node.seq
+        x = self._head
+        for lvl in range(self._level - 1, -1, -1):
+            nxt = x.next[lvl]
+            while (
+                nxt is not None
+                and nxt is not node
+                and (nxt.time < time or (nxt.time == time and nxt.seq < seq))
+            ):
+                x = nxt
+                nxt = x.next[lvl]
+            if nxt is node:
+                x.next[lvl] = node.next[lvl]
+        self._shrink()
+        return True
+
+    def _shrink(self):
+        head_next = self._head.next
+        level = self._level
+        while level > 1 and head_next[level - 1] is None:
+            level -= 1
+        self._level = level
+
+    def next_time(self):
+        """Earliest time indexed, or None when empty."""
+        first = self._head.next[0]
+        return None if first is None else first.time
+
+    def pop_due(self, now):
+        """Remove and return every item with ``time <= now``, earliest first."""
+        head = self._head
+        first = head.next[0]
+        if first is None or first.time > now:
+            return []
+        x = head
+        head_next = head.next
+        for lvl in range(self._level - 1, -1, -1):
+            nxt = x.next[lvl]
+            while nxt is not None and nxt.time <= now:
+                x = nxt
+                nxt = x.next[lvl]
+            # Every node up to x at this level is due: cut the prefix off.
+            head_next[lvl] = nxt
+        stop = head_next[0]
+        nodes = self._nodes
+        out = []
+        node = first
+        while node is not stop:
+            out.append(node.item)
+            del nodes[node.id]
+            node = node.next[0]
+        self._shrink()
+        return out
+
+    def items(self):
+        """Items in time order (for tests and draining)."""
+        out = []
+        node = self._head.next[0]
+        while node is not None:
+            out.append(node.item)
+            node = node.next[0]
+        return out
+
+    def clear(self):
+        self._head = _Node(-inf, -1, None, None, _MAX_LEVEL)
+        self._level = 1
+        self._nodes.clear()
+
+
+class SortedListDelayedIndex:
+    """The same interface on ``sortedcontainers.SortedList``."""
+
+    __slots__ = ("_sorted", "_entries", "_counter")
+
+    def __init__(self, seed=None):
+        self._sorted = SortedList()
+        self._entries = {}  # id -> (time, seq, item)
+        self._counter = count()
+
+    def __len__(self):
+        return len(self._entries)
+
+    def __bool__(self):
+        return bool(self._entries)
+
+    def __contains__(self, item_id):
+        return item_id in self._entries
+
+    def add(self, item_id, time, item):
+        """Index ``item`` under ``time``; an id already present is moved."""
+        if item_id in self._entries:
+            self.remove(item_id)
+        seq = next(self._counter)
+        self._entries[item_id] = (time, seq, item)
+        self._sorted.add((time, seq, item_id))
+
+    def remove(self, item_id):
+        """Remove ``item_id``; True if it was present."""
+        entry = self._entries.pop(item_id, None)
+        if entry is None:
+            return False
+        self._sorted.remove((entry[0], entry[1], item_id))
+        return True
+
+    def next_time(self):
+        """Earliest time indexed, or None when empty."""
+        return self._sorted[0][0] if self._entries else None
+
+    def pop_due(self, now):
+        """Remove and return every item with ``time <= now``, earliest first."""
+        sl = self._sorted
+        if not sl or sl[0][0] > now:
+            return []
+        end = sl.bisect_right((now, inf))
+        due = sl[:end]
+        del sl[:end]
+        entries = self._entries
+        return [entries.pop(key[2])[2] for key in due]
+
+    def items(self):
+        """Items in time order (for tests and draining)."""
+        return [self._entries[key[2]][2] for key in self._sorted]
+
+    def clear(self):
+        self._sorted.clear()
+        self._entries.clear()
+
+
+#: The implementation the runtime uses (measured by bench/core_bench.py).
+FastestDelayedIndex = SortedListDelayedIndex
+
+
+def make_delayed_index(seed=None):
+    """A new delayed-job index of the measured-fastest kind."""
+    return FastestDelayedIndex(seed)

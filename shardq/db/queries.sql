@@ -1,0 +1,216 @@
+-- Every statement shardq runs on a hot path, each a named block.
+-- `-- name: NAME` starts a block; the next comment line says what it does.
+-- Parameters are psycopg's %(name)s; a literal percent sign is written %%.
+
+-- name: insert_job
+-- Insert one READY job on the caller's connection and NOTIFY its shard (delivered at commit).
+WITH job AS (
+    INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
+        shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
+        errors, worker_ids, enqueued_at)
+    VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
+        COALESCE(%(run_after)s::timestamptz, clock_timestamp()), %(shard)s, %(key_hash)s,
+        %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
+        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, clock_timestamp())
+    RETURNING id, shard, enqueued_at, run_after
+)
+SELECT id, enqueued_at, run_after, pg_notify(%(channel)s, shard::text) FROM job;
+
+-- name: insert_job_quiet
+-- Insert one READY job without a NOTIFY (SHARDQ["NOTIFY"] = False: workers poll).
+INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
+    shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
+    errors, worker_ids, enqueued_at)
+VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
+    COALESCE(%(run_after)s::timestamptz, clock_timestamp()), %(shard)s, %(key_hash)s,
+    %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
+    %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, clock_timestamp())
+RETURNING id, enqueued_at, run_after, NULL;
+
+-- name: insert_jobs
+-- Insert many READY jobs of one task in one statement (arrays, one element a job); NOTIFY each distinct shard once.
+WITH jobs AS (
+    INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
+        shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
+        errors, worker_ids, enqueued_at)
+    SELECT %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
+        COALESCE(%(run_after)s::timestamptz, clock_timestamp()), j.shard, j.key_hash,
+        j.shard_key, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, j.args, j.kwargs,
+        '[]'::jsonb, '[]'::jsonb, clock_timestamp()
+    FROM unnest(%(shards)s::smallint[], %(key_hashes)s::int[], %(shard_keys)s::text[],
+                %(args)s::jsonb[], %(kwargs)s::jsonb[]) WITH ORDINALITY
+         AS j(shard, key_hash, shard_key, args, kwargs, ord)
+    ORDER BY j.ord
+    RETURNING id, shard, enqueued_at, run_after
+), notified AS (
+    SELECT pg_notify(%(channel)s, s::text) FROM (SELECT DISTINCT shard AS s FROM jobs) d
+    WHERE %(notify)s
+)
+SELECT id, enqueued_at, run_after, (SELECT count(*) FROM notified) FROM jobs ORDER BY id;
+
+-- name: get_job
+-- One job by id, every column a TaskResult needs.
+SELECT id, task_path, backend, queue_name, priority, run_after, status, args, kwargs,
+       return_value, errors, worker_ids, enqueued_at, started_at, finished_at,
+       last_attempted_at, attempts, max_attempts, shard, fence, status_rank
+FROM shardq_job WHERE id = %(id)s;
+
+-- name: ensure_shards
+-- Create the shard rows 0 .. count-1 that do not exist yet (rows are never deleted).
+INSERT INTO shardq_shard (shard, owner, lease_expires, claim_version, claimed_at)
+SELECT g, NULL, NULL, 0, NULL FROM generate_series(0, %(count)s - 1) AS g
+ON CONFLICT (shard) DO NOTHING;
+
+-- name: register_worker
+-- Register a worker incarnation (a fresh UUID every start).
+INSERT INTO shardq_worker (id, host, pid, queues, started_at, heartbeat_at, state, stats)
+VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s::jsonb, clock_timestamp(), clock_timestamp(),
+        'RUNNING', '{}'::jsonb);
+
+-- name: heartbeat
+-- Record this worker's heartbeat and counters; list the live workers (heartbeat within the TTL, this one included) in a stable order, each with the database time.
+WITH me AS (
+    UPDATE shardq_worker SET heartbeat_at = clock_timestamp(), stats = %(stats)s::jsonb
+    WHERE id = %(worker)s
+    RETURNING id
+)
+SELECT w.id, (SELECT count(*) FROM me)
+FROM shardq_worker w
+WHERE w.state = 'RUNNING'
+  AND (w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s) OR w.id = %(worker)s)
+ORDER BY w.started_at, w.id;
+
+-- name: claim_shards
+-- Take up to :wanted unowned or expired shards (SKIP LOCKED), bump claim_version, rescue the jobs a previous owner left RUNNING (READY with the attempt counted, or FAILED when out of attempts) and log each claim.
+WITH candidate AS (
+    SELECT shard, owner FROM shardq_shard
+    WHERE shard < %(shard_count)s AND (owner IS NULL OR lease_expires < clock_timestamp())
+    ORDER BY shard
+    LIMIT %(wanted)s
+    FOR UPDATE SKIP LOCKED
+), taken AS (
+    UPDATE shardq_shard AS s
+    SET owner = %(worker)s, claim_version = s.claim_version + 1,
+        lease_expires = clock_timestamp() + make_interval(secs => %(ttl)s),
+        claimed_at = clock_timestamp()
+    FROM candidate AS c WHERE s.shard = c.shard
+    RETURNING s.shard, s.claim_version, c.owner AS previous_owner
+), rescued AS (
+    UPDATE shardq_job AS j
+    SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'FAILED' ELSE 'READY' END,
+        status_rank = j.status_rank + 1,
+        fence = t.claim_version,
+        finished_at = CASE WHEN j.attempts >= j.max_attempts THEN clock_timestamp() END,
+        errors = CASE WHEN j.attempts >= j.max_attempts
+            THEN j.errors || jsonb_build_array(jsonb_build_object(
+                'exception_class_path', 'shardq.exceptions.WorkerLost',
+                'traceback', format('shardq.exceptions.WorkerLost: the worker running attempt %%s of %%s '
+                                    'stopped without recording an outcome (shard %%s was taken over)',
+                                    j.attempts, j.max_attempts, j.shard)))
+            ELSE j.errors END
+    FROM taken AS t
+    WHERE j.shard = t.shard AND j.status = 'RUNNING' AND j.fence < t.claim_version
+    RETURNING j.shard, j.id
+), logged AS (
+    INSERT INTO shardq_shard_event (shard, claim_version, worker, reason, rescued, at)
+    SELECT t.shard, t.claim_version, %(worker)s,
+           CASE WHEN t.previous_owner IS NULL THEN 'claim' ELSE 'takeover' END,
+           (SELECT count(*) FROM rescued AS r WHERE r.shard = t.shard), clock_timestamp()
+    FROM taken AS t
+    RETURNING shard
+)
+SELECT t.shard, t.claim_version, t.previous_owner,
+       (SELECT count(*) FROM rescued AS r WHERE r.shard = t.shard),
+       (SELECT count(*) FROM logged)
+FROM taken AS t ORDER BY t.shard;
+
+-- name: renew_leases
+-- Extend exactly the (shard, claim_version) pairs this worker holds; a missing row in the answer means that shard was lost.
+UPDATE shardq_shard AS s
+SET lease_expires = clock_timestamp() + make_interval(secs => %(ttl)s)
+FROM unnest(%(shards)s::int[], %(versions)s::bigint[]) AS h(shard, version)
+WHERE s.shard = h.shard AND s.claim_version = h.version AND s.owner = %(worker)s
+RETURNING s.shard;
+
+-- name: release_shards
+-- Give up (shard, claim_version) pairs so another worker can claim them at once; log each release.
+WITH released AS (
+    UPDATE shardq_shard AS s SET owner = NULL, lease_expires = NULL
+    FROM unnest(%(shards)s::int[], %(versions)s::bigint[]) AS h(shard, version)
+    WHERE s.shard = h.shard AND s.claim_version = h.version AND s.owner = %(worker)s
+    RETURNING s.shard, s.claim_version
+)
+INSERT INTO shardq_shard_event (shard, claim_version, worker, reason, rescued, at)
+SELECT shard, claim_version, %(worker)s, 'release', 0, clock_timestamp() FROM released
+RETURNING shard;
+
+-- name: stop_worker
+-- Mark a worker incarnation stopped and store its final counters.
+UPDATE shardq_worker SET state = 'STOPPED', heartbeat_at = clock_timestamp(), stats = %(stats)s::jsonb
+WHERE id = %(worker)s;
+
+-- name: claim_jobs
+-- Claim READY jobs of the shards this worker holds: per shard an index range walk (LIMIT :per_shard, SKIP LOCKED), :limit in all; mark them RUNNING under each shard's current claim version. The shard rows are locked FOR SHARE so a takeover cannot interleave with the claim.
+WITH held AS MATERIALIZED (
+    SELECT s.shard, s.claim_version, h.ord
+    FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
+    JOIN shardq_shard AS s ON s.shard = h.shard
+    WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
+    ORDER BY h.ord
+    FOR SHARE OF s
+), picked AS MATERIALIZED (
+    SELECT j.id, held.claim_version
+    FROM held
+    CROSS JOIN LATERAL (
+        SELECT id FROM shardq_job
+        WHERE shard = held.shard AND status = 'READY' AND run_after <= clock_timestamp()
+          AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
+        ORDER BY priority DESC, run_after, id
+        LIMIT %(per_shard)s
+        FOR UPDATE SKIP LOCKED
+    ) AS j
+    LIMIT %(limit)s
+)
+UPDATE shardq_job AS job
+SET status = 'RUNNING', status_rank = job.status_rank + 1, fence = picked.claim_version,
+    attempts = job.attempts + 1, started_at = COALESCE(job.started_at, clock_timestamp()),
+    last_attempted_at = clock_timestamp(), worker_ids = job.worker_ids || jsonb_build_array(%(worker_id)s::text)
+FROM picked WHERE job.id = picked.id
+RETURNING job.id, job.task_path, job.queue_name, job.priority,
+          extract(epoch FROM job.run_after)::float8, job.shard, job.shard_key, job.ordered,
+          job.args, job.kwargs, job.attempts, job.max_attempts, job.fence, job.status_rank,
+          job.enqueued_at, job.started_at, job.last_attempted_at, job.worker_ids, job.errors,
+          job.backend;
+
+-- name: complete_jobs
+-- Write outcomes (SUCCESSFUL, FAILED, or READY again for a retry after :delay seconds), one row per job, fenced: only where the job still carries this claim's fence and has not moved past this claim. The ids returned were written; the rest lost ownership.
+UPDATE shardq_job AS job
+SET status = a.status,
+    status_rank = a.rank,
+    return_value = a.return_value,
+    errors = CASE WHEN a.error IS NULL THEN job.errors ELSE job.errors || jsonb_build_array(a.error) END,
+    finished_at = CASE WHEN a.status = 'READY' THEN NULL ELSE clock_timestamp() END,
+    run_after = CASE WHEN a.status = 'READY'
+                     THEN clock_timestamp() + make_interval(secs => a.delay)
+                     ELSE job.run_after END
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[], %(statuses)s::text[],
+            %(return_values)s::jsonb[], %(errors)s::jsonb[], %(delays)s::float8[])
+     AS a(id, fence, rank, status, return_value, error, delay)
+WHERE job.id = a.id AND job.fence <= a.fence AND job.status_rank < a.rank
+RETURNING job.id;
+
+-- name: outcomes_applied
+-- Which of these (id, rank, fence) outcomes are already in the table (resolves an ack whose COMMIT outcome is unknown).
+SELECT job.id FROM shardq_job AS job
+JOIN unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank)
+  ON job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank;
+
+-- name: return_jobs
+-- Put claimed jobs that never started back to READY (attempt not counted), fenced like an ack.
+UPDATE shardq_job AS job
+SET status = 'READY', status_rank = a.rank, attempts = job.attempts - 1,
+    worker_ids = job.worker_ids - (-1),
+    started_at = CASE WHEN job.attempts <= 1 THEN NULL ELSE job.started_at END
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank)
+WHERE job.id = a.id AND job.fence <= a.fence AND job.status_rank < a.rank
+RETURNING job.id, job.shard;

@@ -1,0 +1,24 @@
+"""shardq's one exception tree. Configuration errors are ImproperlyConfigured;
+bad tasks and arguments are Django's ``InvalidTask``."""
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class ShardqError(Exception):
+    """Base of every error shardq raises at run time."""
+
+
+class UnknownTask(ShardqError):
+    """A job names a task path that does not resolve to a registered Task."""
+
+
+class DatabaseUnavailable(ShardqError):
+    """The worker cannot reach PostgreSQL (the circuit breaker is open)."""
+
+
+class WorkerLost(ShardqError):
+    """Recorded on a job whose worker stopped before writing its outcome."""
+
+
+class ShardqConfigurationError(ImproperlyConfigured):
+    """shardq's settings are invalid."""

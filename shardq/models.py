@@ -1,0 +1,121 @@
+"""The schema (DESIGN §3). Hot paths use the SQL of ``shardq/db/queries.sql``;
+these models are the one schema source and what the admin reads."""
+
+from django.db import models
+from django.db.models import Q
+from django.tasks import TaskResultStatus
+
+
+class Job(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    task_path = models.CharField(max_length=300)
+    backend = models.CharField(max_length=100, default="default")
+    queue_name = models.CharField(max_length=100, default="default")
+    priority = models.SmallIntegerField(default=0)
+    run_after = models.DateTimeField()
+    # shard = key_hash & (SHARD_COUNT - 1), computed at write time.
+    shard = models.SmallIntegerField()
+    # Signed 32-bit MurmurHash3 of the shard key: a power-of-two reshard is one
+    # UPDATE (new shard = old or old + old count), never a rehash.
+    key_hash = models.IntegerField()
+    shard_key = models.TextField(null=True, blank=True)
+    ordered = models.BooleanField(default=False)
+    status = models.CharField(
+        max_length=10, choices=TaskResultStatus.choices, default=TaskResultStatus.READY
+    )
+    # Monotonic state version: +1 at every transition (claim, ack, retry,
+    # rescue, return). An ack carries the rank its claim produced + 1, so a
+    # late message from an earlier claim can never move the job backwards.
+    status_rank = models.IntegerField(default=0)
+    # The shard's claim_version under which the row was last claimed or fenced.
+    fence = models.BigIntegerField(default=0)
+    attempts = models.IntegerField(default=0)
+    max_attempts = models.IntegerField(default=1)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    return_value = models.JSONField(null=True, blank=True)
+    errors = models.JSONField(default=list)
+    worker_ids = models.JSONField(default=list)
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "shardq_job"
+        indexes = [
+            # The per-shard claim walks this index range (DESIGN §5).
+            models.Index(
+                fields=["shard", "-priority", "run_after", "id"],
+                condition=Q(status="READY"),
+                name="shardq_job_ready_idx",
+            ),
+            # Takeover rescue finds a shard's in-flight jobs through this one.
+            models.Index(
+                fields=["shard"], condition=Q(status="RUNNING"), name="shardq_job_running_idx"
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.task_path}#{self.pk} ({self.status})"
+
+
+class Shard(models.Model):
+    shard = models.SmallIntegerField(primary_key=True)
+    owner = models.UUIDField(null=True, blank=True)
+    lease_expires = models.DateTimeField(null=True, blank=True)
+    # The fencing token: never decreases, never reused; rows never deleted.
+    claim_version = models.BigIntegerField(default=0)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "shardq_shard"
+        ordering = ["shard"]
+
+    def __str__(self):
+        return f"shard {self.shard}"
+
+
+class ShardEvent(models.Model):
+    """History of shard ownership: who took or gave up which version, and why."""
+
+    class Reason(models.TextChoices):
+        CLAIM = "claim"
+        TAKEOVER = "takeover"
+        RELEASE = "release"
+
+    id = models.BigAutoField(primary_key=True)
+    shard = models.SmallIntegerField()
+    claim_version = models.BigIntegerField()
+    worker = models.UUIDField()
+    reason = models.CharField(max_length=10, choices=Reason.choices)
+    rescued = models.IntegerField(default=0)
+    at = models.DateTimeField()
+
+    class Meta:
+        db_table = "shardq_shard_event"
+        indexes = [models.Index(fields=["shard", "at"], name="shardq_shard_event_idx")]
+
+
+class Worker(models.Model):
+    class State(models.TextChoices):
+        RUNNING = "RUNNING"
+        STOPPING = "STOPPING"
+        STOPPED = "STOPPED"
+
+    id = models.UUIDField(primary_key=True)
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    queues = models.JSONField(default=list)
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
+    # Counters (jobs_done, fence_rejections, self_fences, rescued, ...), written
+    # at every heartbeat and at shutdown.
+    stats = models.JSONField(default=dict)
+
+    class Meta:
+        db_table = "shardq_worker"
+
+    def __str__(self):
+        return f"{self.host}:{self.pid} ({self.id})"

@@ -1,0 +1,9 @@
+"""Test settings: the example project plus the test task app."""
+
+import os
+
+os.environ.setdefault("DJANGO_EXTRA_APPS", "tests.taskapp")
+
+from example_project.settings import *  # noqa: E402,F403
+
+SHARDQ = {**SHARDQ, "TASK_MODULES": ["tests.taskapp.tasks"]}  # noqa: F405

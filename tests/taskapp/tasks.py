@@ -1,0 +1,92 @@
+"""Tasks the test suite enqueues and real worker processes run."""
+
+import asyncio
+import os
+import signal
+import time
+
+from django.db import transaction
+from django.tasks import TaskContext, task
+
+from shardq import exponential, shard_task
+
+from .models import Ledger
+
+
+@task()
+def noop() -> None:
+    return None
+
+
+@task(queue_name="reports")
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task()
+async def async_add(a: int, b: int) -> int:
+    await asyncio.sleep(0)
+    return a + b
+
+
+@task(takes_context=True)
+def whoami(context: TaskContext) -> dict:
+    return {"id": context.task_result.id, "attempt": context.attempt, "worker_ids": context.task_result.worker_ids}
+
+
+@shard_task(key="user_id", priority=10)
+def keyed(user_id: int, note: str = "") -> int:
+    return user_id
+
+
+@task()
+def fail(message: str) -> None:
+    raise ValueError(message)
+
+
+@shard_task(max_attempts=3, backoff=exponential(base=1.0, cap=0.0, jitter=0.0))
+def flaky(fail_times: int, tag: str) -> int:
+    """Fails its first ``fail_times`` attempts (counted in the ledger)."""
+    attempts = Ledger.objects.filter(worker=f"flaky:{tag}").count()
+    Ledger.objects.create(job_id=0, attempt=attempts + 1, worker=f"flaky:{tag}")
+    if attempts < fail_times:
+        raise RuntimeError(f"attempt {attempts + 1} fails on purpose")
+    return attempts + 1
+
+
+@task(takes_context=True)
+def ledger(context: TaskContext, n: int = 0, sleep: float = 0.0) -> int:
+    """Writes one ledger row in its own transaction (an execution record)."""
+    if sleep:
+        time.sleep(sleep)
+    with transaction.atomic():
+        Ledger.objects.create(
+            job_id=int(context.task_result.id),
+            attempt=context.attempt,
+            fence=getattr(context, "fence", 0),
+            worker=context.task_result.worker_ids[-1],
+        )
+    return n
+
+
+@task()
+def not_json() -> object:
+    return object()
+
+
+@shard_task(max_attempts=3)
+def suicide() -> None:
+    """Kills its own worker process on every attempt (a poison job)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@shard_task(max_attempts=1)
+def suicide_once() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+NOT_A_TASK = 42
+
+
+def plain_function() -> None:
+    """A module-level function that is not a Task."""
