@@ -84,7 +84,8 @@ ORDER BY w.started_at, w.id;
 -- Take up to :wanted unowned or expired shards (SKIP LOCKED), bump claim_version, rescue the jobs a previous owner left RUNNING (READY with the attempt counted, or FAILED when out of attempts) and log each claim.
 WITH candidate AS (
     SELECT shard, owner FROM shardq_shard
-    WHERE shard < %(shard_count)s AND (owner IS NULL OR lease_expires < clock_timestamp())
+    WHERE shard < %(shard_count)s
+      AND (owner IS NULL OR lease_expires < clock_timestamp())
     ORDER BY shard
     LIMIT %(wanted)s
     FOR UPDATE SKIP LOCKED

@@ -50,3 +50,134 @@ def connect(alias: str = DEFAULT_DB_ALIAS, autocommit: bool = True, application_
 
 def dumps(value) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+class WorkerStore:
+    """One psycopg connection (autocommit) and the worker statements run on it.
+
+    Not shared between threads: each worker service (leaser, fetcher,
+    completer) owns one. A broken connection is dropped and re-opened on the
+    next call; the failed call raises ``DatabaseUnavailable``.
+    """
+
+    def __init__(self, alias: str = DEFAULT_DB_ALIAS, application_name: str = "shardq"):
+        self.alias = alias
+        self.application_name = application_name
+        self.conn: psycopg.Connection | None = None
+
+    def _cursor(self):
+        if self.conn is None or self.conn.closed:
+            self.conn = connect(self.alias, application_name=self.application_name)
+        return self.conn.cursor()
+
+    def run(self, name: str, params: dict, fetch: str = "all"):
+        try:
+            with self._cursor() as cursor:
+                cursor.execute(QUERIES[name], params, prepare=True)
+                if fetch == "all":
+                    return cursor.fetchall()
+                if fetch == "one":
+                    return cursor.fetchone()
+                return cursor.rowcount
+        except psycopg.OperationalError as exc:
+            self.close()
+            raise DatabaseUnavailable(f"{name}: {exc}".strip()) from exc
+        except psycopg.InterfaceError as exc:
+            self.close()
+            raise DatabaseUnavailable(f"{name}: {exc}".strip()) from exc
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # closing a broken connection may fail; it is gone either way
+                pass
+            self.conn = None
+
+    # -- leases ---------------------------------------------------------------
+
+    def register_worker(self, worker: str, host: str, pid: int, queues: list[str]) -> None:
+        self.run("register_worker", {"worker": worker, "host": host, "pid": pid, "queues": dumps(queues)}, fetch="none")
+
+    def heartbeat(self, worker: str, stats: dict, ttl: float) -> list[str]:
+        rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl})
+        return [str(row[0]) for row in rows]
+
+    def claim_shards(self, worker: str, wanted: int, ttl: float, shard_count: int) -> list[tuple]:
+        return self.run(
+            "claim_shards", {"worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count}
+        )
+
+    def renew_leases(self, worker: str, held: dict[int, int], ttl: float) -> set[int]:
+        shards = list(held)
+        rows = self.run(
+            "renew_leases",
+            {"worker": worker, "ttl": ttl, "shards": shards, "versions": [held[s] for s in shards]},
+        )
+        return {row[0] for row in rows}
+
+    def release_shards(self, worker: str, pairs: dict[int, int]) -> set[int]:
+        shards = list(pairs)
+        rows = self.run(
+            "release_shards",
+            {"worker": worker, "shards": shards, "versions": [pairs[s] for s in shards]},
+        )
+        return {row[0] for row in rows}
+
+    def stop_worker(self, worker: str, stats: dict) -> None:
+        self.run("stop_worker", {"worker": worker, "stats": dumps(stats)}, fetch="none")
+
+    def notify(self, channel: str, payload: str) -> None:
+        try:
+            with self._cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            self.close()
+            raise DatabaseUnavailable(f"notify: {exc}") from exc
+
+    # -- jobs -----------------------------------------------------------------
+
+    def claim_jobs(self, worker: str, shards: list[int], queues: list[str] | None, per_shard: int, limit: int) -> list[tuple]:
+        return self.run(
+            "claim_jobs",
+            {
+                "worker": worker,
+                "worker_id": worker,
+                "shards": shards,
+                "queues": queues or [],
+                "all_queues": not queues,
+                "per_shard": per_shard,
+                "limit": limit,
+            },
+        )
+
+    def complete_jobs(self, outcomes: list) -> set[int]:
+        """Write outcomes (objects with id, fence, rank, status, return_value, error, delay)."""
+        rows = self.run(
+            "complete_jobs",
+            {
+                "ids": [o.id for o in outcomes],
+                "fences": [o.fence for o in outcomes],
+                "ranks": [o.rank for o in outcomes],
+                "statuses": [o.status for o in outcomes],
+                "return_values": [o.return_value_json for o in outcomes],
+                "errors": [o.error_json for o in outcomes],
+                "delays": [o.delay for o in outcomes],
+            },
+        )
+        return {row[0] for row in rows}
+
+    def outcomes_applied(self, outcomes: list) -> set[int]:
+        rows = self.run(
+            "outcomes_applied",
+            {"ids": [o.id for o in outcomes], "fences": [o.fence for o in outcomes], "ranks": [o.rank for o in outcomes]},
+        )
+        return {row[0] for row in rows}
+
+    def return_jobs(self, jobs: list) -> set[int]:
+        """Put claimed-but-unstarted jobs back to READY (objects with id, fence, status_rank)."""
+        rows = self.run(
+            "return_jobs",
+            {"ids": [j.id for j in jobs], "fences": [j.fence for j in jobs], "ranks": [j.status_rank + 1 for j in jobs]},
+        )
+        return {row[0] for row in rows}

@@ -1,0 +1,70 @@
+"""``manage.py shardq_worker``: run jobs (see shardq/worker/runtime.py)."""
+
+import os
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+
+def positive_int(name: str, value: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1:
+        raise CommandError(f"--{name} must be a whole number ≥ 1, not {value!r}.")
+    return number
+
+
+class Command(BaseCommand):
+    help = "Run a shardq worker: claim shards, run their jobs, write fenced outcomes."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--queues", default="", help="Comma-separated queue names (default: every queue).")
+        parser.add_argument("--concurrency", default="4", help="Threads for sync tasks per process (default 4).")
+        parser.add_argument("--processes", default="1", help="Worker processes: a number or 'auto' (one per core). Default 1.")
+        parser.add_argument("--grace", default="30", help="Seconds to let running jobs finish on SIGTERM (default 30).")
+        parser.add_argument("--prefetch", default="0", help="Jobs buffered per process (default: 2 × concurrency, at least 8).")
+
+    def handle(self, *args, **options):
+        queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
+        known = set(settings.TASKS.get("default", {}).get("QUEUES", ["default"]))
+        unknown = [q for q in queues if q not in known]
+        if unknown:
+            raise CommandError(
+                f"--queues names unknown queue(s) {', '.join(unknown)}; the configured queues are "
+                f"{', '.join(sorted(known))} (TASKS['default']['QUEUES'])."
+            )
+        concurrency = positive_int("concurrency", options["concurrency"])
+        if options["processes"] == "auto":
+            processes = os.cpu_count() or 1
+        else:
+            processes = positive_int("processes", options["processes"])
+        try:
+            grace = float(options["grace"])
+        except ValueError:
+            grace = -1.0
+        if not grace >= 0:
+            raise CommandError(f"--grace must be a number of seconds ≥ 0, not {options['grace']!r}.")
+        try:
+            prefetch = int(options["prefetch"])
+        except ValueError:
+            prefetch = -1
+        if prefetch < 0:
+            raise CommandError(f"--prefetch must be a whole number ≥ 0, not {options['prefetch']!r}.")
+
+        if processes > 1:
+            from shardq.worker.supervisor import Supervisor
+
+            child_args = ["--concurrency", str(concurrency), "--grace", str(grace), "--prefetch", str(prefetch)]
+            if queues:
+                child_args += ["--queues", ",".join(queues)]
+            code = Supervisor(child_args, processes).run()
+        else:
+            from shardq.worker.runtime import Worker
+
+            worker = Worker(queues=queues or None, concurrency=concurrency, grace=grace, prefetch=prefetch or None)
+            worker.install_signal_handlers()
+            code = worker.run()
+        if code:
+            raise SystemExit(code)

@@ -1,0 +1,90 @@
+"""The blocking face of the local queue: executors wait here for work.
+
+``shardq.core.localqueue.LocalQueue`` is the structure (lanes, heaps, per-key
+FIFO, drop by shard); this wrapper adds the condition variable executors
+sleep on and per-shard counts of processing jobs, which the leaser needs
+before it may release a shard.
+"""
+
+import os
+import threading
+import time
+from collections import Counter
+
+from ..core.hashing import lane_count
+from ..core.localqueue import LocalQueue, QueuedJob
+from .jobs import ClaimedJob
+
+
+class Buffer:
+    def __init__(self, capacity: int, lanes: int | None = None):
+        self.queue = LocalQueue(lanes or lane_count(os.cpu_count() or 1), capacity)
+        self.capacity = capacity
+        self._ready = threading.Condition(threading.Lock())
+        self._processing_by_shard: Counter[int] = Counter()
+        self._count_lock = threading.Lock()
+
+    @property
+    def free(self) -> int:
+        return self.queue.free
+
+    @property
+    def buffered(self) -> int:
+        return self.queue.buffered
+
+    @property
+    def processing(self) -> int:
+        return self.queue.processing
+
+    def push_many(self, jobs: list[ClaimedJob]) -> None:
+        now = time.time()
+        push = self.queue.push
+        for job in jobs:
+            push(
+                QueuedJob(job.id, job.queue_name, job.priority, job.run_after, job.shard,
+                          job.shard_key, job.ordered, job),
+                now,
+            )
+        with self._ready:
+            self._ready.notify(len(jobs))
+
+    def pop(self, timeout: float) -> ClaimedJob | None:
+        queued = self.queue.pop(time.time())
+        if queued is None:
+            with self._ready:
+                queued = self.queue.pop(time.time())
+                if queued is None:
+                    self._ready.wait(timeout)
+                    queued = self.queue.pop(time.time())
+                    if queued is None:
+                        return None
+        with self._count_lock:
+            self._processing_by_shard[queued.shard] += 1
+        return queued.payload
+
+    def done(self, job: ClaimedJob) -> None:
+        with self._count_lock:
+            left = self._processing_by_shard[job.shard] - 1
+            if left:
+                self._processing_by_shard[job.shard] = left
+            else:
+                del self._processing_by_shard[job.shard]
+        self.queue.done(job.id)
+        if job.ordered:
+            # The key's next job may now be admitted to its lane.
+            with self._ready:
+                self._ready.notify()
+
+    def processing_in_shard(self, shard: int) -> int:
+        with self._count_lock:
+            return self._processing_by_shard.get(shard, 0)
+
+    def drop_shard(self, shard: int) -> list[ClaimedJob]:
+        return [queued.payload for queued in self.queue.drop_shard(shard)]
+
+    def drain(self) -> list[ClaimedJob]:
+        return [queued.payload for queued in self.queue.drain()]
+
+    def wake_all(self) -> None:
+        with self._ready:
+            self._ready.notify_all()

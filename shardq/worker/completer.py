@@ -1,0 +1,172 @@
+"""The completer: writes outcomes in fenced batches, off the executors' path.
+
+Executors ``put`` an outcome and move on; this thread gathers whatever is
+queued (up to ``batch`` outcomes, lingering ``flush_seconds`` for more) and
+writes it with one ``complete_jobs`` statement. Ids the statement did not
+return lost ownership (a takeover re-fenced them, or a later claim moved
+them on): each is counted as a fence rejection and logged at WARNING, never
+raised. When a write's COMMIT outcome is unknown (the connection died), the
+same fenced batch is sent again; any row it no longer matches is checked with
+``outcomes_applied`` so a write that did land is not miscounted.
+"""
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+
+from ..exceptions import DatabaseUnavailable
+from .jobs import ClaimedJob, Outcome
+
+logger = logging.getLogger("shardq.worker.completer")
+
+
+class Completer:
+    def __init__(self, store, stats, *, batch: int, flush_seconds: float):
+        self.store = store
+        self.stats = stats
+        self.batch = batch
+        self.flush_seconds = flush_seconds
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._returns: list[ClaimedJob] = []
+        self._returns_lock = threading.Lock()
+        self._pending_by_shard: Counter[int] = Counter()
+        self._pending_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._idle = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
+        self.rejected_ids: list[int] = []
+
+    # -- from executors ----------------------------------------------------------
+
+    def put(self, outcome: Outcome) -> None:
+        with self._pending_lock:
+            self._pending_by_shard[outcome.shard] += 1
+        self._queue.put(outcome)
+
+    def return_jobs(self, jobs: list[ClaimedJob]) -> None:
+        """Claimed jobs that will not start here: back to READY (fenced)."""
+        if jobs:
+            with self._returns_lock:
+                self._returns.extend(jobs)
+            self._queue.put(None)  # wake the thread
+
+    def pending_in_shard(self, shard: int) -> int:
+        with self._pending_lock:
+            return self._pending_by_shard.get(shard, 0)
+
+    @property
+    def pending(self) -> int:
+        with self._pending_lock:
+            return sum(self._pending_by_shard.values())
+
+    # -- the thread ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="shardq-completer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.flush_once(block=True)
+        except BaseException as exc:
+            self.failure = exc
+            logger.exception("the completer died; the worker stops")
+            raise
+
+    def stop(self, deadline: float) -> None:
+        """Write everything queued (until ``deadline``, monotonic), then stop."""
+        self._stop.set()
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=max(0.1, deadline - time.monotonic()))
+        while (self.pending or self._returns) and time.monotonic() < deadline:
+            self.flush_once(block=False, deadline=deadline)
+
+    def flush_once(self, block: bool, deadline: float | None = None) -> None:
+        outcomes: list[Outcome] = []
+        try:
+            first = self._queue.get(timeout=0.2) if block else self._queue.get_nowait()
+        except queue.Empty:
+            first = None
+        if first is not None:
+            outcomes.append(first)
+        linger_until = time.monotonic() + self.flush_seconds
+        while len(outcomes) < self.batch:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                if not outcomes or time.monotonic() >= linger_until or self._stop.is_set():
+                    break
+                time.sleep(self.flush_seconds / 5)
+                continue
+            if item is not None:
+                outcomes.append(item)
+        if outcomes:
+            self._write(outcomes, deadline)
+        with self._returns_lock:
+            returns, self._returns = self._returns, []
+        if returns:
+            self._write_returns(returns, deadline)
+
+    def _retrying(self, call, what: str, deadline: float | None):
+        """Run ``call`` until it succeeds; returns (result, whether a try failed)."""
+        delay, failed = 0.05, False
+        while True:
+            try:
+                return call(), failed
+            except DatabaseUnavailable as exc:
+                failed = True
+                self.stats.add("db_errors")
+                logger.warning("%s failed, sending the same fenced write again: %s", what, exc)
+                if deadline is not None and time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _write(self, outcomes: list[Outcome], deadline: float | None) -> None:
+        try:
+            applied, uncertain = self._retrying(
+                lambda: self.store.complete_jobs(outcomes), "ack", deadline
+            )
+            missing = [o for o in outcomes if o.id not in applied]
+            if missing and uncertain:
+                landed, _ = self._retrying(lambda: self.store.outcomes_applied(missing), "ack check", deadline)
+                applied |= landed
+        except DatabaseUnavailable:
+            logger.error("shutdown deadline passed with %s outcomes unwritten; their shards' "
+                         "next owner will run them again", len(outcomes))
+            applied = set()
+            self._settle(outcomes)
+            return
+        for outcome in outcomes:
+            if outcome.id in applied:
+                self.stats.add({"SUCCESSFUL": "succeeded", "FAILED": "failed", "READY": "retried"}[outcome.status])
+            else:
+                self.stats.add("fence_rejections")
+                self.rejected_ids.append(outcome.id)
+                logger.warning(
+                    "outcome of job %s rejected: this worker's fence %s is no longer current "
+                    "(shard %s changed hands or the job moved on); not written",
+                    outcome.id, outcome.fence, outcome.shard,
+                )
+        self._settle(outcomes)
+
+    def _settle(self, outcomes: list[Outcome]) -> None:
+        with self._pending_lock:
+            for outcome in outcomes:
+                left = self._pending_by_shard[outcome.shard] - 1
+                if left:
+                    self._pending_by_shard[outcome.shard] = left
+                else:
+                    del self._pending_by_shard[outcome.shard]
+
+    def _write_returns(self, jobs: list[ClaimedJob], deadline: float | None) -> None:
+        try:
+            returned, _ = self._retrying(lambda: self.store.return_jobs(jobs), "return", deadline)
+        except DatabaseUnavailable:
+            return  # still RUNNING under the old fence: the next takeover rescues them
+        self.stats.add("returned", len(returned))

@@ -1,0 +1,176 @@
+"""Executors: ``concurrency`` threads for sync tasks, one asyncio loop for async ones.
+
+Each thread pops the best buffered job, checks that its shard's lease is still
+trusted (a job of a lost shard never starts), resolves the task through the
+registry (never importing an arbitrary callable named in a row), runs it,
+and hands the outcome to the completer. Signals ``task_started`` and
+``task_finished`` are sent with a real ``TaskResult``.
+"""
+
+import asyncio
+import json
+import logging
+import threading
+import traceback
+from dataclasses import dataclass
+from inspect import iscoroutinefunction
+
+from django.db import close_old_connections
+from django.tasks import TaskContext, TaskResult, TaskResultStatus
+from django.tasks.base import TaskError
+from django.tasks.signals import task_finished, task_started
+
+from ..exceptions import UnknownTask
+from ..tasks import Backoff, ShardTask, resolve
+from .jobs import ClaimedJob, Outcome
+
+logger = logging.getLogger("shardq.worker.executor")
+
+DEFAULT_BACKOFF = Backoff()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardqTaskContext(TaskContext):
+    """Django's TaskContext plus this attempt's fencing token and shard."""
+
+    fence: int
+    shard: int
+
+
+def _class_path(exc: BaseException) -> str:
+    kind = type(exc)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+class Executor:
+    def __init__(self, buffer, completer, leaser, fetcher, stats, *, worker_id: str,
+                 concurrency: int, backend_class, task_modules: tuple = ()):
+        self.buffer = buffer
+        self.completer = completer
+        self.leaser = leaser
+        self.fetcher = fetcher
+        self.stats = stats
+        self.worker_id = worker_id
+        self.concurrency = concurrency
+        self.backend_class = backend_class
+        self.task_modules = task_modules
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
+
+    def start(self) -> None:
+        self._loop_thread = threading.Thread(target=self.loop.run_forever, name="shardq-async", daemon=True)
+        self._loop_thread.start()
+        for n in range(self.concurrency):
+            thread = threading.Thread(target=self._run, name=f"shardq-executor-{n}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float) -> bool:
+        """Stop taking jobs; wait up to ``timeout`` for running ones. True if all finished."""
+        self._stop.set()
+        self.buffer.wake_all()
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, timeout))
+        finished = not any(t.is_alive() for t in self._threads)
+        if finished:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        return finished
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                job = self.buffer.pop(timeout=0.25)
+                if job is None:
+                    continue
+                try:
+                    if self.leaser.trusts(job.shard, job.fence):
+                        self.completer.put(self.execute(job))
+                    else:
+                        # The lease is lost or unconfirmed: start nothing; hand
+                        # the claim back (rejected harmlessly if already rescued).
+                        self.completer.return_jobs([job])
+                finally:
+                    self.buffer.done(job)
+                    self.fetcher.slot_freed()
+        except BaseException as exc:
+            self.failure = exc
+            logger.exception("an executor thread died; the worker stops")
+            raise
+
+    def execute(self, job: ClaimedJob) -> Outcome:
+        rank = job.status_rank + 1
+        try:
+            task = resolve(job.task_path, self.task_modules)
+        except UnknownTask as exc:
+            logger.error("job %s failed: %s", job.id, exc)
+            return Outcome(job.id, job.fence, rank, "FAILED",
+                           error_json=Outcome.error(_class_path(exc), f"{_class_path(exc)}: {exc}\n"),
+                           shard=job.shard, attempts=job.attempts)
+        result = TaskResult(
+            task=task,
+            id=str(job.id),
+            status=TaskResultStatus.RUNNING,
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at,
+            finished_at=None,
+            last_attempted_at=job.last_attempted_at,
+            args=job.args,
+            kwargs=job.kwargs,
+            backend=job.backend,
+            errors=[TaskError(**e) for e in job.errors] if job.errors else [],
+            worker_ids=job.worker_ids,
+        )
+        task_started.send(sender=self.backend_class, task_result=result)
+        close_old_connections()
+        error: BaseException | None = None
+        try:
+            value = self._call(task, job, result)
+            return_json = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        except SystemExit as exc:  # a task calling sys.exit() fails; the worker goes on
+            error = exc
+        except Exception as exc:
+            error = exc
+        finally:
+            close_old_connections()
+        if error is None:
+            object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+            object.__setattr__(result, "_return_value", json.loads(return_json) if return_json != "null" else None)
+            outcome = Outcome(job.id, job.fence, rank, "SUCCESSFUL", return_value_json=return_json,
+                              shard=job.shard, attempts=job.attempts)
+        else:
+            outcome = self._failure(task, job, rank, error, result)
+        task_finished.send(sender=self.backend_class, task_result=result)
+        return outcome
+
+    def _call(self, task, job: ClaimedJob, result: TaskResult):
+        args = job.args if isinstance(job.args, list) else _bad_payload("args", job.args, list)
+        kwargs = job.kwargs if isinstance(job.kwargs, dict) else _bad_payload("kwargs", job.kwargs, dict)
+        if task.takes_context:
+            args = [ShardqTaskContext(task_result=result, fence=job.fence, shard=job.shard), *args]
+        if iscoroutinefunction(task.func):
+            future = asyncio.run_coroutine_threadsafe(task.func(*args, **kwargs), self.loop)
+            return future.result()
+        return task.func(*args, **kwargs)
+
+    def _failure(self, task, job: ClaimedJob, rank: int, error: BaseException, result) -> Outcome:
+        path = _class_path(error)
+        text = "".join(traceback.format_exception(error))
+        if isinstance(error, (TypeError, ValueError)) and "JSON" in str(error) and "is not JSON serializable" in str(error):
+            text = f"the return value is not JSON ({error}); return str, int, float, bool, None, list or dict\n" + text
+        result.errors.append(TaskError(exception_class_path=path, traceback=text))
+        retry = isinstance(task, ShardTask) and job.attempts < job.max_attempts and not isinstance(error, SystemExit)
+        if retry:
+            backoff = task.backoff or DEFAULT_BACKOFF
+            object.__setattr__(result, "status", TaskResultStatus.READY)
+            return Outcome(job.id, job.fence, rank, "READY", error_json=Outcome.error(path, text),
+                           delay=backoff.delay(job.attempts), shard=job.shard, attempts=job.attempts)
+        object.__setattr__(result, "status", TaskResultStatus.FAILED)
+        return Outcome(job.id, job.fence, rank, "FAILED", error_json=Outcome.error(path, text),
+                       shard=job.shard, attempts=job.attempts)
+
+
+def _bad_payload(name, value, expected):
+    raise TypeError(f"the job's {name} are a {type(value).__name__} in the table, not a {expected.__name__}")

@@ -1,0 +1,170 @@
+"""Fetcher and listener: claim jobs of held shards when there are free slots.
+
+Demand-driven: the fetcher asks for at most ``free`` jobs (capacity minus
+buffered minus processing), in one statement over every fetchable shard (a
+per-shard index range walk, see ``claim_jobs`` in queries.sql), rotating the
+shard order so no shard starves when demand is small. It sleeps until woken
+by a NOTIFY for a shard this worker holds, by free slots appearing after the
+buffer was full, or by the poll interval (the fallback that covers a lost
+LISTEN connection or a dropped notification).
+"""
+
+import logging
+import math
+import threading
+import time
+
+import psycopg
+
+from ..db.store import connect
+from ..exceptions import DatabaseUnavailable
+from .jobs import ClaimedJob
+from .leaser import LEASE_CHANNEL
+
+logger = logging.getLogger("shardq.worker.fetcher")
+
+
+class Fetcher:
+    def __init__(self, store, leaser, buffer, stats, *, worker_id: str, queues: list[str] | None,
+                 poll_interval_seconds: float, min_batch: int):
+        self.store = store
+        self.leaser = leaser
+        self.buffer = buffer
+        self.stats = stats
+        self.worker_id = worker_id
+        self.queues = queues
+        self.poll_interval = poll_interval_seconds
+        self.min_batch = max(1, min_batch)
+        self.waiting_for_slots = False
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._rotation = 0
+        self._deep = False
+        self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="shardq-fetcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def slot_freed(self) -> None:
+        """Called by executors after a job: wake the fetcher if it waits for room."""
+        if self.waiting_for_slots and self.buffer.free >= self.min_batch:
+            self.waiting_for_slots = False
+            self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()
+                claimed = self.fetch_once()
+                if claimed is None:
+                    continue  # got a full batch: there is probably more
+                self._wake.wait(claimed)
+        except BaseException as exc:
+            self.failure = exc
+            logger.exception("the fetcher died; the worker stops")
+            raise
+
+    def fetch_once(self) -> float | None:
+        """Claim one batch. Returns how long to sleep, or None to go again at once."""
+        free = self.buffer.free
+        if free < self.min_batch and self.buffer.buffered + self.buffer.processing > 0:
+            self.waiting_for_slots = True
+            return self.poll_interval
+        shards = self.leaser.fetchable()
+        if not shards or free <= 0:
+            return self.poll_interval
+        order = sorted(shards)
+        start = self._rotation % len(order)
+        self._rotation += 1
+        order = order[start:] + order[:start]
+        # A shallow pass takes a few jobs from every shard (priority order is
+        # merged in memory); after a short answer a deep pass lets any shard
+        # fill the batch, so a backlog in a few shards drains at full speed.
+        per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
+        try:
+            rows = self.store.claim_jobs(self.worker_id, order, self.queues, per_shard, free)
+        except DatabaseUnavailable as exc:
+            self.stats.add("db_errors")
+            logger.warning("claim failed, retrying: %s", exc)
+            return min(self.poll_interval, 0.5)
+        if rows:
+            jobs = [ClaimedJob.from_row(row) for row in rows]
+            self.stats.add("claimed", len(jobs))
+            self.buffer.push_many(jobs)
+        # Fewer rows than asked does not mean empty (per-shard limits, SKIP
+        # LOCKED): go again while a claim finds anything; sleep only on none.
+        if rows:
+            self._deep = len(rows) < free
+            return None
+        if self._deep:
+            self._deep = False
+            return None
+        return self.poll_interval
+
+
+class Listener:
+    """LISTEN for enqueue and lease notifications; reconnects when the connection drops."""
+
+    def __init__(self, channel: str, leaser, fetcher, stats, alias: str = "default"):
+        self.channel = channel
+        self.leaser = leaser
+        self.fetcher = fetcher
+        self.stats = stats
+        self.alias = alias
+        self.conn: psycopg.Connection | None = None
+        self.backend_pid: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="shardq-listener", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # already broken: nothing to close
+                pass
+
+    def _run(self) -> None:
+        delay = 0.1
+        while not self._stop.is_set():
+            try:
+                self.conn = connect(self.alias, application_name="shardq-listener")
+                self.conn.execute(f'LISTEN "{self.channel}"')
+                self.conn.execute(f'LISTEN "{LEASE_CHANNEL}"')
+                self.backend_pid = self.conn.info.backend_pid
+                delay = 0.1
+                # The gap while we were disconnected is covered by the poll.
+                self.fetcher.wake()
+                while not self._stop.is_set():
+                    for note in self.conn.notifies(timeout=0.5):
+                        if note.channel == LEASE_CHANNEL:
+                            self.leaser.wake()
+                        elif note.payload.isdigit() and int(note.payload) in self.leaser.held:
+                            self.fetcher.wake()
+            except (DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                self.stats.add("db_errors")
+                logger.info("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
+                if self.conn is not None:
+                    try:
+                        self.conn.close()
+                    except Exception:  # already broken
+                        pass
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)

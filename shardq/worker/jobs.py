@@ -1,0 +1,64 @@
+"""Value types passed between the worker's services."""
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(slots=True)
+class ClaimedJob:
+    """A job this worker claimed (RUNNING in the table under ``fence``)."""
+
+    id: int
+    task_path: str
+    queue_name: str
+    priority: int
+    run_after: float
+    shard: int
+    shard_key: str | None
+    ordered: bool
+    args: list
+    kwargs: dict
+    attempts: int
+    max_attempts: int
+    fence: int
+    status_rank: int
+    enqueued_at: datetime
+    started_at: datetime
+    last_attempted_at: datetime
+    worker_ids: list
+    errors: list
+    backend: str
+
+    @classmethod
+    def from_row(cls, row) -> "ClaimedJob":
+        return cls(*row)
+
+    @property
+    def key(self) -> str | None:
+        return self.shard_key
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one attempt produced, written by the completer in one fenced batch.
+
+    ``status`` is SUCCESSFUL, FAILED, or READY (retry after ``delay`` seconds).
+    ``rank`` is the claim's status_rank + 1: the write applies only if nothing
+    moved the job since this worker claimed it.
+    """
+
+    id: int
+    fence: int
+    rank: int
+    status: str
+    return_value_json: str | None = None
+    error_json: str | None = None
+    delay: float = 0.0
+    shard: int = -1
+    attempts: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @staticmethod
+    def error(exception_class_path: str, traceback: str) -> str:
+        return json.dumps({"exception_class_path": exception_class_path, "traceback": traceback})

@@ -1,0 +1,239 @@
+"""The lease protocol (DESIGN §4), one thread per worker process.
+
+State model of a shard, as this worker sees it::
+
+    free ──claim──▶ held ──renewal returns it──▶ held (trust extended)
+                     │  └─renewal misses it / deadline passes──▶ fenced (dropped at once)
+                     └─above share──▶ draining ──no running job──▶ released
+
+Every ``HEARTBEAT`` seconds the leaser renews exactly the (shard,
+claim_version) pairs it holds, records a heartbeat, counts the live workers
+(itself included), and moves toward its share: ``SHARD_COUNT // live``, plus
+one for the first ``SHARD_COUNT % live`` workers in start order, so 64 shards
+over 3 workers settle at exactly 22/21/21. Below its share it claims
+unowned or expired shards (a takeover bumps ``claim_version`` and rescues the
+previous owner's RUNNING jobs in the same transaction); above it, it drains
+and releases one shard at a time.
+
+Times that matter for correctness come from the database
+(``clock_timestamp()``). Locally the worker trusts its leases only until
+``renew_sent + LEASE_TTL - margin`` on its own monotonic clock: past that
+deadline nothing new starts (executors check ``trusts()``), and a renewal that
+cannot reach the database by then, or that returns fewer shards than sent,
+drops those shards at once (self-fencing).
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ..exceptions import DatabaseUnavailable
+
+logger = logging.getLogger("shardq.worker.leaser")
+
+LEASE_CHANNEL = "shardq_lease"
+
+
+def fair_share(shard_count: int, live: list[str], me: str) -> int:
+    """This worker's share: floor, plus one for the first ``count % live`` workers."""
+    n = max(1, len(live))
+    base, extra = divmod(shard_count, n)
+    position = live.index(me) if me in live else n - 1
+    return base + (1 if position < extra else 0)
+
+
+class Leaser:
+    def __init__(
+        self,
+        store,
+        worker_id: str,
+        stats,
+        *,
+        shard_count: int,
+        lease_ttl_seconds: float,
+        heartbeat_seconds: float,
+        running_in_shard: Callable[[int], int],
+        on_lost: Callable[[set[int]], None],
+        on_gained: Callable[[set[int]], None],
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.store = store
+        self.worker_id = worker_id
+        self.stats = stats
+        self.shard_count = shard_count
+        self.ttl = lease_ttl_seconds
+        self.heartbeat = heartbeat_seconds
+        self.margin = max(0.05, lease_ttl_seconds * 0.1)
+        self.running_in_shard = running_in_shard
+        self.on_lost = on_lost
+        self.on_gained = on_gained
+        self.clock = clock
+
+        self.held: dict[int, int] = {}  # shard -> claim_version
+        self.draining: int | None = None
+        self.trusted_until = 0.0
+        self.share = 0
+        self.live_workers = 0
+        self.stopping = False
+        self.database_ok = True
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
+
+    # -- queries from other threads ------------------------------------------
+
+    def trusts(self, shard: int, fence: int) -> bool:
+        """May a job of ``shard`` claimed under ``fence`` start now?"""
+        return self.held.get(shard) == fence and self.clock() < self.trusted_until
+
+    def fetchable(self) -> dict[int, int]:
+        """Shards to claim jobs from: held, trusted, not draining."""
+        if self.stopping or self.clock() >= self.trusted_until:
+            return {}
+        held = dict(self.held)
+        if self.draining is not None:
+            held.pop(self.draining, None)
+        return held
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        self.tick()  # hold a share before the first fetch
+        self._thread = threading.Thread(target=self._run, name="shardq-leaser", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                interval = self.heartbeat
+                if self.draining is not None or not self.database_ok:
+                    interval = min(interval, 0.1 if self.database_ok else 0.5)
+                self._wake.wait(interval)
+                self._wake.clear()
+                if self._stop.is_set():
+                    break
+                self.tick()
+        except BaseException as exc:  # a dead leaser must stop the worker loudly
+            self.failure = exc
+            logger.exception("the leaser died; the worker stops")
+            raise
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # -- one round of the protocol ----------------------------------------------
+
+    def tick(self) -> None:
+        try:
+            self._renew()
+            live = self.store.heartbeat(self.worker_id, self.stats.snapshot(), self.ttl)
+            self.database_ok = True
+        except DatabaseUnavailable as exc:
+            self.stats.add("db_errors")
+            if self.database_ok:
+                logger.warning("database unavailable: %s", exc)
+            self.database_ok = False
+            if self.held and self.clock() >= self.trusted_until:
+                self._self_fence(set(self.held), "cannot reach the database before the trust deadline")
+            return
+        self.live_workers = len(live)
+        self.share = fair_share(self.shard_count, live, self.worker_id)
+        if self.stopping:
+            return
+        try:
+            if self.draining is not None:
+                self._finish_draining()
+            elif len(self.held) < self.share:
+                self._claim(self.share - len(self.held))
+            elif len(self.held) > self.share:
+                # Give back the highest-numbered shard: stop claiming from it,
+                # let its running jobs finish, then release (next ticks).
+                self.draining = max(self.held)
+                self.on_lost({self.draining})
+                self._finish_draining()
+        except DatabaseUnavailable as exc:
+            self.stats.add("db_errors")
+            self.database_ok = False
+            logger.warning("database unavailable: %s", exc)
+
+    def _renew(self) -> None:
+        if not self.held:
+            return
+        sent = self.clock()
+        held = dict(self.held)
+        kept = self.store.renew_leases(self.worker_id, held, self.ttl)
+        lost = set(held) - kept
+        if lost:
+            self._self_fence(lost, "the renewal returned fewer shards than it sent")
+        self.trusted_until = sent + self.ttl - self.margin
+
+    def _claim(self, wanted: int) -> None:
+        sent = self.clock()
+        rows = self.store.claim_shards(self.worker_id, wanted, self.ttl, self.shard_count)
+        if not rows:
+            return
+        gained = set()
+        for shard, version, previous_owner, rescued, _logged in rows:
+            self.held[shard] = version
+            gained.add(shard)
+            self.stats.add("shard_claims")
+            if previous_owner is not None:
+                self.stats.add("takeovers")
+            if rescued:
+                self.stats.add("rescued", rescued)
+                logger.info("took over shard %s (version %s): %s jobs rescued", shard, version, rescued)
+        # New shards are trusted from this claim; shards already held keep the
+        # (earlier, so stricter) deadline of this tick's renewal.
+        if self.trusted_until <= sent:
+            self.trusted_until = sent + self.ttl - self.margin
+        self.on_gained(gained)
+
+    def _finish_draining(self) -> None:
+        shard = self.draining
+        if shard is None or self.running_in_shard(shard):
+            return
+        version = self.held.get(shard)
+        self.draining = None
+        if version is None:
+            return
+        released = self.store.release_shards(self.worker_id, {shard: version})
+        self.held.pop(shard, None)
+        if released:
+            self.stats.add("releases")
+            self._notify_release()
+
+    def _self_fence(self, shards: set[int], why: str) -> None:
+        for shard in shards:
+            self.held.pop(shard, None)
+        if self.draining in shards:
+            self.draining = None
+        self.stats.add("self_fences", len(shards))
+        logger.warning("self-fenced %s shard(s) %s: %s", len(shards), sorted(shards), why)
+        self.on_lost(shards)
+
+    def _notify_release(self) -> None:
+        try:
+            self.store.notify(LEASE_CHANNEL, self.worker_id)
+        except DatabaseUnavailable:
+            pass  # others claim at their next heartbeat anyway
+
+    def release_all(self, keep: set[int] = frozenset()) -> int:
+        """Release every held shard except ``keep`` (shutdown). Returns how many."""
+        pairs = {s: v for s, v in self.held.items() if s not in keep}
+        if not pairs:
+            return 0
+        released = self.store.release_shards(self.worker_id, pairs)
+        for shard in released:
+            self.held.pop(shard, None)
+        self.stats.add("releases", len(released))
+        if released:
+            self._notify_release()
+        return len(released)

@@ -1,0 +1,148 @@
+"""One worker process: leaser + fetcher + local queue + executors + completer.
+
+Shutdown (first SIGTERM/SIGINT): stop claiming, put unstarted buffered jobs
+back to READY, let running jobs finish within ``grace`` seconds, write every
+outcome, release the leases (others take over at once, no TTL wait), mark the
+worker stopped. A second signal exits at once: the leases then expire and the
+next owner's takeover rescues whatever was running.
+"""
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+
+from ..backend import ShardqBackend
+from ..conf import get_config
+from ..db.store import WorkerStore
+from ..tasks import autodiscover
+from .buffer import Buffer
+from .completer import Completer
+from .executor import Executor
+from .fetcher import Fetcher, Listener
+from .leaser import Leaser
+from .stats import Stats
+
+logger = logging.getLogger("shardq.worker")
+
+
+class Worker:
+    def __init__(self, *, queues: list[str] | None = None, concurrency: int = 4, grace: float = 30.0,
+                 prefetch: int | None = None, database: str = "default"):
+        self.config = get_config()
+        self.id = str(uuid.uuid4())
+        self.queues = queues
+        self.concurrency = concurrency
+        self.grace = grace
+        self.database = database
+        self.stats = Stats()
+        self._stop = threading.Event()
+        self._signals = 0
+        capacity = prefetch if prefetch else max(8, 2 * concurrency)
+        self.buffer = Buffer(capacity)
+        self.store = {name: WorkerStore(database, f"shardq-{name}") for name in ("leaser", "fetcher", "completer")}
+        self.completer = Completer(self.store["completer"], self.stats,
+                                   batch=self.config.completion_batch,
+                                   flush_seconds=self.config.completion_flush_seconds)
+        self.leaser = Leaser(
+            self.store["leaser"], self.id, self.stats,
+            shard_count=self.config.shard_count,
+            lease_ttl_seconds=self.config.lease_ttl_seconds,
+            heartbeat_seconds=self.config.heartbeat_seconds,
+            running_in_shard=self.running_in_shard,
+            on_lost=self.on_shards_lost,
+            on_gained=lambda shards: self.fetcher.wake(),
+        )
+        self.fetcher = Fetcher(self.store["fetcher"], self.leaser, self.buffer, self.stats,
+                               worker_id=self.id, queues=queues,
+                               poll_interval_seconds=self.config.poll_interval_seconds,
+                               min_batch=max(1, capacity // 4))
+        self.listener = Listener(self.config.channel, self.leaser, self.fetcher, self.stats, database) if self.config.notify else None
+        self.executor = Executor(self.buffer, self.completer, self.leaser, self.fetcher, self.stats,
+                                 worker_id=self.id, concurrency=concurrency,
+                                 backend_class=ShardqBackend, task_modules=self.config.task_modules)
+
+    # -- callbacks ---------------------------------------------------------------
+
+    def running_in_shard(self, shard: int) -> int:
+        """Jobs of ``shard`` still processing here or with an unwritten outcome."""
+        return self.buffer.processing_in_shard(shard) + self.completer.pending_in_shard(shard)
+
+    def on_shards_lost(self, shards: set[int]) -> None:
+        """Self-fence or drain: forget the buffered jobs of these shards."""
+        dropped = []
+        for shard in shards:
+            dropped.extend(self.buffer.drop_shard(shard))
+        self.completer.return_jobs(dropped)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            logger.warning("second signal: exiting now; leases will expire and be taken over")
+            os._exit(1)
+        logger.info("signal %s: finishing running jobs (grace %.0fs), then releasing leases", signum, self.grace)
+        self._stop.set()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        autodiscover(self.config.task_modules)
+        self.store["leaser"].register_worker(self.id, socket.gethostname(), os.getpid(), self.queues or [])
+        logger.info("worker %s started (pid %s, concurrency %s, queues %s)",
+                    self.id, os.getpid(), self.concurrency, self.queues or "all")
+        self.completer.start()
+        self.executor.start()
+        self.leaser.start()
+        if self.listener:
+            self.listener.start()
+        self.fetcher.start()
+        failed = None
+        while not self._stop.wait(0.5):
+            failed = self._failed_service()
+            if failed:
+                logger.error("%s stopped unexpectedly: shutting down", failed)
+                break
+        self.shutdown()
+        return 1 if failed else 0
+
+    def _failed_service(self) -> str | None:
+        for name, service in (("leaser", self.leaser), ("fetcher", self.fetcher),
+                              ("completer", self.completer), ("executor", self.executor)):
+            if service.failure is not None:
+                return name
+        return None
+
+    def shutdown(self) -> None:
+        deadline = time.monotonic() + self.grace
+        self.leaser.stopping = True
+        self.fetcher.stop()
+        if self.listener:
+            self.listener.stop()
+        self.completer.return_jobs(self.buffer.drain())
+        finished = self.executor.stop(timeout=deadline - time.monotonic())
+        self.completer.stop(deadline=max(deadline, time.monotonic() + 5.0))
+        # Shards with a job still running keep their lease until it expires:
+        # releasing them would let the next owner re-run a job that may still
+        # finish here.
+        still_running = {s for s in list(self.leaser.held) if self.running_in_shard(s)}
+        if not finished:
+            logger.warning("grace period over with jobs running in shards %s", sorted(still_running))
+        self.leaser.stop()
+        try:
+            released = self.leaser.release_all(keep=still_running)
+            self.store["leaser"].stop_worker(self.id, self.stats.snapshot())
+            logger.info("worker %s stopped: released %s shards; %s", self.id, released, self.stats.snapshot())
+        except Exception as exc:  # the database may be gone: leases then expire
+            logger.warning("could not release leases at shutdown (%s); they will expire", exc)
+        for store in self.store.values():
+            store.close()

@@ -1,0 +1,36 @@
+"""Worker counters, published in ``shardq_worker.stats`` at every heartbeat."""
+
+import threading
+
+COUNTERS = (
+    "claimed",
+    "succeeded",
+    "failed",
+    "retried",
+    "fence_rejections",
+    "self_fences",
+    "rescued",
+    "shard_claims",
+    "takeovers",
+    "releases",
+    "returned",
+    "db_errors",
+)
+
+
+class Stats:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(COUNTERS, 0)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._values[name] += n
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return dict(self._values)
+
+    def __getitem__(self, name: str) -> int:
+        with self._lock:
+            return self._values[name]
