@@ -18,6 +18,8 @@ if not os.environ.get("DATABASE_URL"):
     from shardq import embedded
 
     os.environ["DATABASE_URL"] = embedded.start()
+    # Child processes inherit the URL; this marks who started the server.
+    os.environ["SHARDQ_EMBEDDED_STARTED_BY"] = str(os.getpid())
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="insecure-example-key-change-me")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)

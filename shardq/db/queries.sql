@@ -127,10 +127,16 @@ FROM taken AS t ORDER BY t.shard;
 
 -- name: renew_leases
 -- Extend exactly the (shard, claim_version) pairs this worker holds; a missing row in the answer means that shard was lost.
+WITH locked AS (
+    SELECT s.shard FROM shardq_shard AS s
+    JOIN unnest(%(shards)s::int[], %(versions)s::bigint[]) AS h(shard, version)
+      ON s.shard = h.shard AND s.claim_version = h.version AND s.owner = %(worker)s
+    ORDER BY s.shard
+    FOR UPDATE OF s
+)
 UPDATE shardq_shard AS s
 SET lease_expires = clock_timestamp() + make_interval(secs => %(ttl)s)
-FROM unnest(%(shards)s::int[], %(versions)s::bigint[]) AS h(shard, version)
-WHERE s.shard = h.shard AND s.claim_version = h.version AND s.owner = %(worker)s
+FROM locked WHERE s.shard = locked.shard
 RETURNING s.shard;
 
 -- name: release_shards
@@ -153,15 +159,17 @@ WHERE id = %(worker)s;
 -- name: claim_jobs
 -- Claim READY jobs of the shards this worker holds: per shard an index range walk (LIMIT :per_shard, SKIP LOCKED), :limit in all; mark them RUNNING under each shard's current claim version. The shard rows are locked FOR SHARE so a takeover cannot interleave with the claim.
 WITH held AS MATERIALIZED (
+    -- Locked in shard order, like every statement that locks shard rows, so
+    -- a claim never deadlocks with a renewal.
     SELECT s.shard, s.claim_version, h.ord
     FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
     JOIN shardq_shard AS s ON s.shard = h.shard
     WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
-    ORDER BY h.ord
+    ORDER BY s.shard
     FOR SHARE OF s
 ), picked AS MATERIALIZED (
     SELECT j.id, held.claim_version
-    FROM held
+    FROM (SELECT * FROM held ORDER BY ord) AS held
     CROSS JOIN LATERAL (
         SELECT id FROM shardq_job
         WHERE shard = held.shard AND status = 'READY' AND run_after <= clock_timestamp()

@@ -111,8 +111,12 @@ class Leaser:
         try:
             while not self._stop.is_set():
                 interval = self.heartbeat
-                if self.draining is not None or not self.database_ok:
-                    interval = min(interval, 0.1 if self.database_ok else 0.5)
+                if not self.database_ok:
+                    interval = min(interval, 0.5)
+                elif self.draining is not None or len(self.held) > self.share:
+                    # Rebalancing: release the next shard after a short pause,
+                    # not a whole heartbeat later.
+                    interval = min(interval, 0.1)
                 self._wake.wait(interval)
                 self._wake.clear()
                 if self._stop.is_set():
@@ -218,6 +222,10 @@ class Leaser:
         self.stats.add("self_fences", len(shards))
         logger.warning("self-fenced %s shard(s) %s: %s", len(shards), sorted(shards), why)
         self.on_lost(shards)
+
+    def announce(self) -> None:
+        """Tell every worker to run a lease round now (a join or a release)."""
+        self._notify_release()
 
     def _notify_release(self) -> None:
         try:

@@ -103,6 +103,8 @@ class Worker:
         self.completer.start()
         self.executor.start()
         self.leaser.start()
+        # Running workers recompute their share now, not at their next heartbeat.
+        self.leaser.announce()
         if self.listener:
             self.listener.start()
         self.fetcher.start()

@@ -16,6 +16,19 @@ import time
 
 logger = logging.getLogger("shardq.worker.supervisor")
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the supervisor dies (Linux), so a killed
+    supervisor never leaves orphan workers holding leases."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: orphans then stop on their own SIGTERM only
+
 
 class Supervisor:
     def __init__(self, child_args: list[str], processes: int):
@@ -29,7 +42,7 @@ class Supervisor:
         cmd = [sys.executable, "-m", "django", "shardq_worker", "--processes", "1", *self.child_args]
         env = dict(os.environ, SHARDQ_WORKER_SLOT=str(slot))
         env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", ""))
-        self.children[slot] = subprocess.Popen(cmd, env=env)
+        self.children[slot] = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
         logger.info("started worker process %s (pid %s)", slot, self.children[slot].pid)
 
     def _forward(self, signum, frame) -> None:

@@ -54,7 +54,7 @@ def flaky(fail_times: int, tag: str) -> int:
     return attempts + 1
 
 
-@task(takes_context=True)
+@shard_task(takes_context=True, max_attempts=5)
 def ledger(context: TaskContext, n: int = 0, sleep: float = 0.0) -> int:
     """Writes one ledger row in its own transaction (an execution record)."""
     if sleep:

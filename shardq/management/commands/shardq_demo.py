@@ -1,0 +1,190 @@
+"""``manage.py shardq_demo`` (what ``make demo`` runs).
+
+Starts the example project under gunicorn and a 2-process shardq worker,
+drives orders through HTTP (each view enqueues a ``send_receipt`` task in the
+order's transaction), waits for the queue to drain, prints who did what, and
+stops everything it started.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+
+DEMO_TASKS = ("example_project.demo.tasks.send_receipt",)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Command(BaseCommand):
+    help = "Run the shardq demo: gunicorn + 2 worker processes + HTTP load, then a summary."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--orders", type=int, default=3000, help="Orders to POST (default 3000).")
+        parser.add_argument("--processes", type=int, default=2, help="Worker processes (default 2).")
+        parser.add_argument("--concurrency", type=int, default=4, help="Threads per worker process (default 4).")
+        parser.add_argument("--timeout", type=float, default=300, help="Seconds to wait for the queue to drain.")
+
+    def handle(self, *args, **options):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.table import Table
+
+        if options["orders"] < 1 or options["processes"] < 1 or options["concurrency"] < 1:
+            raise CommandError("--orders, --processes and --concurrency must be ≥ 1.")
+        console = Console()
+        root = Path(settings.BASE_DIR)
+        console.rule("[bold]shardq demo")
+        console.print(f"database: {connection.settings_dict['NAME']} "
+                      f"({'embedded pgserver' if os.environ.get('SHARDQ_EMBEDDED_STARTED_BY') else 'DATABASE_URL'})")
+        call_command("migrate", verbosity=0)
+        self._clear_previous_run()
+
+        port = free_port()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        log_dir = root / ".demo"
+        log_dir.mkdir(exist_ok=True)
+        started: list[subprocess.Popen] = []
+        try:
+            web = subprocess.Popen(
+                [sys.executable, "-m", "gunicorn", "example_project.wsgi:application", "--workers", "2",
+                 "--bind", f"127.0.0.1:{port}", "--log-level", "warning"],
+                cwd=root, env=env, stdout=open(log_dir / "gunicorn.log", "w"), stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            started.append(web)
+            workers = subprocess.Popen(
+                [sys.executable, "manage.py", "shardq_worker", "--processes", str(options["processes"]),
+                 "--concurrency", str(options["concurrency"])],
+                cwd=root, env=env, stdout=open(log_dir / "workers.log", "w"), stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            started.append(workers)
+            console.print(f"gunicorn on http://127.0.0.1:{port}/ (pid {web.pid}); "
+                          f"shardq_worker --processes {options['processes']} (pid {workers.pid}); logs in .demo/")
+            self._wait_http(port, web)
+
+            n = options["orders"]
+            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            with Progress(*columns, console=console) as progress:
+                posting = progress.add_task("POST /orders/", total=n)
+                t0 = time.monotonic()
+                self._post_orders(port, n, lambda: progress.advance(posting))
+                post_seconds = time.monotonic() - t0
+                draining = progress.add_task("jobs finished", total=n)
+                deadline = time.monotonic() + options["timeout"]
+                while True:
+                    done = self._finished()
+                    progress.update(draining, completed=done)
+                    if done >= n:
+                        break
+                    if time.monotonic() > deadline:
+                        raise CommandError(f"the queue did not drain in {options['timeout']}s ({done}/{n} done); see .demo/workers.log")
+                    if workers.poll() is not None:
+                        raise CommandError("the worker supervisor exited early; see .demo/workers.log")
+                    time.sleep(0.1)
+                drain_seconds = time.monotonic() - t0
+            self._report(console, Table, n, post_seconds, drain_seconds)
+        finally:
+            for proc in reversed(started):
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in reversed(started):
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            if os.environ.get("SHARDQ_EMBEDDED_STARTED_BY") == str(os.getpid()):
+                from shardq import embedded
+
+                connection.close()
+                embedded.stop()
+                console.print("stopped the embedded PostgreSQL")
+        console.print("[green]demo finished: everything it started is stopped.")
+
+    def _clear_previous_run(self):
+        from example_project.demo.models import Order
+
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM shardq_job WHERE task_path = ANY(%s)", [list(DEMO_TASKS)])
+        Order.objects.all().delete()
+
+    def _wait_http(self, port, web):
+        import requests
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if web.poll() is not None:
+                raise CommandError("gunicorn exited at start; see .demo/gunicorn.log")
+            try:
+                requests.get(f"http://127.0.0.1:{port}/jobs/0/", timeout=5)
+                return
+            except requests.RequestException:
+                time.sleep(0.2)
+        raise CommandError("gunicorn did not answer within 60s; see .demo/gunicorn.log")
+
+    def _post_orders(self, port, n, advance):
+        import requests
+
+        url = f"http://127.0.0.1:{port}/orders/"
+
+        def post_range(start):
+            with requests.Session() as session:
+                for i in range(start, n, 4):
+                    body = {"customer_id": i % 500, "total_cents": 100 + i}
+                    response = session.post(url, data=json.dumps(body), timeout=30,
+                                            headers={"Content-Type": "application/json"})
+                    if response.status_code != 201:
+                        raise CommandError(f"POST /orders/ answered {response.status_code}: {response.text[:200]}")
+                    advance()
+
+        with ThreadPoolExecutor(4) as pool:
+            for future in [pool.submit(post_range, start) for start in range(4)]:
+                future.result()
+
+    def _finished(self) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM shardq_job WHERE task_path = ANY(%s) AND status IN ('SUCCESSFUL', 'FAILED')",
+                           [list(DEMO_TASKS)])
+            return cursor.fetchone()[0]
+
+    def _report(self, console, Table, n, post_seconds, drain_seconds):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT w.id::text, w.pid, w.state, "
+                "(SELECT count(*) FROM shardq_job j WHERE j.task_path = ANY(%s) AND j.status = 'SUCCESSFUL' "
+                "   AND j.worker_ids->>-1 = w.id::text), "
+                "(SELECT count(*) FROM shardq_shard s WHERE s.owner = w.id AND s.lease_expires > clock_timestamp()), "
+                "coalesce((w.stats->>'fence_rejections')::int, 0) "
+                "FROM shardq_worker w WHERE w.state = 'RUNNING' "
+                "AND w.heartbeat_at > clock_timestamp() - interval '60 seconds' ORDER BY w.started_at",
+                [list(DEMO_TASKS)],
+            )
+            rows = cursor.fetchall()
+            cursor.execute("SELECT status, count(*) FROM shardq_job WHERE task_path = ANY(%s) GROUP BY 1", [list(DEMO_TASKS)])
+            statuses = dict(cursor.fetchall())
+            cursor.execute("SELECT count(*) FROM demo_receipt")
+            receipts = cursor.fetchone()[0]
+        table = Table(title="who did what")
+        for column in ("worker", "pid", "jobs done", "shards owned", "fence rejections"):
+            table.add_column(column, justify="right" if column != "worker" else "left")
+        for worker_id, pid, _state, done, shards, rejections in rows:
+            table.add_row(worker_id[:8], str(pid), str(done), str(shards), str(rejections))
+        console.print(table)
+        console.print(f"jobs: {statuses}; receipts written: {receipts} (one per order: {receipts == n})")
+        console.print(f"HTTP: {n} orders in {post_seconds:.1f}s ({n / post_seconds:.0f}/s); "
+                      f"enqueue → all done in {drain_seconds:.1f}s ({n / drain_seconds:.0f} jobs/s end to end)")

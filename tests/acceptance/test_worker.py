@@ -1,0 +1,189 @@
+"""Real ``shardq_worker`` processes against real PostgreSQL (issue: the worker)."""
+
+import os
+import signal
+import time
+
+import shardq
+from tests.conftest import wait_until
+from tests.taskapp import tasks
+from tests.workers import (
+    query,
+    scalar,
+    shards_by_owner,
+    status_counts,
+    wait_drained,
+    worker_id_of,
+    worker_stats,
+)
+
+
+def ledger_counts_per_job() -> dict[int, int]:
+    return dict(query("SELECT job_id, count(*) FROM taskapp_ledger GROUP BY 1"))
+
+
+def test_two_workers_run_5000_ledger_jobs_once_each_and_split_shards_32_32(workers):
+    a = workers.start("--concurrency", "4")
+    b = workers.start("--concurrency", "4")
+    ids_a, ids_b = worker_id_of(a.pid), worker_id_of(b.pid)
+    wait_until(lambda: shards_by_owner() == {ids_a: 32, ids_b: 32} or shards_by_owner() == {ids_b: 32, ids_a: 32},
+               timeout=30, message="shards to split 32/32")
+    results = shardq.enqueue_many(tasks.ledger, [((), {"n": i}) for i in range(5000)])
+    wait_drained(5000, timeout=180)
+    assert status_counts() == {"SUCCESSFUL": 5000}
+    counts = ledger_counts_per_job()
+    assert len(counts) == 5000 and set(counts.values()) == {1}
+    assert set(counts) == {int(r.id) for r in results}
+    assert shards_by_owner() in ({ids_a: 32, ids_b: 32},)
+    done_by = dict(query("SELECT worker_ids->>-1, count(*) FROM shardq_job GROUP BY 1"))
+    assert set(done_by) == {ids_a, ids_b}, "both workers ran jobs"
+
+
+def test_sigkill_one_of_two_workers_the_survivor_takes_all_shards_and_rescues_its_jobs(workers):
+    a = workers.start("--concurrency", "4")
+    b = workers.start("--concurrency", "4")
+    ids_a, ids_b = worker_id_of(a.pid), worker_id_of(b.pid)
+    wait_until(lambda: len(shards_by_owner()) == 2 and sum(shards_by_owner().values()) == 64, timeout=30)
+    shardq.enqueue_many(tasks.ledger, [((), {"n": i, "sleep": 0.05}) for i in range(600)])
+    wait_until(lambda: scalar("SELECT count(*) FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a]) > 0,
+               timeout=30, message="worker A to run jobs")
+    a.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    a.wait(timeout=10)
+    wait_until(lambda: shards_by_owner() == {ids_b: 64}, timeout=30, interval=0.05, message="survivor to own 64 shards")
+    takeover_seconds = time.monotonic() - killed_at
+    ttl, heartbeat = 2.0, 0.4
+    assert takeover_seconds <= ttl + heartbeat + 1.0, f"takeover took {takeover_seconds:.2f}s"
+    wait_drained(600, timeout=120)
+    assert status_counts() == {"SUCCESSFUL": 600}
+    stats_b = wait_until(lambda: (s := worker_stats(ids_b)).get("rescued") and s, timeout=10)
+    executions = sum(ledger_counts_per_job().values())
+    # Every job committed once; the extra executions are exactly the rescued
+    # jobs whose killed attempt had already written its ledger row.
+    reexecuted = executions - 600
+    assert 0 <= reexecuted <= stats_b["rescued"]
+    rescued_jobs = scalar("SELECT count(*) FROM shardq_job WHERE jsonb_array_length(worker_ids) > 1")
+    assert rescued_jobs == stats_b["rescued"]
+    print(f"takeover after SIGKILL: {takeover_seconds:.2f}s (TTL {ttl}s, heartbeat {heartbeat}s)")
+
+
+def test_a_paused_worker_past_its_ttl_cannot_write_outcomes_and_self_fences(workers):
+    a = workers.start("--concurrency", "4")
+    ids_a = worker_id_of(a.pid)
+    wait_until(lambda: shards_by_owner() == {ids_a: 64}, timeout=30)
+    b = workers.start("--concurrency", "4")
+    ids_b = worker_id_of(b.pid)
+    wait_until(lambda: sum(shards_by_owner().values()) == 64 and len(shards_by_owner()) == 2, timeout=30)
+    shardq.enqueue_many(tasks.ledger, [((), {"n": i, "sleep": 0.5}) for i in range(200)])
+    running = wait_until(
+        lambda: {r[0] for r in query("SELECT id FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a])},
+        timeout=30, message="A to hold RUNNING jobs")
+    a.send_signal(signal.SIGSTOP)
+    paused_running = dict(query("SELECT id, fence FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a]))
+    assert paused_running, running
+    wait_until(lambda: shards_by_owner() == {ids_b: 64}, timeout=30, message="B to take over every shard")
+    wait_until(lambda: not set(r[0] for r in query("SELECT id FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a])),
+               timeout=30, message="A's jobs to be rescued")
+    resumed_at = scalar("SELECT clock_timestamp()")
+    a.send_signal(signal.SIGCONT)
+    wait_drained(200, timeout=120)
+    assert status_counts() == {"SUCCESSFUL": 200}
+
+    def completions_attempted_after_waking() -> int:
+        # The ledger row is the task's last act before its outcome goes out.
+        return scalar("SELECT count(*) FROM taskapp_ledger WHERE worker = %s AND at >= %s AND job_id = ANY(%s)",
+                      [ids_a, resumed_at, list(paused_running)])
+
+    stats = wait_until(
+        lambda: (s := worker_stats(ids_a)).get("self_fences")
+        and s.get("fence_rejections", 0) == completions_attempted_after_waking() > 0 and s,
+        timeout=30, message="A to count every rejected completion and self-fence")
+    # Nothing A tried to write for the jobs it ran while paused landed: the
+    # committed outcome of each is the takeover owner's.
+    for job_id, fence_at_pause in paused_running.items():
+        assert scalar("SELECT fence FROM shardq_job WHERE id = %s", [job_id]) > fence_at_pause
+    assert stats["fence_rejections"] <= len(paused_running)
+    # It started nothing on the shards it lost: every ledger row A wrote after
+    # waking is one of the jobs already running at the pause, or a job it
+    # claimed later under a new lease (a higher claim version).
+    late = query("SELECT l.job_id, j.fence FROM taskapp_ledger l JOIN shardq_job j ON j.id = l.job_id "
+                 "WHERE l.worker = %s AND l.at >= %s", [ids_a, resumed_at])
+    for job_id, _fence in late:
+        assert job_id in paused_running or scalar(
+            "SELECT count(*) FROM shardq_shard_event e JOIN shardq_job j ON j.shard = e.shard "
+            "WHERE j.id = %s AND e.worker = %s AND e.at >= %s", [job_id, ids_a, resumed_at]) > 0
+
+
+def test_a_third_worker_joining_two_moves_shares_to_22_21_21_without_double_ownership(workers):
+    a = workers.start("--concurrency", "2")
+    b = workers.start("--concurrency", "2")
+    worker_id_of(a.pid), worker_id_of(b.pid)
+    wait_until(lambda: sorted(shards_by_owner().values()) == [32, 32], timeout=30)
+    c = workers.start("--concurrency", "2")
+    worker_id_of(c.pid)
+    samples = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rows = query("SELECT shard, owner FROM shardq_shard WHERE owner IS NOT NULL")
+        assert len({shard for shard, _ in rows}) == len(rows) <= 64
+        samples += 1
+        if sorted(shards_by_owner().values()) == [21, 21, 22]:
+            break
+    assert sorted(shards_by_owner().values()) == [21, 21, 22], shards_by_owner()
+    assert samples > 1
+
+
+def test_sigterm_lets_running_jobs_finish_and_releases_leases(workers):
+    a = workers.start("--concurrency", "4", "--grace", "20")
+    ids_a = worker_id_of(a.pid)
+    wait_until(lambda: shards_by_owner() == {ids_a: 64}, timeout=30)
+    shardq.enqueue_many(tasks.ledger, [((), {"n": i, "sleep": 1.0}) for i in range(4)])
+    wait_until(lambda: status_counts().get("RUNNING") == 4, timeout=30)
+    a.send_signal(signal.SIGTERM)
+    assert a.wait(timeout=30) == 0
+    assert status_counts() == {"SUCCESSFUL": 4}
+    assert scalar("SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL") == 0
+    assert scalar("SELECT count(*) FROM shardq_shard_event WHERE worker = %s AND reason = 'release'", [ids_a]) == 64
+    assert scalar("SELECT state FROM shardq_worker WHERE id = %s", [ids_a]) == "STOPPED"
+    assert sum(ledger_counts_per_job().values()) == 4
+
+
+def test_a_job_naming_a_missing_task_fails_clearly_and_the_worker_keeps_going(workers):
+    from django.db import connection
+
+    a = workers.start("--concurrency", "2")
+    good = tasks.add.enqueue(2, 3)
+    bad_ids = []
+    with connection.cursor() as cursor:
+        for path in ("tests.taskapp.tasks.deleted_function", "tests.taskapp.tasks.NOT_A_TASK",
+                     "tests.taskapp.tasks.plain_function", "os.system", "no_such_module.task"):
+            cursor.execute(
+                "INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, "
+                "ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at) "
+                "VALUES (%s, 'default', 'default', 0, now(), 3, 3, false, 'READY', 0, 0, 0, 1, '[\"echo pwned\"]', '{}', '[]', '[]', now()) RETURNING id",
+                [path])
+            bad_ids.append(cursor.fetchone()[0])
+    wait_drained(6, timeout=60)
+    assert a.poll() is None, "the worker is still running"
+    good.refresh()
+    assert good.status == "SUCCESSFUL" and good.return_value == 5
+    for job_id in bad_ids:
+        status, errors = query("SELECT status, errors FROM shardq_job WHERE id = %s", [job_id])[0]
+        assert status == "FAILED"
+        assert "shardq.exceptions.UnknownTask" in str(errors)
+    text = str(query("SELECT errors FROM shardq_job WHERE id = %s", [bad_ids[1]])[0][0])
+    assert "not a Task" in text
+
+
+def test_processes_flag_runs_a_supervisor_that_restarts_a_killed_child(workers):
+    sup = workers.start("--processes", "2", "--concurrency", "2")
+    wait_until(lambda: scalar("SELECT count(*) FROM shardq_worker WHERE state = 'RUNNING'") == 2, timeout=60)
+    child_pid = scalar("SELECT pid FROM shardq_worker WHERE state = 'RUNNING' ORDER BY started_at LIMIT 1")
+    os.kill(child_pid, signal.SIGKILL)
+    wait_until(lambda: scalar("SELECT count(*) FROM shardq_worker WHERE state = 'RUNNING' AND pid <> %s "
+                              "AND heartbeat_at > clock_timestamp() - interval '2 seconds'", [child_pid]) == 2,
+               timeout=60, message="the supervisor to restart the killed child")
+    result = tasks.add.enqueue(20, 22)
+    wait_until(lambda: (result.refresh(), result.status)[1] == "SUCCESSFUL", timeout=30)
+    sup.send_signal(signal.SIGTERM)
+    assert sup.wait(timeout=60) == 0

@@ -1,0 +1,133 @@
+"""Real worker processes for acceptance and fault tests.
+
+``WorkerPool`` starts ``manage.py shardq_worker`` processes against the test
+database (short lease settings so takeovers happen in seconds) and kills
+whatever is left at teardown. ``db`` helpers read the tables over a separate
+autocommit connection, as an operator would.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+from django.db import connection
+
+from tests.conftest import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FAST_LEASES = {
+    "SHARDQ_LEASE_TTL": "2",
+    "SHARDQ_HEARTBEAT": "0.4",
+    "SHARDQ_POLL_INTERVAL": "0.2",
+}
+
+
+def database_url() -> str:
+    """DATABASE_URL of the test database the current test runs against."""
+    s = connection.settings_dict
+    user = quote(s.get("USER") or "", safe="")
+    password = f":{quote(s['PASSWORD'], safe='')}" if s.get("PASSWORD") else ""
+    host = s.get("HOST") or s.get("OPTIONS", {}).get("host", "")
+    name = quote(s["NAME"], safe="")
+    if host.startswith("/"):
+        return f"postgres://{user}{password}@/{name}?host={quote(host)}"
+    port = f":{s['PORT']}" if s.get("PORT") else ""
+    return f"postgres://{user}{password}@{host}{port}/{name}"
+
+
+class WorkerPool:
+    def __init__(self, tmp_path: Path):
+        self.tmp_path = tmp_path
+        self.procs: list[subprocess.Popen] = []
+
+    def env(self, **extra) -> dict:
+        env = dict(os.environ)
+        env.update(FAST_LEASES)
+        env.update(
+            DJANGO_SETTINGS_MODULE="tests.settings",
+            DATABASE_URL=database_url(),
+            SHARDQ_LOG_LEVEL="INFO",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
+        log = open(self.tmp_path / f"worker-{len(self.procs)}.log", "w")
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "shardq_worker", *args],
+            cwd=ROOT,
+            env=self.env(**(env or {})),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # one process group: teardown kills children too
+        )
+        proc.log_path = log.name
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def log(self, proc) -> str:
+        return Path(proc.log_path).read_text()
+
+
+def query(sql: str, params=None) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def scalar(sql: str, params=None):
+    rows = query(sql, params)
+    return rows[0][0] if rows else None
+
+
+def worker_id_of(pid: int, timeout: float = 30.0) -> str:
+    """The incarnation id a worker process registered with."""
+    return str(wait_until(lambda: scalar("SELECT id FROM shardq_worker WHERE pid = %s ORDER BY started_at DESC LIMIT 1", [pid]),
+                          timeout=timeout, message=f"worker pid {pid} to register"))
+
+
+def worker_stats(worker_id: str) -> dict:
+    value = scalar("SELECT stats FROM shardq_worker WHERE id = %s", [worker_id])
+    return json.loads(value) if isinstance(value, str) else (value or {})
+
+
+def shards_by_owner() -> dict[str, int]:
+    rows = query("SELECT owner::text, count(*) FROM shardq_shard WHERE owner IS NOT NULL AND lease_expires > clock_timestamp() GROUP BY 1")
+    return {owner: n for owner, n in rows}
+
+
+def status_counts() -> dict[str, int]:
+    return dict(query("SELECT status, count(*) FROM shardq_job GROUP BY 1"))
+
+
+def wait_drained(total: int, timeout: float = 120.0) -> None:
+    wait_until(lambda: status_counts().get("SUCCESSFUL", 0) + status_counts().get("FAILED", 0) >= total,
+               timeout=timeout, interval=0.2, message=f"{total} jobs to finish (now {status_counts()})")
+
+
+def monotonic() -> float:
+    return time.monotonic()
