@@ -1,5 +1,16 @@
 from django.apps import AppConfig
+from django.core.signals import setting_changed
 from django.db.models.signals import post_migrate
+
+
+def _reset_backends(*, setting, **kwargs):
+    """Backends read settings.SHARDQ when built: rebuild them when it changes
+    (django.tasks does the same for TASKS)."""
+    if setting == "SHARDQ":
+        from asgiref.local import Local
+        from django.tasks import task_backends
+
+        task_backends._connections = Local()
 
 
 class ShardqConfig(AppConfig):
@@ -8,7 +19,7 @@ class ShardqConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks  # noqa: F401  (registers the system checks)
         from .db.store import ensure_shards
 
         post_migrate.connect(ensure_shards, sender=self, dispatch_uid="shardq_ensure_shards")
+        setting_changed.connect(_reset_backends, dispatch_uid="shardq_reset_backends")

@@ -8,6 +8,7 @@ Arguments and results are JSON, never pickles.
 
 import json
 import random
+import re
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.tasks import TaskResult, TaskResultStatus
@@ -139,10 +140,9 @@ class ShardqBackend(BaseTaskBackend):
     # -- results ------------------------------------------------------------
 
     def get_result(self, result_id):
-        try:
-            job_id = int(result_id)
-        except (TypeError, ValueError):
-            raise TaskResultDoesNotExist(f"No shardq job has the id {result_id!r}.") from None
+        job_id = parse_job_id(result_id)
+        if job_id is None:
+            raise TaskResultDoesNotExist(f"No shardq job has the id {result_id!r}.")
         with connections[self.database_alias].cursor() as cursor:
             cursor.execute(QUERIES["get_job"], {"id": job_id})
             row = cursor.fetchone()
@@ -177,6 +177,20 @@ class ShardqBackend(BaseTaskBackend):
         )
         object.__setattr__(result, "_return_value", load_json(return_value))
         return result
+
+
+# A job id is the canonical decimal string of a positive bigint: int() alone
+# would also accept " 7", "0007" and "0_7", so one job would answer to many ids.
+_JOB_ID = re.compile(r"[1-9][0-9]{0,18}")
+_MAX_BIGINT = 2**63 - 1
+
+
+def parse_job_id(result_id) -> int | None:
+    """The job id a result id names, or None when it cannot name a job."""
+    if not isinstance(result_id, str) or not _JOB_ID.fullmatch(result_id):
+        return None
+    job_id = int(result_id)
+    return job_id if job_id <= _MAX_BIGINT else None
 
 
 def load_json(value):

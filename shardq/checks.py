@@ -49,10 +49,13 @@ def backend_checks(backend) -> list[checks.CheckMessage]:
             )
         )
     ttl, beat = raw["LEASE_TTL"], raw["HEARTBEAT"]
-    if not all(isinstance(v, (int, float)) and v > 0 for v in (ttl, beat)) or beat * 2 > ttl:
+    # Below half, not at half: a lease must outlive one missed heartbeat with
+    # time to spare, and at exactly TTL/2 the second beat lands on the expiry.
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in (ttl, beat))
+    if not numbers or beat * 2 >= ttl:
         errors.append(
             checks.Error(
-                f"SHARDQ['HEARTBEAT'] = {beat!r} must be a positive number at most half of "
+                f"SHARDQ['HEARTBEAT'] = {beat!r} must be a positive number below half of "
                 f"SHARDQ['LEASE_TTL'] = {ttl!r}.",
                 hint="A lease must survive one missed heartbeat: e.g. HEARTBEAT=10, LEASE_TTL=30.",
                 id="shardq.E003",

@@ -136,6 +136,8 @@ class HeapqIndexedQueue(_IndexedQueueBase):
             top = heappop(heap)
             if index.get(top[3]) == top[2]:
                 del index[top[3]]
+                if self._stale and self._stale * _COMPACT_FACTOR > len(heap):
+                    self._compact()
                 return top[4]
             self._stale -= 1
         raise IndexError("pop from an empty queue")
@@ -229,6 +231,8 @@ class QuaternaryIndexedQueue(_IndexedQueueBase):
             top = self._pop_top(heap)
             if index.get(top[3]) == top[2]:
                 del index[top[3]]
+                if self._stale and self._stale * _COMPACT_FACTOR > len(heap):
+                    self._compact()
                 return top[4]
             self._stale -= 1
         raise IndexError("pop from an empty queue")

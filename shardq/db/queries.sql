@@ -9,9 +9,9 @@ WITH job AS (
         shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
         errors, worker_ids, enqueued_at)
     VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
-        COALESCE(%(run_after)s::timestamptz, clock_timestamp()), %(shard)s, %(key_hash)s,
+        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
-        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, clock_timestamp())
+        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
     RETURNING id, shard, enqueued_at, run_after
 )
 SELECT id, enqueued_at, run_after, pg_notify(%(channel)s, shard::text) FROM job;
@@ -22,9 +22,9 @@ INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, sha
     shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
     errors, worker_ids, enqueued_at)
 VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
-    COALESCE(%(run_after)s::timestamptz, clock_timestamp()), %(shard)s, %(key_hash)s,
+    COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
     %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
-    %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, clock_timestamp())
+    %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
 RETURNING id, enqueued_at, run_after, NULL;
 
 -- name: insert_jobs
@@ -34,9 +34,9 @@ WITH jobs AS (
         shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
         errors, worker_ids, enqueued_at)
     SELECT %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
-        COALESCE(%(run_after)s::timestamptz, clock_timestamp()), j.shard, j.key_hash,
+        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), j.shard, j.key_hash,
         j.shard_key, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, j.args, j.kwargs,
-        '[]'::jsonb, '[]'::jsonb, clock_timestamp()
+        '[]'::jsonb, '[]'::jsonb, statement_timestamp()
     FROM unnest(%(shards)s::smallint[], %(key_hashes)s::int[], %(shard_keys)s::text[],
                 %(args)s::jsonb[], %(kwargs)s::jsonb[]) WITH ORDINALITY
          AS j(shard, key_hash, shard_key, args, kwargs, ord)

@@ -1,0 +1,124 @@
+"""System checks (stable ids shardq.E001…) and a clean project."""
+
+import os
+import subprocess
+import sys
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from shardq.backend import ShardqBackend
+from tests.taskapp.tasks import add
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def check_ids(backend=None) -> list[str]:
+    backend = backend or add.get_backend()
+    return [message.id for message in backend.check()]
+
+
+def shardq_overridden(**changes):
+    from django.conf import settings
+
+    return override_settings(SHARDQ={**settings.SHARDQ, **changes})
+
+
+def test_the_test_settings_pass_every_check():
+    assert check_ids() == []
+
+
+def test_a_database_that_is_not_postgresql_fails_e001(sqlite_alias):
+    backend = ShardqBackend("lite_tasks", {"OPTIONS": {"DATABASE": sqlite_alias}})
+
+    messages = list(backend.check())
+
+    assert [m.id for m in messages] == ["shardq.E001"]
+    assert "shardq needs PostgreSQL, but database 'lite' is sqlite" in messages[0].msg
+
+
+def test_a_database_alias_that_is_not_configured_fails_e006():
+    backend = ShardqBackend("other_tasks", {"OPTIONS": {"DATABASE": "other"}})
+
+    messages = list(backend.check())
+
+    assert [m.id for m in messages] == ["shardq.E006"]
+    assert "'other' is not in DATABASES" in messages[0].msg
+
+
+@pytest.mark.parametrize("count", [48, 0, -64, 32768, 64.0, True, "64"])
+def test_a_shard_count_that_is_not_a_power_of_two_in_range_fails_e002(count):
+    with shardq_overridden(SHARD_COUNT=count):
+        assert check_ids() == ["shardq.E002"]
+
+
+@pytest.mark.parametrize("count", [1, 2, 64, 1024, 16384])
+def test_a_power_of_two_shard_count_passes(count):
+    with shardq_overridden(SHARD_COUNT=count):
+        assert check_ids() == []
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "ttl"), [(15, 30), (20, 30), (30, 30), (0, 30), (10, 0), (-1, 30), ("10", 30)]
+)
+def test_a_heartbeat_that_is_not_below_half_the_lease_ttl_fails_e003(heartbeat, ttl):
+    with shardq_overridden(HEARTBEAT=heartbeat, LEASE_TTL=ttl):
+        assert check_ids() == ["shardq.E003"]
+
+
+@pytest.mark.parametrize(("heartbeat", "ttl"), [(10, 30), (14.9, 30), (0.5, 2)])
+def test_a_heartbeat_below_half_the_lease_ttl_passes(heartbeat, ttl):
+    with shardq_overridden(HEARTBEAT=heartbeat, LEASE_TTL=ttl):
+        assert check_ids() == []
+
+
+@pytest.mark.parametrize("poll", [0, -1, "1"])
+def test_a_poll_interval_that_is_not_positive_fails_e004(poll):
+    with shardq_overridden(POLL_INTERVAL=poll):
+        assert check_ids() == ["shardq.E004"]
+
+
+@pytest.mark.parametrize("size", [0, -1, 1.5, "1024"])
+def test_a_payload_limit_that_is_not_a_positive_int_fails_e005(size):
+    with shardq_overridden(MAX_PAYLOAD_BYTES=size):
+        assert check_ids() == ["shardq.E005"]
+
+
+def test_manage_py_check_reports_shardq_errors_through_django():
+    with shardq_overridden(SHARD_COUNT=48), pytest.raises(SystemCheckError, match=r"shardq\.E002"):
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+
+
+@pytest.mark.django_db
+def test_manage_py_check_is_clean_on_the_test_settings():
+    out = StringIO()
+
+    call_command("check", "--database", "default", stdout=out)
+
+    assert "no issues" in out.getvalue()
+
+
+def test_manage_py_check_is_clean_on_the_example_projects_settings():
+    # DATABASE_URL is in the environment (the settings export the embedded
+    # server's URL when it was unset), so the subprocess finds the same server.
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "example_project.settings"}
+
+    completed = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    assert "System check identified no issues" in completed.stdout
+
+
+@pytest.mark.django_db
+def test_the_models_and_migrations_agree():
+    out = StringIO()
+
+    call_command("makemigrations", "--check", "--dry-run", stdout=out)
+
+    assert "No changes detected" in out.getvalue()

@@ -1,0 +1,147 @@
+"""The per-shard claim walks the partial index and never sorts the backlog."""
+
+import uuid
+
+import pytest
+from django.db import connection
+
+from shardq.db.queries import QUERIES
+
+pytestmark = pytest.mark.django_db
+
+SHARDS = 64
+BACKLOG = 60_000
+
+
+@pytest.fixture
+def backlog():
+    """60k READY jobs over 64 shards and two queues, analyzed; every shard held
+    by one worker. The test's transaction rolls all of it back."""
+    worker = uuid.uuid4()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard,
+                key_hash, shard_key, ordered, status, status_rank, fence, attempts, max_attempts,
+                args, kwargs, errors, worker_ids, enqueued_at)
+            SELECT 'tests.taskapp.tasks.noop', 'default',
+                   CASE WHEN g %% 5 = 0 THEN 'emails' ELSE 'default' END,
+                   (g * 7919) %% 201 - 100,
+                   clock_timestamp() - make_interval(secs => g %% 3600),
+                   g %% 64, g, NULL, false, 'READY', 0, 0, 0, 1,
+                   '[]'::jsonb, '{}'::jsonb, '[]'::jsonb, '[]'::jsonb, clock_timestamp()
+            FROM generate_series(1, %s) AS g
+            """,
+            [BACKLOG],
+        )
+        cursor.execute("ANALYZE shardq_job")
+        cursor.execute(
+            "UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1,"
+            " lease_expires = clock_timestamp() + interval '1 minute' WHERE shard < %s",
+            [worker, SHARDS],
+        )
+    return worker
+
+
+def claim_params(worker, *, per_shard=16, limit=256) -> dict:
+    return {
+        "shards": list(range(SHARDS)),
+        "worker": worker,
+        "queues": ["default"],
+        "all_queues": False,
+        "per_shard": per_shard,
+        "limit": limit,
+        "worker_id": str(worker),
+    }
+
+
+def plan_nodes(node):
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def explain(query: str, params: dict) -> dict:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + query, params)
+        document = cursor.fetchone()[0]
+    if isinstance(document, str):
+        import json
+
+        document = json.loads(document)
+    return document[0]["Plan"]
+
+
+def test_the_claim_walks_the_ready_index_of_each_shard(backlog):
+    plan = explain(QUERIES["claim_jobs"], claim_params(backlog))
+
+    job_scans = [n for n in plan_nodes(plan) if n.get("Relation Name") == "shardq_job"]
+    index_names = {n.get("Index Name") for n in job_scans}
+    assert "shardq_job_ready_idx" in index_names, job_scans
+    assert not any(n["Node Type"] == "Seq Scan" for n in job_scans), job_scans
+
+
+def test_the_claim_sorts_nothing_over_the_job_table(backlog):
+    plan = explain(QUERIES["claim_jobs"], claim_params(backlog))
+
+    sorts = [n for n in plan_nodes(plan) if n["Node Type"] in {"Sort", "Incremental Sort"}]
+    sorting_jobs = [
+        sort for sort in sorts
+        if any(n.get("Relation Name") == "shardq_job" for n in plan_nodes(sort))
+    ]
+    assert sorting_jobs == []
+
+
+def test_one_global_order_by_would_sort_the_whole_backlog(backlog):
+    # The design this query replaced (DESIGN §5): shown here so the two tests
+    # above are known to be able to fail.
+    query = """
+        SELECT id FROM shardq_job
+        WHERE shard = ANY(%(shards)s) AND status = 'READY' AND run_after <= clock_timestamp()
+        ORDER BY priority DESC, run_after, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    """
+    plan = explain(query, claim_params(backlog))
+
+    assert any(n["Node Type"] == "Sort" for n in plan_nodes(plan))
+
+
+def test_the_claim_takes_the_best_jobs_of_each_held_shard(backlog):
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["claim_jobs"], claim_params(backlog, per_shard=3, limit=1000))
+        claimed = cursor.fetchall()
+        cursor.execute(
+            """
+            SELECT shard, array_agg(id ORDER BY priority DESC, run_after, id)
+            FROM (SELECT id, shard, priority, run_after,
+                         row_number() OVER (PARTITION BY shard ORDER BY priority DESC, run_after, id) AS n
+                  FROM shardq_job
+                  WHERE queue_name = 'default' AND (status = 'READY' OR id = ANY(%s))) ranked
+            WHERE n <= 3 GROUP BY shard
+            """,
+            [[row[0] for row in claimed]],
+        )
+        expected = dict(cursor.fetchall())
+        cursor.execute("SELECT shard, claim_version FROM shardq_shard WHERE shard < %s", [SHARDS])
+        versions = dict(cursor.fetchall())
+
+    by_shard = {}
+    for row in claimed:
+        by_shard.setdefault(row[5], []).append(row[0])
+    assert len(claimed) == SHARDS * 3
+    assert {shard: sorted(ids) for shard, ids in by_shard.items()} == {
+        shard: sorted(ids) for shard, ids in expected.items()
+    }
+    # Each job carries its shard's claim version as its fence, one attempt, rank 1.
+    assert all(row[12] == versions[row[5]] and row[10] == 1 and row[13] == 1 for row in claimed)
+
+
+def test_the_claim_takes_nothing_from_shards_the_worker_does_not_hold(backlog):
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE shardq_shard SET owner = NULL, lease_expires = NULL WHERE shard >= 32")
+        cursor.execute(
+            "UPDATE shardq_shard SET lease_expires = clock_timestamp() - interval '1 second' WHERE shard = 0"
+        )
+        cursor.execute(QUERIES["claim_jobs"], claim_params(backlog, per_shard=2, limit=1000))
+        shards = {row[5] for row in cursor.fetchall()}
+
+    assert shards == set(range(1, 32))

@@ -1,0 +1,349 @@
+"""LocalQueue against a naive model, plus real-thread checks."""
+
+import threading
+import time
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from shardq.core.localqueue import DuplicateJob, LocalQueue, QueuedJob, QueueFull
+
+QUEUES = ["default", "emails", "reports", "q3"]
+KEY_SHARD = {"a": 0, "b": 1, "c": 1, "d": 3}  # a key always maps to one shard
+
+
+class Model:
+    """The queue's contract spelled out with lists and linear scans."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.jobs = {}  # buffered id -> job
+        self.delayed = []  # ids in push order
+        self.lane = {}  # eligible id -> lane sequence
+        self.waiting = {}  # key -> [ids] in FIFO order
+        self.holder = {}  # key -> id in a lane or processing
+        self.processing = {}
+        self.counter = 0
+
+    def _to_lane(self, job):
+        self.lane[job.id] = self.counter
+        self.counter += 1
+
+    def _ready(self, job):
+        if job.ordered and job.key is not None:
+            if job.key in self.holder:
+                self.waiting.setdefault(job.key, []).append(job.id)
+                return
+            self.holder[job.key] = job.id
+        self._to_lane(job)
+
+    def push(self, job, now):
+        self.jobs[job.id] = job
+        if job.run_after > now:
+            self.delayed.append(job.id)
+        else:
+            self._ready(job)
+
+    def pop(self, now):
+        due = [i for i in self.delayed if self.jobs[i].run_after <= now]
+        due.sort(key=lambda i: (self.jobs[i].run_after, self.delayed.index(i)))
+        self.delayed = [i for i in self.delayed if i not in due]
+        for i in due:
+            self._ready(self.jobs[i])
+        if not self.lane:
+            return None
+        best = min(self.lane, key=lambda i: (-self.jobs[i].priority, self.jobs[i].run_after,
+                                             self.lane[i]))
+        del self.lane[best]
+        job = self.jobs.pop(best)
+        self.processing[best] = job
+        return job
+
+    def _release(self, key, job_id):
+        if self.holder.get(key) != job_id:
+            return
+        queue = self.waiting.get(key)
+        if queue:
+            nxt = queue.pop(0)
+            if not queue:
+                del self.waiting[key]
+            self.holder[key] = nxt
+            self._to_lane(self.jobs[nxt])
+        else:
+            del self.holder[key]
+
+    def done(self, job_id):
+        job = self.processing.pop(job_id)
+        if job.ordered and job.key is not None:
+            self._release(job.key, job_id)
+
+    def _unlink(self, job):
+        if job.id in self.delayed:
+            self.delayed.remove(job.id)
+            return
+        if job.ordered and job.key is not None and job.id in self.waiting.get(job.key, []):
+            self.waiting[job.key].remove(job.id)
+            if not self.waiting[job.key]:
+                del self.waiting[job.key]
+            return
+        del self.lane[job.id]
+        if job.ordered and job.key is not None:
+            self._release(job.key, job.id)
+
+    def drop_shard(self, shard):
+        out = []
+        for i in sorted(i for i, j in self.jobs.items() if j.shard == shard):
+            job = self.jobs.pop(i)
+            self._unlink(job)
+            out.append(job)
+        return out
+
+    def drain(self):
+        out = sorted(self.jobs.values(), key=lambda j: j.id)
+        self.jobs.clear()
+        self.delayed.clear()
+        self.lane.clear()
+        self.waiting.clear()
+        self.holder = {k: i for k, i in self.holder.items() if i in self.processing}
+        return out
+
+
+class LocalQueueMachine(RuleBasedStateMachine):
+    @initialize(lanes=st.sampled_from([1, 2, 4, 64]), capacity=st.sampled_from([3, 8, 30]))
+    def start(self, lanes, capacity):
+        self.q = LocalQueue(lanes, capacity)
+        self.model = Model(capacity)
+        self.now = 100.0
+        self.next_id = 1
+
+    @rule(
+        queue=st.sampled_from(QUEUES),
+        priority=st.sampled_from([-5, 0, 0, 5]),
+        delay=st.sampled_from([-1.0, 0.0, 0.0, 0.0, 0.5, 2.0]),
+        key=st.sampled_from([None, "a", "b", "c", "d"]),
+        ordered=st.booleans(),
+        free_shard=st.integers(min_value=0, max_value=3),
+    )
+    def push(self, queue, priority, delay, key, ordered, free_shard):
+        job = QueuedJob(
+            id=self.next_id, queue_name=queue, priority=priority, run_after=self.now + delay,
+            shard=KEY_SHARD[key] if key else free_shard, key=key, ordered=ordered,
+        )
+        if len(self.model.jobs) + len(self.model.processing) >= self.model.capacity:
+            with pytest.raises(QueueFull):
+                self.q.push(job, self.now)
+            return
+        self.next_id += 1
+        self.q.push(job, self.now)
+        self.model.push(job, self.now)
+
+    @precondition(lambda self: self.model.jobs or self.model.processing)
+    @rule(data=st.data())
+    def push_of_a_held_id_is_refused(self, data):
+        held = sorted(set(self.model.jobs) | set(self.model.processing))
+        job_id = data.draw(st.sampled_from(held))
+        with pytest.raises(DuplicateJob):
+            self.q.push(QueuedJob(job_id, "default", 0, self.now, 0), self.now)
+
+    @rule(dt=st.sampled_from([0.0, 0.3, 1.0]))
+    def advance_time(self, dt):
+        self.now += dt
+
+    @rule()
+    def pop_hands_out_the_model_choice(self):
+        expected = self.model.pop(self.now)
+        assert self.q.pop(self.now) == expected
+
+    @precondition(lambda self: self.model.processing)
+    @rule(data=st.data())
+    def done_releases(self, data):
+        job_id = data.draw(st.sampled_from(sorted(self.model.processing)))
+        self.q.done(job_id)
+        self.model.done(job_id)
+
+    @rule(shard=st.integers(min_value=0, max_value=4))
+    def drop_shard_removes_exactly_that_shards_buffered_jobs(self, shard):
+        dropped = self.q.drop_shard(shard)
+        assert dropped == self.model.drop_shard(shard)
+        assert all(j.shard == shard for j in dropped)
+
+    @rule()
+    def drain_returns_every_buffered_job(self):
+        assert self.q.drain() == self.model.drain()
+
+    @invariant()
+    def counts_agree(self):
+        q, m = self.q, self.model
+        assert q.buffered == len(m.jobs)
+        assert q.processing == len(m.processing)
+        assert q.free == m.capacity - len(m.jobs) - len(m.processing) >= 0
+        snap = q.snapshot()
+        assert snap["delayed"] == len(m.delayed)
+        assert snap["waiting"] == sum(len(v) for v in m.waiting.values())
+        assert sum(snap["lanes"]) == len(m.lane)
+
+    @invariant()
+    def next_due_is_the_earliest_delayed_time(self):
+        times = [self.model.jobs[i].run_after for i in self.model.delayed]
+        assert self.q.next_due() == (min(times) if times else None)
+
+    @invariant()
+    def an_ordered_key_has_at_most_one_job_processing(self):
+        keys = [j.key for j in self.model.processing.values() if j.ordered and j.key]
+        assert len(keys) == len(set(keys))
+
+
+TestLocalQueueAgainstModel = LocalQueueMachine.TestCase
+TestLocalQueueAgainstModel.settings = settings(
+    max_examples=120, stateful_step_count=80, deadline=None
+)
+
+
+def job(job_id, queue="default", priority=0, run_after=0.0, shard=0, key=None, ordered=False):
+    return QueuedJob(job_id, queue, priority, run_after, shard, key, ordered)
+
+
+def test_pop_takes_the_best_job_across_lanes():
+    q = LocalQueue(4, 10)
+    names = ["default", "emails", "reports", "bulk"]
+    assert len({q.lane_for(n) for n in names}) > 1
+    for i, name in enumerate(names):
+        q.push(job(i, name, priority=i), 0.0)
+    assert [q.pop(0.0).id for _ in range(4)] == [3, 2, 1, 0]
+    assert q.pop(0.0) is None
+
+
+def test_a_keys_next_ordered_job_waits_until_the_previous_is_done():
+    q = LocalQueue(2, 10)
+    q.push(job(1, key="k", ordered=True), 0.0)
+    q.push(job(2, key="k", ordered=True, priority=50), 0.0)
+    q.push(job(3), 0.0)
+    assert q.pop(0.0).id == 1
+    assert q.pop(0.0).id == 3  # job 2 outranks 3 but its key is busy
+    assert q.pop(0.0) is None
+    q.done(1)
+    assert q.pop(0.0).id == 2
+
+
+def test_unordered_jobs_with_a_key_are_not_gated():
+    q = LocalQueue(2, 10)
+    q.push(job(1, key="k"), 0.0)
+    q.push(job(2, key="k"), 0.0)
+    assert [q.pop(0.0).id, q.pop(0.0).id] == [1, 2]
+
+
+def test_delayed_jobs_move_to_their_lane_when_due():
+    q = LocalQueue(2, 10)
+    q.push(job(1, run_after=5.0, priority=100), 0.0)
+    q.push(job(2, run_after=3.0), 0.0)
+    assert q.next_due() == 3.0
+    assert q.pop(2.9) is None
+    assert q.pop(5.0).id == 1
+    assert q.pop(5.0).id == 2
+    assert q.next_due() is None
+
+
+def test_push_beyond_capacity_raises_queue_full_counting_processing_jobs():
+    q = LocalQueue(1, 2)
+    q.push(job(1), 0.0)
+    q.pop(0.0)
+    q.push(job(2), 0.0)
+    assert q.free == 0
+    with pytest.raises(QueueFull, match="full"):
+        q.push(job(3), 0.0)
+    q.done(1)
+    q.push(job(3), 0.0)
+
+
+def test_drop_shard_leaves_processing_jobs_and_other_shards_alone():
+    q = LocalQueue(2, 10)
+    q.push(job(1, shard=7), 0.0)
+    q.pop(0.0)
+    q.push(job(2, shard=7), 0.0)
+    q.push(job(3, shard=7, run_after=9.0), 0.0)
+    q.push(job(4, shard=8), 0.0)
+    assert [j.id for j in q.drop_shard(7)] == [2, 3]
+    assert q.processing == 1 and q.buffered == 1
+    assert q.drop_shard(7) == []
+    assert q.pop(0.0).id == 4
+
+
+def test_done_of_an_unknown_job_is_a_clear_error():
+    q = LocalQueue(1, 2)
+    with pytest.raises(KeyError, match="not processing"):
+        q.done(42)
+
+
+def test_bad_construction_arguments_are_refused():
+    with pytest.raises(ValueError, match="power of two"):
+        LocalQueue(3, 10)
+    with pytest.raises(ValueError, match="capacity"):
+        LocalQueue(2, 0)
+
+
+def test_threads_lose_nothing_duplicate_nothing_and_keep_per_key_fifo():
+    q = LocalQueue(4, 64)
+    total = 3000
+    jobs = [
+        job(i, QUEUES[i % 4], priority=i % 3, key=f"k{i % 10}", ordered=i % 2 == 0,
+            shard=i % 10)
+        for i in range(total)
+    ]
+    started = []  # (key, id) of ordered jobs, in start order
+    guard = threading.Lock()
+    running_keys = set()
+    errors = []
+    seen = []
+    pushed = threading.Event()
+
+    def fetcher():
+        deadline = time.monotonic() + 30
+        for j in jobs:
+            while True:
+                try:
+                    q.push(j, 0.0)
+                    break
+                except QueueFull:
+                    if time.monotonic() > deadline:
+                        errors.append("fetcher stuck")
+                        return
+                    time.sleep(0.0001)  # back-pressure: wait for executors
+        pushed.set()
+
+    def executor():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = q.pop(0.0)
+            if got is None:
+                if pushed.is_set() and q.buffered == 0:
+                    return
+                time.sleep(0.0001)
+                continue
+            with guard:
+                seen.append(got.id)
+                if got.ordered:
+                    if got.key in running_keys:
+                        errors.append(f"two jobs of {got.key} at once")
+                    running_keys.add(got.key)
+                    started.append((got.key, got.id))
+            with guard:
+                if got.ordered:
+                    running_keys.discard(got.key)
+            q.done(got.id)
+        errors.append("executor deadline")
+
+    threads = [threading.Thread(target=fetcher)] + [
+        threading.Thread(target=executor) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert sorted(seen) == list(range(total))
+    assert q.buffered == q.processing == 0
+    for key in {k for k, _ in started}:
+        ids = [i for k, i in started if k == key]
+        assert ids == sorted(ids), f"key {key} ran out of order"
