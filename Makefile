@@ -1,7 +1,9 @@
 # Two commands a newcomer needs: `make demo` and `make test`.
 # Both create .venv and install everything themselves.
 SHELL := /bin/bash
-PYTHON312 := $(shell command -v python3.12 2>/dev/null || ls -d $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python 2>/dev/null | tail -n 1)
+# The first Python 3.12 that really runs (a pyenv shim may exist yet refuse).
+PYTHON312 := $(shell for p in python3.12 $$(ls -d $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python 2>/dev/null | sort -V -r) /usr/bin/python3.12 /usr/local/bin/python3.12; do \
+	"$$p" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
