@@ -9,12 +9,15 @@ from importlib import import_module
 __all__ = [
     "Backoff",
     "DatabaseUnavailable",
+    "FenceLost",
     "ShardTask",
     "ShardqError",
     "UnknownTask",
     "WorkerLost",
+    "complete_in_transaction",
     "enqueue_many",
     "exponential",
+    "fenced",
     "shard_task",
 ]
 
@@ -27,6 +30,9 @@ _LAZY = {
     "ShardqError": "shardq.exceptions",
     "UnknownTask": "shardq.exceptions",
     "WorkerLost": "shardq.exceptions",
+    "FenceLost": "shardq.exceptions",
+    "complete_in_transaction": "shardq.completion",
+    "fenced": "shardq.completion",
 }
 
 

@@ -16,6 +16,16 @@ class DatabaseUnavailable(ShardqError):
     """The worker cannot reach PostgreSQL (the circuit breaker is open)."""
 
 
+class FenceLost(ShardqError):
+    """A fenced write matched no row: this attempt's claim is no longer current.
+
+    Raised by ``shardq.complete_in_transaction`` (and ``shardq.fenced``) when
+    the job was taken over, rescued or moved on since this worker claimed it;
+    the surrounding ``transaction.atomic()`` then rolls the task's own writes
+    back with it. The worker counts it as a fence rejection, never retries it.
+    """
+
+
 class WorkerLost(ShardqError):
     """Recorded on a job whose worker stopped before writing its outcome."""
 

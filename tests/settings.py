@@ -6,4 +6,4 @@ os.environ.setdefault("DJANGO_EXTRA_APPS", "tests.taskapp")
 
 from example_project.settings import *  # noqa: E402,F403
 
-SHARDQ = {**SHARDQ, "TASK_MODULES": ["tests.taskapp.tasks"]}  # noqa: F405
+SHARDQ = {**SHARDQ, "TASK_MODULES": ["tests.taskapp.tasks", "tests.taskapp.fault_tasks"]}  # noqa: F405

@@ -157,7 +157,7 @@ UPDATE shardq_worker SET state = 'STOPPED', heartbeat_at = clock_timestamp(), st
 WHERE id = %(worker)s;
 
 -- name: claim_jobs
--- Claim READY jobs of the shards this worker holds: per shard an index range walk (LIMIT :per_shard, SKIP LOCKED), :limit in all; mark them RUNNING under each shard's current claim version. The shard rows are locked FOR SHARE so a takeover cannot interleave with the claim.
+-- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds: per shard an index range walk (LIMIT :per_shard, SKIP LOCKED), :limit in all; mark them RUNNING under each shard's current claim version. The shard rows are locked FOR SHARE so a takeover cannot interleave with the claim.
 WITH held AS MATERIALIZED (
     -- Locked in shard order, like every statement that locks shard rows, so
     -- a claim never deadlocks with a renewal.
@@ -172,7 +172,8 @@ WITH held AS MATERIALIZED (
     FROM (SELECT * FROM held ORDER BY ord) AS held
     CROSS JOIN LATERAL (
         SELECT id FROM shardq_job
-        WHERE shard = held.shard AND status = 'READY' AND run_after <= clock_timestamp()
+        WHERE shard = held.shard AND status = 'READY'
+          AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
           AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
         ORDER BY priority DESC, run_after, id
         LIMIT %(per_shard)s
@@ -182,14 +183,20 @@ WITH held AS MATERIALIZED (
 )
 UPDATE shardq_job AS job
 SET status = 'RUNNING', status_rank = job.status_rank + 1, fence = picked.claim_version,
-    attempts = job.attempts + 1, started_at = COALESCE(job.started_at, clock_timestamp()),
-    last_attempted_at = clock_timestamp(), worker_ids = job.worker_ids || jsonb_build_array(%(worker_id)s::text)
+    -- A job due within the look-ahead is claimed early and held in the
+    -- worker's time index until due; it is stamped as starting when due.
+    attempts = job.attempts + 1,
+    started_at = COALESCE(job.started_at, GREATEST(clock_timestamp(), job.run_after)),
+    last_attempted_at = GREATEST(clock_timestamp(), job.run_after), worker_ids = job.worker_ids || jsonb_build_array(%(worker_id)s::text)
 FROM picked WHERE job.id = picked.id
 RETURNING job.id, job.task_path, job.queue_name, job.priority,
           extract(epoch FROM job.run_after)::float8, job.shard, job.shard_key, job.ordered,
           job.args, job.kwargs, job.attempts, job.max_attempts, job.fence, job.status_rank,
           job.enqueued_at, job.started_at, job.last_attempted_at, job.worker_ids, job.errors,
-          job.backend;
+          job.backend,
+          -- JSON size of the arguments: enqueue refuses calls over MAX_PAYLOAD_BYTES,
+          -- the executor fails rows written some other way.
+          octet_length(job.args::text) + octet_length(job.kwargs::text);
 
 -- name: complete_jobs
 -- Write outcomes (SUCCESSFUL, FAILED, or READY again for a retry after :delay seconds), one row per job, fenced: only where the job still carries this claim's fence and has not moved past this claim. The ids returned were written; the rest lost ownership.
@@ -207,6 +214,26 @@ FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[], %(statuse
      AS a(id, fence, rank, status, return_value, error, delay)
 WHERE job.id = a.id AND job.fence <= a.fence AND job.status_rank < a.rank
 RETURNING job.id;
+
+-- name: complete_job_in_transaction
+-- Mark one job SUCCESSFUL inside the task's own transaction (transactional completion), fenced like complete_jobs; returns the shard's claim_version, locked FOR SHARE until COMMIT so no takeover commits in between.
+WITH guard AS MATERIALIZED (
+    -- A worker paused between this write and its COMMIT must not hold the
+    -- job and shard rows forever: the server ends such a session after
+    -- :idle_ms, and the uncommitted outcome (with the task's writes) is lost.
+    SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true) AS ms
+), locked AS MATERIALIZED (
+    -- Shard row before job row, like claim_shards and claim_jobs: no deadlock.
+    SELECT s.claim_version FROM shardq_shard AS s, guard
+    WHERE s.shard = %(shard)s
+    FOR SHARE OF s
+)
+UPDATE shardq_job AS job
+SET status = 'SUCCESSFUL', status_rank = %(rank)s, return_value = %(return_value)s::jsonb,
+    finished_at = clock_timestamp()
+FROM locked
+WHERE job.id = %(id)s AND job.fence <= %(fence)s AND job.status_rank < %(rank)s
+RETURNING locked.claim_version;
 
 -- name: outcomes_applied
 -- Which of these (id, rank, fence) outcomes are already in the table (resolves an ack whose COMMIT outcome is unknown).

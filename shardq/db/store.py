@@ -7,11 +7,14 @@ translated at this boundary into ``DatabaseUnavailable``.
 
 import json
 import logging
+import threading
+import time
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from ..conf import get_config
+from ..core.breaker import CircuitBreaker
 from ..exceptions import DatabaseUnavailable
 from .queries import QUERIES
 
@@ -52,6 +55,50 @@ def dumps(value) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+def is_connection_error(exc: Exception) -> bool:
+    """The server is unreachable or went away (not a statement-level error
+    such as a deadlock): only these count toward opening the circuit."""
+    state = getattr(exc, "sqlstate", None)
+    return state is None or state.startswith(("08", "57"))
+
+
+class DatabaseGuard:
+    """One circuit breaker for all of a worker's connections.
+
+    When most recent database calls failed because the server is unreachable,
+    calls are refused at once with ``DatabaseUnavailable`` ("database
+    unavailable") and a single probe is let through after a backoff (0.5 s,
+    doubling up to 5 s), instead of every service hammering a dead server.
+    """
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.breaker = CircuitBreaker(failure_ratio=0.5, min_calls=3, window_seconds=10.0,
+                                      base_backoff_seconds=0.5, max_backoff_seconds=5.0)
+        self.lock = threading.Lock()
+
+    def admit(self, what: str) -> None:
+        now = self.clock()
+        with self.lock:
+            if self.breaker.allow(now):
+                return
+            retry_in = self.breaker.retry_in(now)
+        raise DatabaseUnavailable(f"database unavailable (circuit open; next probe in {retry_in:.1f}s): {what} not sent")
+
+    def succeeded(self) -> None:
+        with self.lock:
+            self.breaker.record_success(self.clock())
+
+    def failed(self) -> None:
+        with self.lock:
+            self.breaker.record_failure(self.clock())
+
+    @property
+    def state(self) -> str:
+        with self.lock:
+            return self.breaker.state
+
+
 class WorkerStore:
     """One psycopg connection (autocommit) and the worker statements run on it.
 
@@ -60,9 +107,11 @@ class WorkerStore:
     next call; the failed call raises ``DatabaseUnavailable``.
     """
 
-    def __init__(self, alias: str = DEFAULT_DB_ALIAS, application_name: str = "shardq"):
+    def __init__(self, alias: str = DEFAULT_DB_ALIAS, application_name: str = "shardq",
+                 guard: "DatabaseGuard | None" = None):
         self.alias = alias
         self.application_name = application_name
+        self.guard = guard or DatabaseGuard()
         self.conn: psycopg.Connection | None = None
 
     def _cursor(self):
@@ -71,20 +120,26 @@ class WorkerStore:
         return self.conn.cursor()
 
     def run(self, name: str, params: dict, fetch: str = "all"):
+        self.guard.admit(name)
         try:
             with self._cursor() as cursor:
                 cursor.execute(QUERIES[name], params, prepare=True)
                 if fetch == "all":
-                    return cursor.fetchall()
-                if fetch == "one":
-                    return cursor.fetchone()
-                return cursor.rowcount
-        except psycopg.OperationalError as exc:
+                    result = cursor.fetchall()
+                elif fetch == "one":
+                    result = cursor.fetchone()
+                else:
+                    result = cursor.rowcount
+        except DatabaseUnavailable:
+            self.guard.failed()
+            raise
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if is_connection_error(exc) or self.conn is None or self.conn.broken:
+                self.guard.failed()
             self.close()
             raise DatabaseUnavailable(f"{name}: {exc}".strip()) from exc
-        except psycopg.InterfaceError as exc:
-            self.close()
-            raise DatabaseUnavailable(f"{name}: {exc}".strip()) from exc
+        self.guard.succeeded()
+        return result
 
     def close(self) -> None:
         if self.conn is not None:
@@ -137,7 +192,8 @@ class WorkerStore:
 
     # -- jobs -----------------------------------------------------------------
 
-    def claim_jobs(self, worker: str, shards: list[int], queues: list[str] | None, per_shard: int, limit: int) -> list[tuple]:
+    def claim_jobs(self, worker: str, shards: list[int], queues: list[str] | None, per_shard: int,
+                   limit: int, lookahead: float = 0.0) -> list[tuple]:
         return self.run(
             "claim_jobs",
             {
@@ -148,6 +204,7 @@ class WorkerStore:
                 "all_queues": not queues,
                 "per_shard": per_shard,
                 "limit": limit,
+                "lookahead": lookahead,
             },
         )
 

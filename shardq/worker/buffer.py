@@ -54,6 +54,10 @@ class Buffer:
             with self._ready:
                 queued = self.queue.pop(time.time())
                 if queued is None:
+                    due = self.queue.next_due()
+                    if due is not None:
+                        # A claimed job becomes due soon: wake for it on time.
+                        timeout = max(0.0, min(timeout, due - time.time()))
                     self._ready.wait(timeout)
                     queued = self.queue.pop(time.time())
                     if queued is None:

@@ -11,8 +11,9 @@ import asyncio
 import json
 import logging
 import threading
+import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from inspect import iscoroutinefunction
 
 from django.db import close_old_connections
@@ -20,7 +21,8 @@ from django.tasks import TaskContext, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 
-from ..exceptions import UnknownTask
+from ..conf import get_config
+from ..exceptions import FenceLost, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
 from .jobs import ClaimedJob, Outcome
 
@@ -31,10 +33,15 @@ DEFAULT_BACKOFF = Backoff()
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShardqTaskContext(TaskContext):
-    """Django's TaskContext plus this attempt's fencing token and shard."""
+    """Django's TaskContext plus this attempt's fencing token, shard and the
+    status_rank its outcome must carry (for ``shardq.complete_in_transaction``)."""
 
     fence: int
     shard: int
+    rank: int = 0
+    # Set by complete_in_transaction once the task's own transaction has
+    # committed the outcome: the executor then writes nothing more.
+    completion_state: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def _class_path(exc: BaseException) -> str:
@@ -54,7 +61,12 @@ class Executor:
         self.concurrency = concurrency
         self.backend_class = backend_class
         self.task_modules = task_modules
+        self.max_payload_bytes = get_config().max_payload_bytes
         self._stop = threading.Event()
+        self._local = threading.local()
+        # Moving average of task run time (seconds), read by Worker.demand();
+        # starts at 10 ms until measured.
+        self.average_task_seconds = 0.01
         self._threads: list[threading.Thread] = []
         self.loop = asyncio.new_event_loop()
         self._loop_thread: threading.Thread | None = None
@@ -87,7 +99,9 @@ class Executor:
                     continue
                 try:
                     if self.leaser.trusts(job.shard, job.fence):
-                        self.completer.put(self.execute(job))
+                        outcome = self.execute(job)
+                        if outcome is not None:  # None: written in the task's transaction
+                            self.completer.put(outcome)
                     else:
                         # The lease is lost or unconfirmed: start nothing; hand
                         # the claim back (rejected harmlessly if already rescued).
@@ -100,8 +114,14 @@ class Executor:
             logger.exception("an executor thread died; the worker stops")
             raise
 
-    def execute(self, job: ClaimedJob) -> Outcome:
+    def execute(self, job: ClaimedJob) -> Outcome | None:
+        """Run one job; its outcome for the completer, or None when the task
+        committed it itself (transactional completion) or lost its fence."""
         rank = job.status_rank + 1
+        if job.attempts - 1 > len(job.errors):
+            # An earlier attempt recorded no outcome (its worker died or lost
+            # the shard): this run repeats work that may have had effects.
+            self.stats.add("reexecutions")
         try:
             task = resolve(job.task_path, self.task_modules)
         except UnknownTask as exc:
@@ -124,17 +144,37 @@ class Executor:
             worker_ids=job.worker_ids,
         )
         task_started.send(sender=self.backend_class, task_result=result)
-        close_old_connections()
+        began = time.monotonic()
         error: BaseException | None = None
+        state: dict = {}
         try:
-            value = self._call(task, job, result)
+            value = self._call(task, job, result, state)
             return_json = json.dumps(value, allow_nan=False, separators=(",", ":"))
         except SystemExit as exc:  # a task calling sys.exit() fails; the worker goes on
             error = exc
         except Exception as exc:
             error = exc
-        finally:
+        # Like Django between requests: drop this thread's database connections
+        # that broke or outlived CONN_MAX_AGE. After a failure at once (the
+        # connection may be unusable); otherwise at most once a second, since
+        # the check costs more than a no-op task.
+        now = time.monotonic()
+        self.average_task_seconds += 0.05 * ((now - began) - self.average_task_seconds)
+        if error is not None or now >= getattr(self._local, "next_connection_check", 0.0):
             close_old_connections()
+            self._local.next_connection_check = now + 1.0
+        if state.get("written"):
+            # Committed with the task's own writes (shardq.complete_in_transaction).
+            self.stats.add("succeeded")
+            object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+            task_finished.send(sender=self.backend_class, task_result=result)
+            return None
+        if isinstance(error, FenceLost):
+            # Not an error of the task: this attempt lost the job; its
+            # transaction rolled back and nothing of it is written.
+            self.stats.add("fence_rejections")
+            logger.warning("job %s: %s", job.id, error)
+            return None
         if error is None:
             object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
             object.__setattr__(result, "_return_value", json.loads(return_json) if return_json != "null" else None)
@@ -145,11 +185,19 @@ class Executor:
         task_finished.send(sender=self.backend_class, task_result=result)
         return outcome
 
-    def _call(self, task, job: ClaimedJob, result: TaskResult):
+    def _call(self, task, job: ClaimedJob, result: TaskResult, state: dict):
         args = job.args if isinstance(job.args, list) else _bad_payload("args", job.args, list)
         kwargs = job.kwargs if isinstance(job.kwargs, dict) else _bad_payload("kwargs", job.kwargs, dict)
+        if job.payload_bytes > self.max_payload_bytes:
+            # enqueue refuses such calls; a row written another way is not run.
+            raise ValueError(
+                f"the job's arguments are {job.payload_bytes} bytes of JSON, over "
+                f"SHARDQ['MAX_PAYLOAD_BYTES'] = {self.max_payload_bytes}: not run. Store large data "
+                "elsewhere (a model, a file) and pass its id."
+            )
         if task.takes_context:
-            args = [ShardqTaskContext(task_result=result, fence=job.fence, shard=job.shard), *args]
+            args = [ShardqTaskContext(task_result=result, fence=job.fence, shard=job.shard,
+                                      rank=job.status_rank + 1, completion_state=state), *args]
         if iscoroutinefunction(task.func):
             future = asyncio.run_coroutine_threadsafe(task.func(*args, **kwargs), self.loop)
             return future.result()

@@ -1,7 +1,8 @@
 """Fetcher and listener: claim jobs of held shards when there are free slots.
 
-Demand-driven: the fetcher asks for at most ``free`` jobs (capacity minus
-buffered minus processing), in one statement over every fetchable shard (a
+Demand-driven: the fetcher asks for at most ``demand()`` jobs — the worker's
+in-flight target (its concurrency plus a look-ahead sized from the measured
+task duration, see ``Worker.demand``) minus what is buffered or processing —, in one statement over every fetchable shard (a
 per-shard index range walk, see ``claim_jobs`` in queries.sql), rotating the
 shard order so no shard starves when demand is small. It sleeps until woken
 by a NOTIFY for a shard this worker holds, by free slots appearing after the
@@ -23,10 +24,14 @@ from .leaser import LEASE_CHANNEL
 
 logger = logging.getLogger("shardq.worker.fetcher")
 
+# Jobs due within this many seconds are claimed now and wait in the local
+# queue's time index, so a deferred job starts on time, not a poll later.
+LOOKAHEAD_SECONDS = 0.5
+
 
 class Fetcher:
     def __init__(self, store, leaser, buffer, stats, *, worker_id: str, queues: list[str] | None,
-                 poll_interval_seconds: float, min_batch: int):
+                 poll_interval_seconds: float, demand):
         self.store = store
         self.leaser = leaser
         self.buffer = buffer
@@ -34,7 +39,7 @@ class Fetcher:
         self.worker_id = worker_id
         self.queues = queues
         self.poll_interval = poll_interval_seconds
-        self.min_batch = max(1, min_batch)
+        self.demand = demand  # () -> (jobs wanted now, smallest batch worth a claim)
         self.waiting_for_slots = False
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -58,7 +63,10 @@ class Fetcher:
 
     def slot_freed(self) -> None:
         """Called by executors after a job: wake the fetcher if it waits for room."""
-        if self.waiting_for_slots and self.buffer.free >= self.min_batch:
+        if self.waiting_for_slots:
+            wanted, min_batch = self.demand()
+            if wanted < min_batch:
+                return
             self.waiting_for_slots = False
             self._wake.set()
 
@@ -77,8 +85,8 @@ class Fetcher:
 
     def fetch_once(self) -> float | None:
         """Claim one batch. Returns how long to sleep, or None to go again at once."""
-        free = self.buffer.free
-        if free < self.min_batch and self.buffer.buffered + self.buffer.processing > 0:
+        free, min_batch = self.demand()
+        if free < min_batch and self.buffer.buffered + self.buffer.processing > 0:
             self.waiting_for_slots = True
             return self.poll_interval
         shards = self.leaser.fetchable()
@@ -93,7 +101,8 @@ class Fetcher:
         # fill the batch, so a backlog in a few shards drains at full speed.
         per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
         try:
-            rows = self.store.claim_jobs(self.worker_id, order, self.queues, per_shard, free)
+            rows = self.store.claim_jobs(self.worker_id, order, self.queues, per_shard, free,
+                                         lookahead=LOOKAHEAD_SECONDS)
         except DatabaseUnavailable as exc:
             self.stats.add("db_errors")
             logger.warning("claim failed, retrying: %s", exc)

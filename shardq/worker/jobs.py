@@ -29,6 +29,7 @@ class ClaimedJob:
     worker_ids: list
     errors: list
     backend: str
+    payload_bytes: int = 0
 
     @classmethod
     def from_row(cls, row) -> "ClaimedJob":

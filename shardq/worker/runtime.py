@@ -17,7 +17,7 @@ import uuid
 
 from ..backend import ShardqBackend
 from ..conf import get_config
-from ..db.store import WorkerStore
+from ..db.store import DatabaseGuard, WorkerStore
 from ..tasks import autodiscover
 from .buffer import Buffer
 from .completer import Completer
@@ -27,6 +27,8 @@ from .leaser import Leaser
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker")
+
+LOOKAHEAD_SECONDS = 0.05
 
 
 class Worker:
@@ -41,9 +43,15 @@ class Worker:
         self.stats = Stats()
         self._stop = threading.Event()
         self._signals = 0
-        capacity = prefetch if prefetch else max(8, 2 * concurrency)
-        self.buffer = Buffer(capacity)
-        self.store = {name: WorkerStore(database, f"shardq-{name}") for name in ("leaser", "fetcher", "completer")}
+        # The look-ahead (jobs claimed beyond the running ones) is at most
+        # ``prefetch``; how much of it is used follows the measured task time.
+        self.max_prefetch = prefetch if prefetch else 512
+        self.buffer = Buffer(concurrency + self.max_prefetch)
+        # One circuit breaker for the process: when PostgreSQL is down every
+        # service sees "database unavailable" and one probe goes out per backoff.
+        self.database_guard = DatabaseGuard()
+        self.store = {name: WorkerStore(database, f"shardq-{name}", self.database_guard)
+                      for name in ("leaser", "fetcher", "completer")}
         self.completer = Completer(self.store["completer"], self.stats,
                                    batch=self.config.completion_batch,
                                    flush_seconds=self.config.completion_flush_seconds)
@@ -59,7 +67,7 @@ class Worker:
         self.fetcher = Fetcher(self.store["fetcher"], self.leaser, self.buffer, self.stats,
                                worker_id=self.id, queues=queues,
                                poll_interval_seconds=self.config.poll_interval_seconds,
-                               min_batch=max(1, capacity // 4))
+                               demand=self.demand)
         self.listener = Listener(self.config.channel, self.leaser, self.fetcher, self.stats, database) if self.config.notify else None
         self.executor = Executor(self.buffer, self.completer, self.leaser, self.fetcher, self.stats,
                                  worker_id=self.id, concurrency=concurrency,
@@ -70,6 +78,21 @@ class Worker:
     def running_in_shard(self, shard: int) -> int:
         """Jobs of ``shard`` still processing here or with an unwritten outcome."""
         return self.buffer.processing_in_shard(shard) + self.completer.pending_in_shard(shard)
+
+    def demand(self) -> tuple[int, int]:
+        """(jobs to claim now, smallest batch worth a round trip).
+
+        In flight = running + buffered, aimed at the concurrency plus enough
+        buffered jobs to cover LOOKAHEAD_SECONDS of work at the measured task
+        duration: a no-op task gets hundreds (a claim round trip is amortised),
+        a one-second task gets one per thread (nothing waits in memory while
+        another worker could run it).
+        """
+        average = max(self.executor.average_task_seconds, 1e-6)
+        lookahead = int(self.concurrency * LOOKAHEAD_SECONDS / average)
+        target = self.concurrency + min(self.max_prefetch, max(self.concurrency, lookahead))
+        wanted = min(target - self.buffer.buffered - self.buffer.processing, self.buffer.free)
+        return wanted, max(1, target // 4)
 
     def on_shards_lost(self, shards: set[int]) -> None:
         """Self-fence or drain: forget the buffered jobs of these shards."""

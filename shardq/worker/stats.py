@@ -8,6 +8,7 @@ COUNTERS = (
     "failed",
     "retried",
     "fence_rejections",
+    "reexecutions",
     "self_fences",
     "rescued",
     "shard_claims",

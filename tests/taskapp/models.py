@@ -12,3 +12,36 @@ class Ledger(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["job_id"], name="taskapp_ledger_job_idx")]
+
+
+class FaultLedger(models.Model):
+    """Fault tests: one row per committed outcome, written in the same
+    transaction as the job's fenced completion (shardq.complete_in_transaction).
+    Two rows for one job would be a double commit: no unique constraint, so
+    the invariants can see one instead of an IntegrityError hiding it."""
+
+    job_id = models.BigIntegerField()
+    attempt = models.IntegerField()
+    fence = models.BigIntegerField()
+    # The shard's claim_version at COMMIT (locked by the completion until then).
+    shard_version = models.BigIntegerField()
+    worker = models.CharField(max_length=64)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["job_id"], name="taskapp_faultledger_job_idx")]
+
+
+class Execution(models.Model):
+    """Fault tests: one row per execution (not commit) of a fault task, written
+    over a separate autocommit connection before the task does its work."""
+
+    job_id = models.BigIntegerField()
+    attempt = models.IntegerField()
+    fence = models.BigIntegerField()
+    worker = models.CharField(max_length=64)
+    pid = models.IntegerField()
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["job_id"], name="taskapp_execution_job_idx")]
