@@ -50,6 +50,10 @@ class Job(models.Model):
                 condition=Q(status="READY"),
                 name="shardq_job_ready_idx",
             ),
+            # An idle fetcher finds when the next deferred job falls due.
+            models.Index(
+                fields=["run_after"], condition=Q(status="READY"), name="shardq_job_due_idx"
+            ),
             # Takeover rescue finds a shard's in-flight jobs through this one.
             models.Index(
                 fields=["shard"], condition=Q(status="RUNNING"), name="shardq_job_running_idx"

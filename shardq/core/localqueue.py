@@ -8,7 +8,8 @@ demand-driven: it asks the database for ``free`` jobs at most.
 Where a buffered job lives
 --------------------------
 * **delayed index** — ``run_after > now`` at push time; a time-ordered index
-  (skip list or SortedList, see :mod:`shardq.core.skiplist`). Every ``pop``
+  (the skip list below ~32k capacity, else SortedList: whichever measured
+  faster at that size, see :mod:`shardq.core.skiplist`). Every ``pop``
   first moves everything due into the lanes (one range pop).
 * **lane** — ready to run. ``lane = FNV-1a(queue name) & (lane_count - 1)``;
   each lane is an indexed priority queue (:mod:`shardq.core.heap`) ordered by
@@ -116,7 +117,8 @@ class LocalQueue:
         self._lane_of = {}  # queue name -> lane index (memo of the FNV-1a)
         self._jobs = {}  # buffered job id -> job (lanes, delayed, waiting)
         self._by_shard = {}  # shard -> set of buffered job ids
-        self._delayed = make_delayed_index()
+        # Sized by capacity: the delayed index never holds more than that.
+        self._delayed = make_delayed_index(capacity)
         self._holders = {}  # ordered key -> id of its job in a lane or processing
         self._waiting = {}  # ordered key -> OrderedDict(id -> job) not yet admitted
         self._processing = {}  # job id -> job

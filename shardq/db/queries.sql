@@ -250,3 +250,11 @@ SET status = 'READY', status_rank = a.rank, attempts = job.attempts - 1,
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank)
 WHERE job.id = a.id AND job.fence <= a.fence AND job.status_rank < a.rank
 RETURNING job.id, job.shard;
+
+-- name: seconds_until_due
+-- Seconds until the next deferred READY job of these shards falls due (NULL: none); walks shardq_job_due_idx.
+SELECT extract(epoch FROM run_after - clock_timestamp())::float8
+FROM shardq_job
+WHERE status = 'READY' AND run_after > clock_timestamp() AND shard = ANY(%(shards)s::int[])
+ORDER BY run_after
+LIMIT 1;

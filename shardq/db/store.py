@@ -208,6 +208,10 @@ class WorkerStore:
             },
         )
 
+    def seconds_until_due(self, shards: list[int]) -> float | None:
+        row = self.run("seconds_until_due", {"shards": shards}, fetch="one")
+        return row[0] if row else None
+
     def complete_jobs(self, outcomes: list) -> set[int]:
         """Write outcomes (objects with id, fence, rank, status, return_value, error, delay)."""
         rows = self.run(

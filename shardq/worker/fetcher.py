@@ -119,7 +119,15 @@ class Fetcher:
         if self._deep:
             self._deep = False
             return None
-        return self.poll_interval
+        # Idle: sleep until the poll, or until the next deferred job comes
+        # within the look-ahead (no NOTIFY marks that moment).
+        try:
+            due_in = self.store.seconds_until_due(order)
+        except DatabaseUnavailable:
+            return self.poll_interval
+        if due_in is None:
+            return self.poll_interval
+        return max(0.0, min(self.poll_interval, due_in - LOOKAHEAD_SECONDS / 2))
 
 
 class Listener:

@@ -187,3 +187,22 @@ def test_processes_flag_runs_a_supervisor_that_restarts_a_killed_child(workers):
     wait_until(lambda: (result.refresh(), result.status)[1] == "SUCCESSFUL", timeout=30)
     sup.send_signal(signal.SIGTERM)
     assert sup.wait(timeout=60) == 0
+
+
+def test_a_deferred_job_starts_when_due_not_a_poll_later(workers):
+    import datetime
+
+    from django.utils import timezone
+
+    a = workers.start("--concurrency", "2", env={"SHARDQ_POLL_INTERVAL": "5"})
+    ids_a = worker_id_of(a.pid)
+    wait_until(lambda: shards_by_owner() == {ids_a: 64}, timeout=30)
+    when = timezone.now() + datetime.timedelta(seconds=2)
+    result = tasks.add.using(run_after=when).enqueue(1, 1)
+    wait_until(lambda: (result.refresh(), result.status)[1] == "SUCCESSFUL", timeout=30)
+    started = scalar("SELECT last_attempted_at FROM shardq_job WHERE id = %s", [int(result.id)])
+    finished = result.finished_at
+    assert started >= when
+    # Claimed ahead of time into the worker's time index: it runs on time
+    # even though the next poll is 5 s away and no NOTIFY comes when it is due.
+    assert finished - when < datetime.timedelta(seconds=1.0), finished - when
