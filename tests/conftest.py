@@ -17,7 +17,8 @@ def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, message
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")
+            what = message() if callable(message) else (message or predicate)
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
 
 

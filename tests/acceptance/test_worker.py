@@ -90,14 +90,19 @@ def test_a_paused_worker_past_its_ttl_cannot_write_outcomes_and_self_fences(work
     assert status_counts() == {"SUCCESSFUL": 200}
 
     def completions_attempted_after_waking() -> int:
-        # The ledger row is the task's last act before its outcome goes out.
-        return scalar("SELECT count(*) FROM taskapp_ledger WHERE worker = %s AND at >= %s AND job_id = ANY(%s)",
-                      [ids_a, resumed_at, list(paused_running)])
+        # The ledger row is the task's last act before its outcome goes out;
+        # a job running at the pause sent its outcome only after waking
+        # (its ledger row may predate the pause if it was paused in between).
+        # Only attempts under the fence A held at the pause: after waking A
+        # may legitimately claim a rescued job again under a new lease.
+        return scalar("SELECT count(*) FROM taskapp_ledger l JOIN unnest(%s::bigint[], %s::bigint[]) AS p(id, fence) "
+                      "ON l.job_id = p.id AND l.fence = p.fence WHERE l.worker = %s",
+                      [list(paused_running), list(paused_running.values()), ids_a])
 
     stats = wait_until(
         lambda: (s := worker_stats(ids_a)).get("self_fences")
         and s.get("fence_rejections", 0) == completions_attempted_after_waking() > 0 and s,
-        timeout=30, message="A to count every rejected completion and self-fence")
+        timeout=30, message=lambda: f"A to count every rejected completion ({completions_attempted_after_waking()}) and self-fence; stats {worker_stats(ids_a)}")
     # Nothing A tried to write for the jobs it ran while paused landed: the
     # committed outcome of each is the takeover owner's.
     for job_id, fence_at_pause in paused_running.items():
