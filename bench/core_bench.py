@@ -419,7 +419,8 @@ def main(argv=None):
 
     indexes = [("skip list (pure Python)", skip_mod.SkipListDelayedIndex),
                ("SortedList", skip_mod.SortedListDelayedIndex)]
-    for n in sizes:
+    # Extra sizes locate the crossover the factory's threshold is based on.
+    for n in sorted({*sizes, 8_192, 32_768}):
         compare("delayed index", f"add/remove/pop_due @ {n:,}",
                 [(name, delayed_mix(cls, n)) for name, cls in indexes])
 
@@ -458,7 +459,11 @@ def main(argv=None):
         "full": args.full,
         "chosen": {
             "indexed_queue": heap_mod.FastestIndexedQueue.__name__,
-            "delayed_index": skip_mod.FastestDelayedIndex.__name__,
+            "delayed_index": {
+                "up to entries": skip_mod.SKIPLIST_MAX_ENTRIES,
+                "small": skip_mod.delayed_index_class(1).__name__,
+                "large": skip_mod.delayed_index_class(None).__name__,
+            },
             "lru": lru_mod.FastestLRU.__name__,
         },
         "rows": rows,

@@ -15,8 +15,8 @@ Two implementations share the interface:
   ``(time, sequence, id)`` plus a dict.
 
 ``bench/core_bench.py`` measures both (docs/benchmarks.md): the skip list is
-10–25% faster up to a few ten thousand entries, SortedList faster beyond
-(1.1× at 65k, 1.5× at 1M). :func:`make_delayed_index` therefore picks by the
+10–25% faster at about a thousand entries, level with SortedList near 8k,
+and SortedList is faster beyond (1.1–1.3× at 32k–65k, 1.5× at 1M). :func:`make_delayed_index` therefore picks by the
 size the owner expects — the local queue passes its capacity, which is far
 below the crossover, so the runtime uses the skip list. Equal times pop in
 insertion (FIFO) order. Not thread-safe: the owner locks.
@@ -238,7 +238,7 @@ class SortedListDelayedIndex:
 
 
 #: Up to this many entries the skip list measured faster; above, SortedList.
-SKIPLIST_MAX_ENTRIES = 32_768
+SKIPLIST_MAX_ENTRIES = 8_192
 
 
 def delayed_index_class(size_hint=None):

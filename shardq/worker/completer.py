@@ -47,8 +47,16 @@ class Completer:
         self._queue.put(outcome)
 
     def return_jobs(self, jobs: list[ClaimedJob]) -> None:
-        """Claimed jobs that will not start here: back to READY (fenced)."""
+        """Claimed jobs that will not start here: back to READY (fenced).
+
+        Counted as pending in their shards until written: a shard is released
+        only after its returns, or the next owner would find the jobs still
+        RUNNING under this claim and rescue them, counting an attempt that
+        never ran (and dead-lettering a max_attempts=1 job unrun)."""
         if jobs:
+            with self._pending_lock:
+                for job in jobs:
+                    self._pending_by_shard[job.shard] += 1
             with self._returns_lock:
                 self._returns.extend(jobs)
             self._queue.put(None)  # wake the thread
@@ -169,4 +177,6 @@ class Completer:
             returned, _ = self._retrying(lambda: self.store.return_jobs(jobs), "return", deadline)
         except DatabaseUnavailable:
             return  # still RUNNING under the old fence: the next takeover rescues them
+        finally:
+            self._settle(jobs)
         self.stats.add("returned", len(returned))

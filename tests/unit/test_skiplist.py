@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from shardq.core.skiplist import (
-    FastestDelayedIndex,
+    SKIPLIST_MAX_ENTRIES,
     SkipListDelayedIndex,
     SortedListDelayedIndex,
     make_delayed_index,
@@ -103,6 +103,8 @@ def test_skip_list_handles_many_entries_and_removes_by_id():
     assert [(i * 7919) % 1000 for i in rest] == sorted((i * 7919) % 1000 for i in rest)
 
 
-def test_the_factory_builds_the_measured_fastest_implementation():
-    assert isinstance(make_delayed_index(), FastestDelayedIndex)
-    assert FastestDelayedIndex in IMPLEMENTATIONS
+def test_the_factory_picks_the_skip_list_for_small_sizes_and_sortedlist_beyond():
+    assert isinstance(make_delayed_index(1000), SkipListDelayedIndex)
+    assert isinstance(make_delayed_index(SKIPLIST_MAX_ENTRIES), SkipListDelayedIndex)
+    assert isinstance(make_delayed_index(SKIPLIST_MAX_ENTRIES + 1), SortedListDelayedIndex)
+    assert isinstance(make_delayed_index(), SortedListDelayedIndex)

@@ -1,0 +1,741 @@
+"""End-to-end benchmark: shardq against the physical limit, side by side in one run.
+
+``make bench`` / ``manage.py shardq_bench`` runs ``run(options)``. Every
+figure is measured twice in the same run: once by a bare psycopg loop doing
+the SQL a worker needs (``bench/limit.py``), once through shardq's public API
+and real ``manage.py shardq_worker`` processes. The table shows both and
+shardq ÷ limit; ``bench/results/e2e-*.json`` keeps every raw run;
+``docs/benchmarks.md`` ("## End to end") keeps the last table and
+``docs/drain_vs_processes.png``.
+
+Where it runs: a database of its own (``shardq_bench`` on the server of
+``DATABASE_URL``, created and migrated when missing) whose shardq tables it
+empties between phases. Worker and enqueue child processes run with
+``DJANGO_SETTINGS_MODULE=tests.settings``, the settings that install
+``tests.taskapp`` and so know the ``noop`` task the jobs name.
+"""
+
+import json
+import math
+import multiprocessing
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+import psycopg
+
+from bench import limit
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+DOCS = REPO / "docs" / "benchmarks.md"
+PLOT = REPO / "docs" / "drain_vs_processes.png"
+SECTION = "## End to end"
+PHASES = ("enqueue", "drain", "latency", "rss", "backlog")
+SHARDS = limit.SHARD_COUNT
+
+
+@dataclass
+class Options:
+    database_url: str
+    jobs: int = 20_000  # drained per drain run
+    one_by_one: int = 3_000  # jobs per one-by-one enqueue run
+    bulk: int = 20_000  # jobs per bulk enqueue run
+    reps: int = 3  # repetitions of the cheap figures (enqueue, limit drains)
+    repeat: int = 1  # repetitions of the shardq drains
+    backlog: int = 200_000  # READY rows for the claim-cost figure (--full: 1M)
+    rss_backlog: int = 100_000
+    rate: float = 200.0  # jobs/s for pickup latency
+    latency_seconds: float = 10.0
+    poll_interval: float = 1.0
+    concurrency: int = 4
+    phases: tuple = PHASES
+    write_docs: bool = True
+
+
+@dataclass
+class Row:
+    key: str
+    figure: str
+    unit: str
+    limit: float | None
+    shardq: float | None
+    target: str = ""
+    met: bool | None = None
+    higher_is_better: bool = True
+    ratio: float | None = field(default=None)
+
+    def __post_init__(self):
+        if self.ratio is None and self.limit and self.shardq is not None:
+            self.ratio = self.shardq / self.limit
+
+
+def median(values):
+    return statistics.median(values) if values else None
+
+
+class Bench:
+    def __init__(self, options: Options, progress=None, task=None):
+        self.o = options
+        self.url = options.database_url
+        self.conn = psycopg.connect(self.url, autocommit=True, application_name="shardq-bench")
+        self.progress = progress
+        self.task = task
+        self.raw: dict = {}
+        self.logs = RESULTS / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.mp = multiprocessing.get_context("spawn")
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def step(self, what: str, advance: float = 1) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, advance=advance, description=what)
+
+    def say(self, what: str) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, description=what)
+
+    def sql(self, query: str, params=None):
+        cursor = self.conn.execute(query, params)
+        return cursor.fetchall() if cursor.description else []
+
+    def reset(self) -> None:
+        """Empty the bench database's shardq tables; every shard unowned."""
+        self.sql("TRUNCATE shardq_job, shardq_shard_event")
+        self.sql("DELETE FROM shardq_worker")
+        self.sql("UPDATE shardq_shard SET owner = NULL, lease_expires = NULL")
+
+    def child_env(self, **extra) -> dict:
+        env = dict(os.environ)
+        env.pop("SHARDQ_EMBEDDED_STARTED_BY", None)
+        env.update(
+            DJANGO_SETTINGS_MODULE="tests.settings",
+            DATABASE_URL=self.url,
+            SHARDQ_LOG_LEVEL="WARNING",
+            SHARDQ_POLL_INTERVAL=str(self.o.poll_interval),
+            PYTHONUNBUFFERED="1",
+        )
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def api(self, *args, env: dict | None = None) -> dict:
+        """Run bench/api_child.py (shardq's public API) and return its JSON line."""
+        done = subprocess.run(
+            [sys.executable, str(REPO / "bench" / "api_child.py"), *map(str, args)],
+            cwd=REPO, env=self.child_env(**(env or {})), capture_output=True, text=True, timeout=600,
+        )
+        if done.returncode:
+            raise RuntimeError(f"api_child {' '.join(map(str, args))} failed:\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def start_worker(self, processes: int, env: dict | None = None, name: str = "worker") -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "w")
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "shardq_worker", "--processes", str(processes),
+             "--concurrency", str(self.o.concurrency), "--grace", "5"],
+            cwd=REPO, env=self.child_env(**(env or {})), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: we can kill the whole tree
+        )
+        proc.log_path = log.name
+        return proc
+
+    def stop_worker(self, proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+    def worker_failed(self, proc) -> str | None:
+        if proc.poll() is not None:
+            return f"the worker exited with {proc.returncode}:\n{Path(proc.log_path).read_text()[-3000:]}"
+        return None
+
+    def pending(self) -> bool:
+        """Any job READY or RUNNING (walks the two partial indexes, not the table)."""
+        return self.sql(
+            "SELECT EXISTS (SELECT 1 FROM shardq_job WHERE status = 'READY')"
+            " OR EXISTS (SELECT 1 FROM shardq_job WHERE status = 'RUNNING')"
+        )[0][0]
+
+    def wait_empty(self, timeout: float, proc=None, sample=None, interval: float = 0.05) -> None:
+        deadline = time.monotonic() + timeout
+        next_check = 0.0
+        while True:
+            now = time.monotonic()
+            if sample:
+                sample()
+            if now >= next_check:
+                if not self.pending():
+                    return
+                next_check = now + interval
+            if proc is not None and (failure := self.worker_failed(proc)):
+                raise RuntimeError(failure)
+            if now > deadline:
+                raise RuntimeError(f"jobs still pending after {timeout:.0f}s")
+            time.sleep(0.02 if sample else interval)
+
+    def wait_for(self, predicate, timeout: float, what: str, proc=None) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if proc is not None and (failure := self.worker_failed(proc)):
+                raise RuntimeError(failure)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
+            time.sleep(0.05)
+
+    def shards_held(self) -> int:
+        return self.sql("SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL"
+                        " AND lease_expires > clock_timestamp()")[0][0]
+
+    def finished(self) -> tuple[int, float | None]:
+        """(jobs SUCCESSFUL, their steady rate: (n-1) / (last finished_at - first))."""
+        n, span = self.sql("SELECT count(*), extract(epoch FROM max(finished_at) - min(finished_at))::float8"
+                           " FROM shardq_job WHERE status = 'SUCCESSFUL'")[0]
+        return n, ((n - 1) / span if n > 1 and span else None)
+
+    def latency(self) -> dict:
+        """Pickup latency (ms): last_attempted_at - enqueued_at, both the database's clock."""
+        p50, p99, worst, n = self.sql(
+            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms),"
+            " max(ms), count(*) FROM (SELECT extract(epoch FROM last_attempted_at - enqueued_at) * 1000 AS ms"
+            " FROM shardq_job WHERE status = 'SUCCESSFUL') AS l"
+        )[0]
+        as_float = lambda v: None if v is None else float(v)  # noqa: E731 - numeric comes back as Decimal
+        return {"p50_ms": as_float(p50), "p99_ms": as_float(p99), "max_ms": as_float(worst), "jobs": n}
+
+    # -- enqueue ------------------------------------------------------------------------
+
+    def enqueue(self) -> dict:
+        o, out = self.o, {}
+        self.reset()
+        limit.copy_enqueue(self.url, 200)  # warm up the server's caches
+        for name, run, n in [
+            ("copy", lambda: limit.copy_enqueue(self.url, o.bulk), o.bulk),
+            ("insert_tx", lambda: limit.insert_enqueue(self.url, o.one_by_one, transaction=True), o.one_by_one),
+            ("insert_autocommit", lambda: limit.insert_enqueue(self.url, o.one_by_one, transaction=False), o.one_by_one),
+        ]:
+            rates = []
+            for _ in range(o.reps):
+                self.reset()
+                rates.append(n / run())
+            out[f"limit_{name}"] = rates
+            self.step(f"limit enqueue: {name}")
+        for name, mode, n in [("atomic", "atomic", o.one_by_one), ("autocommit", "autocommit", o.one_by_one),
+                              ("bulk", "bulk", o.bulk)]:
+            self.reset()
+            seconds = self.api("enqueue", mode, n, o.reps)["seconds"]
+            out[f"shardq_{name}"] = [n / s for s in seconds]
+            self.step(f"shardq enqueue: {name}")
+        self.reset()
+        return out
+
+    # -- drains -------------------------------------------------------------------------
+
+    def limit_drain(self, processes: int, fill: int, max_jobs: int | None = None, sample_rss: bool = False) -> dict:
+        self.reset()
+        limit.fill(self.url, fill)
+        go, procs, readies = self.mp.Event(), [], []
+        per_process = math.ceil(max_jobs / processes) if max_jobs else None
+        for shards in limit.split_shards(processes):
+            worker = limit.new_worker_id()
+            limit.own_shards(self.url, worker, shards)
+            ready = self.mp.Event()
+            proc = self.mp.Process(target=limit.drain_process, args=(self.url, worker, shards, ready, go, per_process))
+            proc.start()
+            procs.append(proc)
+            readies.append(ready)
+        for ready, proc in zip(readies, procs, strict=True):
+            _wait_ready(ready, proc, "a limit drain process")
+        peak = 0
+        handles = [psutil.Process(p.pid) for p in procs]
+        started = time.perf_counter()
+        go.set()
+        while any(p.is_alive() for p in procs):
+            if sample_rss:
+                peak = max(peak, sum(_rss(h) for h in handles))
+            time.sleep(0.02)
+        wall = time.perf_counter() - started
+        for p in procs:
+            p.join()
+            if p.exitcode:
+                raise RuntimeError(f"a limit drain process exited with {p.exitcode}")
+        n, steady = self.finished()
+        return {"jobs": n, "wall_s": wall, "wall_rate": n / wall, "steady_rate": steady,
+                "peak_rss_mib": peak / 2**20 if sample_rss else None}
+
+    def shardq_drain(self, processes: int, fill: int, window: float | None = None, sample_rss: bool = False,
+                     name: str = "drain") -> dict:
+        """Start ``shardq_worker --processes N`` on ``fill`` READY jobs; wall time from
+        the start of the command until every job is SUCCESSFUL (or for ``window``
+        seconds after it registered)."""
+        self.reset()
+        limit.fill(self.url, fill)
+        peak = [0]
+        started = time.perf_counter()
+        proc = self.start_worker(processes, name=f"{name}-{processes}p")
+        root = psutil.Process(proc.pid)
+
+        def sample():
+            if sample_rss:
+                peak[0] = max(peak[0], _tree_rss(root))
+
+        try:
+            if window is None:
+                self.wait_empty(timeout=max(300.0, fill / 50), proc=proc, sample=sample if sample_rss else None)
+                wall = time.perf_counter() - started
+            else:
+                self.wait_for(lambda: self.sql("SELECT count(*) FROM shardq_worker")[0][0] >= processes,
+                              60, "the worker to register", proc)
+                until = time.monotonic() + window
+                while time.monotonic() < until:
+                    sample()
+                    if failure := self.worker_failed(proc):
+                        raise RuntimeError(failure)
+                    time.sleep(0.05)
+                wall = time.perf_counter() - started
+        finally:
+            self.stop_worker(proc)
+        n, steady = self.finished()
+        return {"jobs": n, "wall_s": wall, "wall_rate": n / wall, "steady_rate": steady,
+                "peak_rss_mib": peak[0] / 2**20 if sample_rss else None}
+
+    def drains(self) -> dict:
+        out = {}
+        for processes in (1, 2):
+            out[f"limit_{processes}p"] = [self.limit_drain(processes, self.o.jobs) for _ in range(self.o.reps)]
+            self.step(f"limit drain, {processes} process(es)")
+        for processes in (1, 2):
+            out[f"shardq_{processes}p"] = []
+            for _ in range(self.o.repeat):
+                out[f"shardq_{processes}p"].append(self.shardq_drain(processes, self.o.jobs))
+                self.step(f"shardq drain, {processes} process(es)", advance=1 / self.o.repeat)
+        return out
+
+    # -- pickup latency -----------------------------------------------------------------
+
+    def limit_latency(self, listen: bool) -> dict:
+        self.reset()
+        worker = limit.new_worker_id()
+        shards = list(range(SHARDS))
+        limit.own_shards(self.url, worker, shards)
+        ready, stop = self.mp.Event(), self.mp.Event()
+        consumer = self.mp.Process(target=limit.consume_process,
+                                   args=(self.url, worker, shards, listen, self.o.poll_interval, ready, stop))
+        consumer.start()
+        try:
+            _wait_ready(ready, consumer, "the limit consumer")
+            enqueuer = self.mp.Process(target=limit.steady_enqueue, args=(self.url, self.o.rate, self.o.latency_seconds))
+            enqueuer.start()
+            enqueuer.join()
+            self.wait_empty(timeout=30)
+        finally:
+            stop.set()
+            consumer.join(timeout=30)
+        return self.latency()
+
+    def shardq_latency(self, notify: bool) -> dict:
+        env = {"SHARDQ_NOTIFY": "1" if notify else "0"}
+        self.reset()
+        proc = self.start_worker(1, env=env, name=f"latency-notify-{int(notify)}")
+        try:
+            self.wait_for(lambda: self.shards_held() == SHARDS, 60, "the worker to hold every shard", proc)
+            self.api("steady", self.o.rate, self.o.latency_seconds, env=env)
+            self.wait_empty(timeout=60, proc=proc)
+        finally:
+            self.stop_worker(proc)
+        return self.latency()
+
+    def latencies(self) -> dict:
+        out = {}
+        for notify in (True, False):
+            mode = "notify" if notify else "poll"
+            out[f"limit_{mode}"] = self.limit_latency(listen=notify)
+            self.step(f"limit pickup latency, {mode}")
+            out[f"shardq_{mode}"] = self.shardq_latency(notify)
+            self.step(f"shardq pickup latency, {mode}")
+        return out
+
+    # -- memory, backlog ------------------------------------------------------------------
+
+    def rss(self) -> dict:
+        out = {"limit": self.limit_drain(1, self.o.rss_backlog, sample_rss=True)}
+        self.step("limit drain of the RSS backlog")
+        out["shardq"] = self.shardq_drain(1, self.o.rss_backlog, sample_rss=True, name="rss")
+        self.step("shardq drain of the RSS backlog")
+        return out
+
+    def backlog(self, shardq_steady_20k: float | None) -> dict:
+        """Drain rate of the first ``jobs`` jobs out of a ``backlog``-row READY table."""
+        o = self.o
+        out = {"limit": self.limit_drain(1, o.backlog, max_jobs=o.jobs)}
+        self.step(f"limit drain at a {o.backlog:,} backlog")
+        window = 2.0 + (o.jobs / shardq_steady_20k if shardq_steady_20k else 10.0)
+        out["shardq"] = self.shardq_drain(1, o.backlog, window=window, name="backlog")
+        self.step(f"shardq drain at a {o.backlog:,} backlog")
+        self.reset()
+        return out
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def steps(self) -> float:
+        counts = {"enqueue": 6, "drain": 4, "latency": 4, "rss": 2, "backlog": 2}
+        return sum(counts[p] for p in self.o.phases)
+
+    def run(self) -> dict:
+        raw = self.raw
+        if "enqueue" in self.o.phases:
+            raw["enqueue"] = self.enqueue()
+        if "drain" in self.o.phases:
+            raw["drain"] = self.drains()
+        if "latency" in self.o.phases:
+            raw["latency"] = self.latencies()
+        if "rss" in self.o.phases:
+            raw["rss"] = self.rss()
+        if "backlog" in self.o.phases:
+            steady = median([r["steady_rate"] for r in raw.get("drain", {}).get("shardq_1p", []) if r["steady_rate"]])
+            raw["backlog"] = self.backlog(steady)
+            raw["backlog"]["baseline"] = {
+                "limit": median([r["steady_rate"] for r in raw.get("drain", {}).get("limit_1p", [])]),
+                "shardq": steady,
+            }
+        self.reset()
+        return raw
+
+
+def _wait_ready(ready, proc, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready.wait(0.1):
+        if not proc.is_alive():
+            raise RuntimeError(f"{what} exited with {proc.exitcode} before it was ready (traceback above)")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start within {timeout:.0f}s")
+
+
+def _rss(process: psutil.Process) -> int:
+    try:
+        return process.memory_info().rss
+    except psutil.Error:
+        return 0
+
+
+def _tree_rss(root: psutil.Process) -> int:
+    try:
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    return sum(_rss(p) for p in processes)
+
+
+# -- the table ----------------------------------------------------------------------------
+
+
+def rows_from(raw: dict, o: Options) -> list[Row]:
+    rows: list[Row] = []
+    e = raw.get("enqueue")
+    if e:
+        for key, figure, lim, sq, need in [
+            ("enqueue_tx", "enqueue one by one, one transaction", "limit_insert_tx", "shardq_atomic", 0.8),
+            ("enqueue_autocommit", "enqueue one by one, autocommit", "limit_insert_autocommit", "shardq_autocommit", 0.8),
+            ("enqueue_bulk", "bulk enqueue (COPY vs enqueue_many)", "limit_copy", "shardq_bulk", 0.5),
+        ]:
+            row = Row(key, figure, "jobs/s", median(e[lim]), median(e[sq]), target=f"≥ {need:.0%} of limit")
+            row.met = row.ratio is not None and row.ratio >= need
+            rows.append(row)
+    d = raw.get("drain")
+    if d:
+        def m(side, p, what):
+            return median([r[what] for r in d[f"{side}_{p}p"] if r[what]])
+
+        one = Row("drain_1p", f"drain {o.jobs:,} no-op jobs, 1 process (start → all done)", "jobs/s",
+                  m("limit", 1, "wall_rate"), m("shardq", 1, "wall_rate"), target="≥ 60% of limit")
+        one.met = one.ratio is not None and one.ratio >= 0.6
+        rows.append(one)
+        rows.append(Row("drain_1p_steady", "  same, steady state (first → last finished_at)", "jobs/s",
+                        m("limit", 1, "steady_rate"), m("shardq", 1, "steady_rate")))
+        rows.append(Row("drain_2p", f"drain {o.jobs:,} no-op jobs, 2 processes (start → all done)", "jobs/s",
+                        m("limit", 2, "wall_rate"), m("shardq", 2, "wall_rate")))
+        rows.append(Row("drain_2p_steady", "  same, steady state", "jobs/s",
+                        m("limit", 2, "steady_rate"), m("shardq", 2, "steady_rate")))
+        lim_scale = _div(m("limit", 2, "wall_rate"), m("limit", 1, "wall_rate"))
+        sq_scale = _div(m("shardq", 2, "wall_rate"), m("shardq", 1, "wall_rate"))
+        scale = Row("drain_scaling", "drain 2 processes ÷ 1 process", "×", lim_scale, sq_scale, target="shardq ≥ 1.6×")
+        scale.met = sq_scale is not None and sq_scale >= 1.6
+        rows.append(scale)
+    lat = raw.get("latency")
+    if lat:
+        poll_ms = o.poll_interval * 1000
+        for mode, label, bound in [("notify", "NOTIFY on", 10.0), ("poll", "poll only", poll_ms + 10)]:
+            for q in ("p50", "p99", "max"):
+                row = Row(f"latency_{mode}_{q}", f"pickup latency at {o.rate:.0f} jobs/s, {label}: {q}", "ms",
+                          lat[f"limit_{mode}"][f"{q}_ms"], lat[f"shardq_{mode}"][f"{q}_ms"], higher_is_better=False)
+                if q == "p99":
+                    row.target = f"≤ {bound:.0f} ms"
+                    row.met = row.shardq is not None and row.shardq <= bound
+                rows.append(row)
+    r = raw.get("rss")
+    if r:
+        row = Row("rss", f"peak RSS draining a {o.rss_backlog:,} backlog, 1 process", "MiB",
+                  r["limit"]["peak_rss_mib"], r["shardq"]["peak_rss_mib"], target="≤ 80 MiB", higher_is_better=False)
+        row.met = row.shardq is not None and row.shardq <= 80
+        rows.append(row)
+    b = raw.get("backlog")
+    if b:
+        rows.append(Row("backlog_rate", f"drain rate, 1 process, {o.backlog:,} READY rows (steady)", "jobs/s",
+                        b["limit"]["steady_rate"], b["shardq"]["steady_rate"]))
+        lim = _div(b["limit"]["steady_rate"], b["baseline"]["limit"])
+        sq = _div(b["shardq"]["steady_rate"], b["baseline"]["shardq"])
+        row = Row("backlog_ratio", f"  rate at {o.backlog:,} ÷ rate at {o.jobs:,}", "×", lim, sq, target="shardq ≥ 0.8×")
+        row.met = sq is not None and sq >= 0.8
+        rows.append(row)
+    return rows
+
+
+def _div(a, b):
+    return a / b if a is not None and b else None
+
+
+def fmt(value, unit: str) -> str:
+    if value is None:
+        return "—"
+    if unit == "jobs/s":
+        return f"{value:,.0f}"
+    if unit == "ms":
+        return f"{value:,.1f}"
+    if unit == "MiB":
+        return f"{value:,.0f}"
+    return f"{value:.2f}"
+
+
+def met_mark(row: Row) -> str:
+    return "" if row.met is None else ("met" if row.met else "MISSED")
+
+
+def rich_table(rows: list[Row], title: str):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for name, justify in [("figure", "left"), ("unit", "left"), ("limit", "right"), ("shardq", "right"),
+                          ("shardq ÷ limit", "right"), ("target", "left"), ("", "left")]:
+        table.add_column(name, justify=justify)
+    for row in rows:
+        mark = met_mark(row)
+        style = {"met": "green", "MISSED": "bold red"}.get(mark, "")
+        table.add_row(row.figure, row.unit, fmt(row.limit, row.unit), fmt(row.shardq, row.unit),
+                      fmt(row.ratio, "×"), row.target, f"[{style}]{mark}[/]" if style else mark)
+    return table
+
+
+def markdown_table(rows: list[Row]) -> str:
+    lines = ["| figure | unit | limit | shardq | shardq ÷ limit | target | |",
+             "|---|---|---:|---:|---:|---|---|"]
+    for row in rows:
+        mark = met_mark(row)
+        lines.append(f"| {row.figure.strip()} | {row.unit} | {fmt(row.limit, row.unit)} | {fmt(row.shardq, row.unit)}"
+                     f" | {fmt(row.ratio, '×')} | {row.target} | {'**MISSED**' if mark == 'MISSED' else mark} |")
+    return "\n".join(lines)
+
+
+# -- the database ----------------------------------------------------------------------
+
+
+def bench_database(name: str = "shardq_bench", alias: str = "default") -> str:
+    """URL of the bench's own database on the server of Django's ``alias``:
+    created when missing, then migrated with tests.settings (which installs
+    tests.taskapp, the app of the ``noop`` task)."""
+    from urllib.parse import quote
+
+    from django.db import connections
+
+    from shardq.db.store import connection_kwargs
+
+    s = connections[alias].settings_dict
+    if s["ENGINE"] != "django.db.backends.postgresql":
+        raise RuntimeError(f"the bench needs PostgreSQL; DATABASES[{alias!r}] is {s['ENGINE']}")
+    if s["NAME"] != name:
+        with psycopg.connect(**connection_kwargs(alias), autocommit=True) as conn:
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+                conn.execute(f'CREATE DATABASE "{name}"')
+    user = quote(s.get("USER") or "", safe="")
+    password = f":{quote(s['PASSWORD'], safe='')}" if s.get("PASSWORD") else ""
+    host = s.get("HOST") or s.get("OPTIONS", {}).get("host", "")
+    if host.startswith("/"):
+        url = f"postgres://{user}{password}@/{name}?host={quote(host)}"
+    else:
+        port = f":{s['PORT']}" if s.get("PORT") else ""
+        url = f"postgres://{user}{password}@{host}{port}/{name}"
+    migrate(url)
+    return url
+
+
+def migrate(url: str) -> None:
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings", DATABASE_URL=url)
+    env.pop("SHARDQ_EMBEDDED_STARTED_BY", None)
+    done = subprocess.run([sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=REPO, env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"migrating the bench database failed:\n{done.stderr[-3000:]}")
+
+
+# -- machine, outputs ---------------------------------------------------------------------
+
+
+def machine(url: str) -> dict:
+    import django
+
+    with psycopg.connect(url) as conn:
+        server = conn.execute("SHOW server_version").fetchone()[0]
+    return {
+        "cpus": os.cpu_count(),
+        "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "postgresql": server,
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "psycopg": psycopg.__version__,
+        "platform": platform.platform(),
+        "load_average_at_start": round(os.getloadavg()[0], 2),
+    }
+
+
+def plot(raw: dict, path: Path, subtitle: str) -> bool:
+    d = raw.get("drain")
+    if not d:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    procs = [1, 2]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    for side, what, label, style in [
+        ("limit", "wall_rate", "limit (bare psycopg loop)", "o-"),
+        ("shardq", "wall_rate", "shardq_worker, start → all done", "s-"),
+        ("shardq", "steady_rate", "shardq_worker, steady state", "s--"),
+    ]:
+        ys = [median([r[what] for r in d[f"{side}_{p}p"] if r[what]]) for p in procs]
+        ax.plot(procs, ys, style, label=label)
+        for x, y in zip(procs, ys, strict=True):
+            if y:
+                ax.annotate(f"{y:,.0f}", (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_xticks(procs)
+    ax.set_xlabel("worker processes")
+    ax.set_ylabel("no-op jobs drained per second")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Drain throughput vs processes\n" + subtitle, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def section(rows: list[Row], info: dict, o: Options, when: str, plotted: bool) -> str:
+    m = info
+    parts = [
+        SECTION,
+        "",
+        "Written by `make bench` (`manage.py shardq_bench`, code in `bench/e2e.py` and `bench/limit.py`); "
+        "every number below comes from one run on the machine named here. **limit** is a bare psycopg loop "
+        "running the SQL a worker needs (`insert_job`, COPY, `claim_jobs` per shard with SKIP LOCKED, a no-op "
+        "call per job, one fenced `complete_jobs` per batch of 256); **shardq** is the same work through the "
+        "public API (`task.enqueue()`, `shardq.enqueue_many`) and real `manage.py shardq_worker` processes "
+        f"(`--concurrency {o.concurrency}`). Rates are medians of {o.reps} runs for enqueue and the limit's "
+        f"drains, {o.repeat} for shardq's drains (`--repeat N`). Drains start from {o.jobs:,} READY no-op "
+        "jobs; \"start → all done\" includes the worker's start-up, \"steady state\" is "
+        "(jobs − 1) ÷ (last `finished_at` − first). Pickup latency is `last_attempted_at − enqueued_at` "
+        f"(both the database clock) with a steady {o.rate:.0f} jobs/s for {o.latency_seconds:.0f} s from a "
+        f"separate process into an idle worker; poll only means `SHARDQ_NOTIFY=0` with a "
+        f"{o.poll_interval:g} s poll interval. The claim-cost row drains the first {o.jobs:,} jobs of a "
+        f"{o.backlog:,}-row READY backlog (`--full`: 1M); `tests/integration/test_claim_plan.py` guards the "
+        "claim query's plan with EXPLAIN.",
+        "",
+        f"Machine: {m['cpus']} CPUs, {m['ram_gib']} GiB RAM, PostgreSQL {m['postgresql']} (same host), "
+        f"Python {m['python']}, Django {m['django']}, psycopg {m['psycopg']}; {m['platform']}; 1-minute load "
+        f"average {m.get('load_average_at_start', '?')} at the start (a shared machine is noisy: fsync-bound "
+        f"figures such as autocommit enqueue vary up to 2× between runs; compare the ratios). Run: {when}.",
+        "",
+        markdown_table(rows),
+        "",
+    ]
+    if plotted:
+        parts += [f"![drain throughput vs processes]({PLOT.name})", ""]
+    parts += [
+        "Run it: `make bench` (about 4 minutes on 2 cores), or `manage.py shardq_bench --help` "
+        "(`--repeat`, `--reps`, `--full`, `--only drain,latency`, `--no-docs`). It uses a database of "
+        "its own, `shardq_bench` on the server of `DATABASE_URL` (the embedded server when unset), and "
+        "empties its shardq tables between phases. Raw runs: `bench/results/e2e-latest.json`.",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def write_section(text: str, path: Path = DOCS) -> None:
+    """Replace (or append) the "## End to end" section; keep every other section."""
+    current = path.read_text() if path.exists() else "# Benchmarks\n"
+    lines = current.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
+    if start is None:
+        body = current.rstrip("\n") + "\n\n" + text
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        before = "\n".join(lines[:start]).rstrip("\n")
+        after = "\n".join(lines[end:])
+        body = (before + "\n\n" if before else "") + text + ("\n" + after if after else "")
+    path.write_text(body.rstrip("\n") + "\n")
+
+
+def run(options: Options, console=None) -> dict:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = console or Console()
+    if not console.is_terminal:
+        console = Console(width=150)  # a log or a pipe: do not wrap the table at 80 columns
+    info = machine(options.database_url)
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    started = time.monotonic()
+    with Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        task = progress.add_task("starting", total=None)
+        bench = Bench(options, progress, task)
+        progress.update(task, total=bench.steps())
+        try:
+            raw = bench.run()
+        finally:
+            try:
+                bench.reset()
+            finally:
+                bench.conn.close()
+        progress.update(task, description="done")
+    rows = rows_from(raw, options)
+    subtitle = f"{info['cpus']} CPUs, PostgreSQL {info['postgresql'].split()[0]}, Python {info['python']}, {when}"
+    console.print(rich_table(rows, f"shardq vs limit — {subtitle}"))
+    report = {"when": when, "seconds": time.monotonic() - started, "machine": info,
+              "options": {k: v for k, v in asdict(options).items() if k != "database_url"},
+              "rows": [asdict(r) for r in rows], "raw": raw}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    for name in (f"e2e-{stamp}.json", "e2e-latest.json"):
+        (RESULTS / name).write_text(json.dumps(report, indent=2, default=str))
+    console.print(f"wrote bench/results/e2e-{stamp}.json ({report['seconds']:.0f} s)")
+    if options.write_docs and set(options.phases) == set(PHASES):
+        plotted = plot(raw, PLOT, subtitle)
+        write_section(section(rows, info, options, when, plotted))
+        console.print(f"wrote {DOCS.relative_to(REPO)} ({SECTION!r}) and {PLOT.relative_to(REPO)}")
+    elif options.write_docs:
+        console.print("docs/benchmarks.md not written: only a full run (every phase) updates it")
+    return report

@@ -1,0 +1,25 @@
+import pytest
+
+from tests.workers import WorkerPool
+
+
+@pytest.fixture
+def workers(tmp_path, transactional_db):
+    from shardq.db.store import ensure_shards
+
+    ensure_shards()  # a transactional test's flush may have removed the rows
+    pool = WorkerPool(tmp_path)
+    yield pool
+    pool.stop_all()
+
+
+@pytest.fixture
+def injector(transactional_db, django_db_blocker):
+    """An autocommit connection to the test database for fault injectors
+    (its own application_name, so the injectors never kill it)."""
+    from shardq.db.store import connect
+
+    with django_db_blocker.unblock():
+        conn = connect(application_name="faults-injector")
+    yield conn
+    conn.close()
