@@ -157,16 +157,17 @@ UPDATE shardq_worker SET state = 'STOPPED', heartbeat_at = clock_timestamp(), st
 WHERE id = %(worker)s;
 
 -- name: claim_jobs
--- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds: per shard an index range walk (LIMIT :per_shard, SKIP LOCKED), :limit in all; mark them RUNNING under each shard's current claim version. The shard rows are locked FOR SHARE so a takeover cannot interleave with the claim.
+-- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds: per shard an index range walk (LIMIT :per_shard, SKIP LOCKED), :limit in all; mark them RUNNING under each shard's current claim version.
 WITH held AS MATERIALIZED (
-    -- Locked in shard order, like every statement that locks shard rows, so
-    -- a claim never deadlocks with a renewal.
+    -- No lock on the shard rows (a FOR SHARE here costs a WAL record per
+    -- shard per claim): a claim that races a takeover leaves its rows RUNNING
+    -- under the old version, where acks cannot land (complete_jobs checks the
+    -- shard's current version) and the new owner's sweep (rescue_stale_claims)
+    -- puts them back.
     SELECT s.shard, s.claim_version, h.ord
     FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
     JOIN shardq_shard AS s ON s.shard = h.shard
     WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
-    ORDER BY s.shard
-    FOR SHARE OF s
 ), picked AS MATERIALIZED (
     SELECT j.id, held.claim_version
     FROM (SELECT * FROM held ORDER BY ord) AS held
@@ -192,14 +193,16 @@ FROM picked WHERE job.id = picked.id
 RETURNING job.id, job.task_path, job.queue_name, job.priority,
           extract(epoch FROM job.run_after)::float8, job.shard, job.shard_key, job.ordered,
           job.args, job.kwargs, job.attempts, job.max_attempts, job.fence, job.status_rank,
-          job.enqueued_at, job.started_at, job.last_attempted_at, job.worker_ids, job.errors,
+          job.enqueued_at, job.started_at, job.last_attempted_at,
+          -- As text: decoded only when a TaskResult is built (context, signals).
+          job.worker_ids::text, job.errors::text, jsonb_array_length(job.errors),
           job.backend,
           -- JSON size of the arguments: enqueue refuses calls over MAX_PAYLOAD_BYTES,
           -- the executor fails rows written some other way.
           octet_length(job.args::text) + octet_length(job.kwargs::text);
 
 -- name: complete_jobs
--- Write outcomes (SUCCESSFUL, FAILED, or READY again for a retry after :delay seconds), one row per job, fenced: only where the job still carries this claim's fence and has not moved past this claim. The ids returned were written; the rest lost ownership.
+-- Write outcomes (SUCCESSFUL, FAILED, or READY again for a retry after delay seconds) given as one JSON array, fenced twice: the job still carries this claim's fence and rank, and that fence is still its shard's claim version (the shard has not changed hands since the claim). The ids returned were written; the rest lost ownership.
 UPDATE shardq_job AS job
 SET status = a.status,
     status_rank = a.rank,
@@ -209,10 +212,12 @@ SET status = a.status,
     run_after = CASE WHEN a.status = 'READY'
                      THEN clock_timestamp() + make_interval(secs => a.delay)
                      ELSE job.run_after END
-FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[], %(statuses)s::text[],
-            %(return_values)s::jsonb[], %(errors)s::jsonb[], %(delays)s::float8[])
-     AS a(id, fence, rank, status, return_value, error, delay)
-WHERE job.id = a.id AND job.fence <= a.fence AND job.status_rank < a.rank
+FROM jsonb_to_recordset(%(batch)s::jsonb)
+         AS a(id bigint, fence bigint, rank int, status text, return_value jsonb, error jsonb, delay float8),
+     shardq_shard AS s
+WHERE job.id = ANY(%(ids)s::bigint[]) AND job.id = a.id
+  AND job.fence <= a.fence AND job.status_rank < a.rank
+  AND s.shard = job.shard AND s.claim_version = job.fence
 RETURNING job.id;
 
 -- name: complete_job_in_transaction
@@ -258,3 +263,37 @@ FROM shardq_job
 WHERE status = 'READY' AND run_after > clock_timestamp() AND shard = ANY(%(shards)s::int[])
 ORDER BY run_after
 LIMIT 1;
+
+-- name: rescue_stale_claims
+-- Sweep of the shards this worker holds: RUNNING jobs fenced with an older claim version (a claim that raced the takeover) go back to READY with the attempt counted, or FAILED when out of attempts, as a takeover rescue does.
+UPDATE shardq_job AS j
+SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'FAILED' ELSE 'READY' END,
+    status_rank = j.status_rank + 1,
+    fence = s.claim_version,
+    finished_at = CASE WHEN j.attempts >= j.max_attempts THEN clock_timestamp() END,
+    errors = CASE WHEN j.attempts >= j.max_attempts
+        THEN j.errors || jsonb_build_array(jsonb_build_object(
+            'exception_class_path', 'shardq.exceptions.WorkerLost',
+            'traceback', format('shardq.exceptions.WorkerLost: attempt %%s of %%s was claimed under a lease '
+                                'that had already been taken over (shard %%s)', j.attempts, j.max_attempts, j.shard)))
+        ELSE j.errors END
+FROM shardq_shard AS s
+WHERE s.shard = ANY(%(shards)s::int[]) AND s.owner = %(worker)s
+  AND j.shard = s.shard AND j.status = 'RUNNING' AND j.fence < s.claim_version
+RETURNING j.id;
+
+-- name: reserve_job_ids
+-- Reserve :n ids from shardq_job's id sequence (ascending) and the enqueue time, for a bulk COPY of :n jobs.
+SELECT array_agg(nextval(s.seq) ORDER BY g.i), statement_timestamp()
+FROM (SELECT pg_get_serial_sequence('shardq_job', 'id')::regclass AS seq) AS s,
+     generate_series(1, %(n)s) AS g(i);
+
+-- name: copy_jobs
+-- COPY jobs with the ids reserve_job_ids gave (bulk enqueue; one row a job, columns in this order).
+COPY shardq_job (id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key,
+    ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids,
+    enqueued_at) FROM STDIN;
+
+-- name: notify_shards
+-- NOTIFY each of these shards once (delivered at commit): the wake-up after a bulk COPY.
+SELECT pg_notify(%(channel)s, s::text) FROM unnest(%(shards)s::int[]) AS s;

@@ -99,6 +99,24 @@ class DatabaseGuard:
             return self.breaker.state
 
 
+def outcome_batch_json(outcomes: list) -> str:
+    """The outcomes as one JSON array for ``jsonb_to_recordset``.
+
+    Built by string formatting because the return values and errors already
+    are JSON text: nothing is encoded twice. An absent key reads as SQL NULL.
+    """
+    parts = []
+    for o in outcomes:
+        extra = ""
+        if o.return_value_json is not None:
+            extra += ',"return_value":' + o.return_value_json
+        if o.error_json is not None:
+            extra += ',"error":' + o.error_json
+        parts.append('{"id":%d,"fence":%d,"rank":%d,"status":"%s","delay":%r%s}'
+                     % (o.id, o.fence, o.rank, o.status, float(o.delay), extra))
+    return "[" + ",".join(parts) + "]"
+
+
 class WorkerStore:
     """One psycopg connection (autocommit) and the worker statements run on it.
 
@@ -108,15 +126,18 @@ class WorkerStore:
     """
 
     def __init__(self, alias: str = DEFAULT_DB_ALIAS, application_name: str = "shardq",
-                 guard: "DatabaseGuard | None" = None):
+                 guard: "DatabaseGuard | None" = None, synchronous_commit: bool = True):
         self.alias = alias
         self.application_name = application_name
         self.guard = guard or DatabaseGuard()
+        self.synchronous_commit = synchronous_commit
         self.conn: psycopg.Connection | None = None
 
     def _cursor(self):
         if self.conn is None or self.conn.closed:
             self.conn = connect(self.alias, application_name=self.application_name)
+            if not self.synchronous_commit:
+                self.conn.execute("SET synchronous_commit = off")
         return self.conn.cursor()
 
     def run(self, name: str, params: dict, fetch: str = "all"):
@@ -212,20 +233,13 @@ class WorkerStore:
         row = self.run("seconds_until_due", {"shards": shards}, fetch="one")
         return row[0] if row else None
 
+    def rescue_stale_claims(self, worker: str, shards: list[int]) -> int:
+        return len(self.run("rescue_stale_claims", {"worker": worker, "shards": shards}))
+
     def complete_jobs(self, outcomes: list) -> set[int]:
-        """Write outcomes (objects with id, fence, rank, status, return_value, error, delay)."""
-        rows = self.run(
-            "complete_jobs",
-            {
-                "ids": [o.id for o in outcomes],
-                "fences": [o.fence for o in outcomes],
-                "ranks": [o.rank for o in outcomes],
-                "statuses": [o.status for o in outcomes],
-                "return_values": [o.return_value_json for o in outcomes],
-                "errors": [o.error_json for o in outcomes],
-                "delays": [o.delay for o in outcomes],
-            },
-        )
+        """Write outcomes (objects with id, fence, rank, status, return_value_json,
+        error_json, delay) in one statement; returns the ids written."""
+        rows = self.run("complete_jobs", {"ids": [o.id for o in outcomes], "batch": outcome_batch_json(outcomes)})
         return {row[0] for row in rows}
 
     def outcomes_applied(self, outcomes: list) -> set[int]:

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 
 from ..core.hashing import lane_count
-from ..core.localqueue import LocalQueue, QueuedJob
+from ..core.localqueue import DuplicateJob, LocalQueue, QueuedJob, QueueFull
 from .jobs import ClaimedJob
 
 
@@ -36,17 +36,28 @@ class Buffer:
     def processing(self) -> int:
         return self.queue.processing
 
-    def push_many(self, jobs: list[ClaimedJob]) -> None:
+    def push_many(self, jobs: list[ClaimedJob]) -> list[ClaimedJob]:
+        """Buffer claimed jobs; returns those that could not be (to hand back).
+
+        A job id already here (buffered or running) was claimed again after a
+        rescue while its older copy is still in memory: the new claim is
+        handed back rather than run twice side by side.
+        """
         now = time.time()
         push = self.queue.push
+        refused = []
         for job in jobs:
-            push(
-                QueuedJob(job.id, job.queue_name, job.priority, job.run_after, job.shard,
-                          job.shard_key, job.ordered, job),
-                now,
-            )
+            try:
+                push(
+                    QueuedJob(job.id, job.queue_name, job.priority, job.run_after, job.shard,
+                              job.shard_key, job.ordered, job),
+                    now,
+                )
+            except (DuplicateJob, QueueFull):
+                refused.append(job)
         with self._ready:
-            self._ready.notify(len(jobs))
+            self._ready.notify(len(jobs) - len(refused))
+        return refused
 
     def pop(self, timeout: float) -> ClaimedJob | None:
         queued = self.queue.pop(time.time())

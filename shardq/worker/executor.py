@@ -13,13 +13,14 @@ import logging
 import threading
 import time
 import traceback
+import weakref
 from dataclasses import dataclass, field
 from inspect import iscoroutinefunction
 
 from django.db import close_old_connections
 from django.tasks import TaskContext, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
-from django.tasks.signals import task_finished, task_started
+from django.tasks.signals import log_task_finished, log_task_started, task_finished, task_started
 
 from ..conf import get_config
 from ..exceptions import FenceLost, UnknownTask
@@ -44,6 +45,35 @@ class ShardqTaskContext(TaskContext):
     completion_state: dict = field(default_factory=dict, repr=False, compare=False)
 
 
+class SignalGate:
+    """Does sending ``signal`` have any effect?
+
+    True when a receiver other than Django's own logging receiver is
+    connected, or when that receiver would log (the ``django.tasks`` logger is
+    enabled for the level). Re-examined whenever the receiver list changes.
+    """
+
+    def __init__(self, signal, own_receiver):
+        self.signal = signal
+        self.own_receiver = own_receiver
+        self.logger = logging.getLogger("django.tasks")
+        self._seen = -1
+        self._others = True
+
+    def needed(self, level: int) -> bool:
+        receivers = self.signal.receivers
+        if len(receivers) != self._seen:
+            self._seen = len(receivers)
+            live = []
+            for entry in receivers:
+                ref = entry[1]
+                target = ref() if isinstance(ref, weakref.ReferenceType) else ref
+                if target is not None:
+                    live.append(target)
+            self._others = any(target is not self.own_receiver for target in live)
+        return self._others or self.logger.isEnabledFor(level)
+
+
 def _class_path(exc: BaseException) -> str:
     kind = type(exc)
     return f"{kind.__module__}.{kind.__qualname__}"
@@ -64,6 +94,8 @@ class Executor:
         self.max_payload_bytes = get_config().max_payload_bytes
         self._stop = threading.Event()
         self._local = threading.local()
+        self.started_gate = SignalGate(task_started, log_task_started)
+        self.finished_gate = SignalGate(task_finished, log_task_finished)
         # Moving average of task run time (seconds), read by Worker.demand();
         # starts at 10 ms until measured.
         self.average_task_seconds = 0.01
@@ -118,7 +150,7 @@ class Executor:
         """Run one job; its outcome for the completer, or None when the task
         committed it itself (transactional completion) or lost its fence."""
         rank = job.status_rank + 1
-        if job.attempts - 1 > len(job.errors):
+        if job.attempts - 1 > job.error_count:
             # An earlier attempt recorded no outcome (its worker died or lost
             # the shard): this run repeats work that may have had effects.
             self.stats.add("reexecutions")
@@ -129,21 +161,13 @@ class Executor:
             return Outcome(job.id, job.fence, rank, "FAILED",
                            error_json=Outcome.error(_class_path(exc), f"{_class_path(exc)}: {exc}\n"),
                            shard=job.shard, attempts=job.attempts)
-        result = TaskResult(
-            task=task,
-            id=str(job.id),
-            status=TaskResultStatus.RUNNING,
-            enqueued_at=job.enqueued_at,
-            started_at=job.started_at,
-            finished_at=None,
-            last_attempted_at=job.last_attempted_at,
-            args=job.args,
-            kwargs=job.kwargs,
-            backend=job.backend,
-            errors=[TaskError(**e) for e in job.errors] if job.errors else [],
-            worker_ids=job.worker_ids,
-        )
-        task_started.send(sender=self.backend_class, task_result=result)
+        # The TaskResult exists for the task's context and for signal
+        # receivers; when neither wants it (a plain task, only Django's own
+        # logging receivers, that logger quiet) it is not built at all.
+        result = None
+        if task.takes_context or self.started_gate.needed(logging.INFO) or self.finished_gate.needed(logging.INFO):
+            result = self._result(task, job)
+            task_started.send(sender=self.backend_class, task_result=result)
         began = time.monotonic()
         error: BaseException | None = None
         state: dict = {}
@@ -166,8 +190,7 @@ class Executor:
         if state.get("written"):
             # Committed with the task's own writes (shardq.complete_in_transaction).
             self.stats.add("succeeded")
-            object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-            task_finished.send(sender=self.backend_class, task_result=result)
+            self._finished(result, TaskResultStatus.SUCCESSFUL)
             return None
         if isinstance(error, FenceLost):
             # Not an error of the task: this attempt lost the job; its
@@ -176,16 +199,42 @@ class Executor:
             logger.warning("job %s: %s", job.id, error)
             return None
         if error is None:
-            object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-            object.__setattr__(result, "_return_value", json.loads(return_json) if return_json != "null" else None)
-            outcome = Outcome(job.id, job.fence, rank, "SUCCESSFUL", return_value_json=return_json,
-                              shard=job.shard, attempts=job.attempts)
-        else:
-            outcome = self._failure(task, job, rank, error, result)
-        task_finished.send(sender=self.backend_class, task_result=result)
+            if result is not None:
+                object.__setattr__(result, "_return_value", json.loads(return_json))
+            self._finished(result, TaskResultStatus.SUCCESSFUL)
+            return Outcome(job.id, job.fence, rank, "SUCCESSFUL", return_value_json=return_json,
+                           shard=job.shard, attempts=job.attempts)
+        if result is None and self.finished_gate.needed(logging.ERROR):
+            # Only task_finished has a listener for failures (task_started had
+            # none, so not sending it was unobservable).
+            result = self._result(task, job)
+        outcome = self._failure(task, job, rank, error, result)
+        self._finished(result, TaskResultStatus(outcome.status))
         return outcome
 
-    def _call(self, task, job: ClaimedJob, result: TaskResult, state: dict):
+    def _result(self, task, job: ClaimedJob) -> TaskResult:
+        return TaskResult(
+            task=task,
+            id=str(job.id),
+            status=TaskResultStatus.RUNNING,
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at,
+            finished_at=None,
+            last_attempted_at=job.last_attempted_at,
+            args=job.args,
+            kwargs=job.kwargs,
+            backend=job.backend,
+            errors=[TaskError(**e) for e in job.errors] if job.error_count else [],
+            worker_ids=job.worker_ids,
+        )
+
+    def _finished(self, result: TaskResult | None, status: TaskResultStatus) -> None:
+        if result is None:
+            return
+        object.__setattr__(result, "status", status)
+        task_finished.send(sender=self.backend_class, task_result=result)
+
+    def _call(self, task, job: ClaimedJob, result: TaskResult | None, state: dict):
         args = job.args if isinstance(job.args, list) else _bad_payload("args", job.args, list)
         kwargs = job.kwargs if isinstance(job.kwargs, dict) else _bad_payload("kwargs", job.kwargs, dict)
         if job.payload_bytes > self.max_payload_bytes:
@@ -208,14 +257,13 @@ class Executor:
         text = "".join(traceback.format_exception(error))
         if isinstance(error, (TypeError, ValueError)) and "JSON" in str(error) and "is not JSON serializable" in str(error):
             text = f"the return value is not JSON ({error}); return str, int, float, bool, None, list or dict\n" + text
-        result.errors.append(TaskError(exception_class_path=path, traceback=text))
+        if result is not None:
+            result.errors.append(TaskError(exception_class_path=path, traceback=text))
         retry = isinstance(task, ShardTask) and job.attempts < job.max_attempts and not isinstance(error, SystemExit)
         if retry:
             backoff = task.backoff or DEFAULT_BACKOFF
-            object.__setattr__(result, "status", TaskResultStatus.READY)
             return Outcome(job.id, job.fence, rank, "READY", error_json=Outcome.error(path, text),
                            delay=backoff.delay(job.attempts), shard=job.shard, attempts=job.attempts)
-        object.__setattr__(result, "status", TaskResultStatus.FAILED)
         return Outcome(job.id, job.fence, rank, "FAILED", error_json=Outcome.error(path, text),
                        shard=job.shard, attempts=job.attempts)
 

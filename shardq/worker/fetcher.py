@@ -31,7 +31,7 @@ LOOKAHEAD_SECONDS = 0.5
 
 class Fetcher:
     def __init__(self, store, leaser, buffer, stats, *, worker_id: str, queues: list[str] | None,
-                 poll_interval_seconds: float, demand):
+                 poll_interval_seconds: float, demand, hand_back):
         self.store = store
         self.leaser = leaser
         self.buffer = buffer
@@ -40,6 +40,7 @@ class Fetcher:
         self.queues = queues
         self.poll_interval = poll_interval_seconds
         self.demand = demand  # () -> (jobs wanted now, smallest batch worth a claim)
+        self.hand_back = hand_back  # claimed jobs this worker will not run: back to READY
         self.waiting_for_slots = False
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -110,7 +111,9 @@ class Fetcher:
         if rows:
             jobs = [ClaimedJob.from_row(row) for row in rows]
             self.stats.add("claimed", len(jobs))
-            self.buffer.push_many(jobs)
+            refused = self.buffer.push_many(jobs)
+            if refused:
+                self.hand_back(refused)
         # Fewer rows than asked does not mean empty (per-shard limits, SKIP
         # LOCKED): go again while a claim finds anything; sleep only on none.
         if rows:

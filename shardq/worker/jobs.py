@@ -26,8 +26,9 @@ class ClaimedJob:
     enqueued_at: datetime
     started_at: datetime
     last_attempted_at: datetime
-    worker_ids: list
-    errors: list
+    worker_ids_json: str  # decoded only when a TaskResult is built
+    errors_json: str
+    error_count: int
     backend: str
     payload_bytes: int = 0
 
@@ -38,6 +39,14 @@ class ClaimedJob:
     @property
     def key(self) -> str | None:
         return self.shard_key
+
+    @property
+    def worker_ids(self) -> list:
+        return json.loads(self.worker_ids_json)
+
+    @property
+    def errors(self) -> list:
+        return json.loads(self.errors_json)
 
 
 @dataclass(slots=True)

@@ -178,6 +178,13 @@ class Leaser:
         if lost:
             self._self_fence(lost, "the renewal returned fewer shards than it sent")
         self.trusted_until = sent + self.ttl - self.margin
+        if kept:
+            # A claim by the previous owner that raced our takeover left jobs
+            # RUNNING under its old version: nobody runs them; put them back.
+            swept = self.store.rescue_stale_claims(self.worker_id, sorted(kept))
+            if swept:
+                self.stats.add("rescued", swept)
+                logger.info("put back %s jobs claimed under a superseded lease", swept)
 
     def _claim(self, wanted: int) -> None:
         sent = self.clock()

@@ -50,7 +50,12 @@ class Worker:
         # One circuit breaker for the process: when PostgreSQL is down every
         # service sees "database unavailable" and one probe goes out per backoff.
         self.database_guard = DatabaseGuard()
-        self.store = {name: WorkerStore(database, f"shardq-{name}", self.database_guard)
+        self.store = {name: WorkerStore(database, f"shardq-{name}", self.database_guard,
+                                        # A claim lost in a server crash leaves its
+                                        # jobs READY (run again: at-least-once); an
+                                        # ack, committed synchronously after it in
+                                        # the WAL, makes the claim durable too.
+                                        synchronous_commit=name != "fetcher")
                       for name in ("leaser", "fetcher", "completer")}
         self.completer = Completer(self.store["completer"], self.stats,
                                    batch=self.config.completion_batch,
@@ -67,7 +72,8 @@ class Worker:
         self.fetcher = Fetcher(self.store["fetcher"], self.leaser, self.buffer, self.stats,
                                worker_id=self.id, queues=queues,
                                poll_interval_seconds=self.config.poll_interval_seconds,
-                               demand=self.demand)
+                               demand=self.demand,
+                               hand_back=lambda jobs: self.completer.return_jobs(jobs))
         self.listener = Listener(self.config.channel, self.leaser, self.fetcher, self.stats, database) if self.config.notify else None
         self.executor = Executor(self.buffer, self.completer, self.leaser, self.fetcher, self.stats,
                                  worker_id=self.id, concurrency=concurrency,

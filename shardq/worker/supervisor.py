@@ -39,7 +39,8 @@ class Supervisor:
         self.restarts = 0
 
     def _spawn(self, slot: int) -> None:
-        cmd = [sys.executable, "-m", "django", "shardq_worker", "--processes", "1", *self.child_args]
+        # The supervisor ran the system checks already; children skip them.
+        cmd = [sys.executable, "-m", "django", "shardq_worker", "--skip-checks", "--processes", "1", *self.child_args]
         env = dict(os.environ, SHARDQ_WORKER_SLOT=str(slot))
         env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", ""))
         self.children[slot] = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
