@@ -1,0 +1,53 @@
+"""A claim that races a takeover: its rows can never be acked, and the new
+owner's sweep puts them back (the claim takes no lock on shard rows)."""
+
+import uuid
+
+import pytest
+from django.db import connection
+
+import shardq
+from shardq.db.store import WorkerStore
+from shardq.worker.jobs import Outcome
+from tests.taskapp import tasks
+
+
+def sql(query, params=None):
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall() if cursor.description else None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_late_claim_under_a_superseded_version_is_never_acked_and_is_swept_back():
+    from shardq.db.store import ensure_shards
+
+    ensure_shards()
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    store_a, store_b = WorkerStore(), WorkerStore()
+    try:
+        for worker in (a, b):
+            store_a.register_worker(worker, "test", 1, [])
+        [result] = shardq.enqueue_many(tasks.ledger, [((), {"n": 7})])  # max_attempts=5
+        shard = sql("SELECT shard FROM shardq_job WHERE id = %s", [int(result.id)])[0][0]
+        sql("UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1, "
+            "lease_expires = clock_timestamp() + interval '30 seconds' WHERE shard = %s", [a, shard])
+        old_version = sql("SELECT claim_version FROM shardq_shard WHERE shard = %s", [shard])[0][0]
+        # A's lease expires and B takes the shard over (version + 1) ...
+        sql("UPDATE shardq_shard SET lease_expires = clock_timestamp() - interval '1 second' WHERE shard = %s", [shard])
+        taken = {row[0]: row[1] for row in store_b.claim_shards(b, 64, 30.0, 64)}
+        assert taken[shard] == old_version + 1
+        # ... while A's claim, begun before the takeover, commits after it:
+        # the row is RUNNING under the superseded version.
+        sql("UPDATE shardq_job SET status = 'RUNNING', fence = %s, attempts = 1, status_rank = status_rank + 1 "
+            "WHERE id = %s", [old_version, int(result.id)])
+        rank = sql("SELECT status_rank FROM shardq_job WHERE id = %s", [int(result.id)])[0][0]
+        late_ack = Outcome(int(result.id), old_version, rank + 1, "SUCCESSFUL", return_value_json="7", shard=shard)
+        assert store_a.complete_jobs([late_ack]) == set()
+        assert store_b.rescue_stale_claims(b, [shard]) == 1
+        status, fence = sql("SELECT status, fence FROM shardq_job WHERE id = %s", [int(result.id)])[0]
+        assert (status, fence) == ("READY", old_version + 1)
+        assert store_b.rescue_stale_claims(b, [shard]) == 0
+    finally:
+        store_a.close()
+        store_b.close()
