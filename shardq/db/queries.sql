@@ -192,7 +192,7 @@ SET status = 'RUNNING', status_rank = job.status_rank + 1, fence = picked.claim_
 FROM picked WHERE job.id = picked.id
 RETURNING job.id, job.task_path, job.queue_name, job.priority,
           extract(epoch FROM job.run_after)::float8, job.shard, job.shard_key, job.ordered,
-          job.args, job.kwargs, job.attempts, job.max_attempts, job.fence, job.status_rank,
+          job.args::text, job.kwargs::text, job.attempts, job.max_attempts, job.fence, job.status_rank,
           job.enqueued_at, job.started_at, job.last_attempted_at,
           -- As text: decoded only when a TaskResult is built (context, signals).
           job.worker_ids::text, job.errors::text, jsonb_array_length(job.errors),
@@ -283,10 +283,10 @@ WHERE s.shard = ANY(%(shards)s::int[]) AND s.owner = %(worker)s
 RETURNING j.id;
 
 -- name: reserve_job_ids
--- Reserve :n ids from shardq_job's id sequence (ascending) and the enqueue time, for a bulk COPY of :n jobs.
-SELECT array_agg(nextval(s.seq) ORDER BY g.i), statement_timestamp()
-FROM (SELECT pg_get_serial_sequence('shardq_job', 'id')::regclass AS seq) AS s,
-     generate_series(1, %(n)s) AS g(i);
+-- Reserve :n ids from shardq_job's id sequence and the enqueue time, for a bulk COPY of :n jobs (the sequence is looked up once: MATERIALIZED).
+WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence('shardq_job', 'id')::regclass AS seq)
+SELECT array_agg(nextval(s.seq)), statement_timestamp()
+FROM s, generate_series(1, %(n)s) AS g(i);
 
 -- name: copy_jobs
 -- COPY jobs with the ids reserve_job_ids gave (bulk enqueue; one row a job, columns in this order).

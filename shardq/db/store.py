@@ -140,11 +140,11 @@ class WorkerStore:
                 self.conn.execute("SET synchronous_commit = off")
         return self.conn.cursor()
 
-    def run(self, name: str, params: dict, fetch: str = "all"):
+    def run(self, name: str, params: dict, fetch: str = "all", binary: bool = False):
         self.guard.admit(name)
         try:
             with self._cursor() as cursor:
-                cursor.execute(QUERIES[name], params, prepare=True)
+                cursor.execute(QUERIES[name], params, prepare=True, binary=binary)
                 if fetch == "all":
                     result = cursor.fetchall()
                 elif fetch == "one":
@@ -215,19 +215,18 @@ class WorkerStore:
 
     def claim_jobs(self, worker: str, shards: list[int], queues: list[str] | None, per_shard: int,
                    limit: int, lookahead: float = 0.0) -> list[tuple]:
-        return self.run(
-            "claim_jobs",
-            {
-                "worker": worker,
-                "worker_id": worker,
-                "shards": shards,
-                "queues": queues or [],
-                "all_queues": not queues,
-                "per_shard": per_shard,
-                "limit": limit,
-                "lookahead": lookahead,
-            },
-        )
+        # Binary results: timestamps and numbers decode without parsing text.
+        params = {
+            "worker": worker,
+            "worker_id": worker,
+            "shards": shards,
+            "queues": queues or [],
+            "all_queues": not queues,
+            "per_shard": per_shard,
+            "limit": limit,
+            "lookahead": lookahead,
+        }
+        return self.run("claim_jobs", params, binary=True)
 
     def seconds_until_due(self, shards: list[int]) -> float | None:
         row = self.run("seconds_until_due", {"shards": shards}, fetch="one")

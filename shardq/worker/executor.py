@@ -235,8 +235,11 @@ class Executor:
         task_finished.send(sender=self.backend_class, task_result=result)
 
     def _call(self, task, job: ClaimedJob, result: TaskResult | None, state: dict):
-        args = job.args if isinstance(job.args, list) else _bad_payload("args", job.args, list)
-        kwargs = job.kwargs if isinstance(job.kwargs, dict) else _bad_payload("kwargs", job.kwargs, dict)
+        args, kwargs = job.args, job.kwargs
+        if not isinstance(args, list):
+            _bad_payload("args", args, list)
+        if not isinstance(kwargs, dict):
+            _bad_payload("kwargs", kwargs, dict)
         if job.payload_bytes > self.max_payload_bytes:
             # enqueue refuses such calls; a row written another way is not run.
             raise ValueError(

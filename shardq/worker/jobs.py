@@ -17,8 +17,8 @@ class ClaimedJob:
     shard: int
     shard_key: str | None
     ordered: bool
-    args: list
-    kwargs: dict
+    args_json: str  # decoded by ``args``/``kwargs`` (no arguments: no JSON parse)
+    kwargs_json: str
     attempts: int
     max_attempts: int
     fence: int
@@ -39,6 +39,14 @@ class ClaimedJob:
     @property
     def key(self) -> str | None:
         return self.shard_key
+
+    @property
+    def args(self):
+        return [] if self.args_json == "[]" else json.loads(self.args_json)
+
+    @property
+    def kwargs(self):
+        return {} if self.kwargs_json == "{}" else json.loads(self.kwargs_json)
 
     @property
     def worker_ids(self) -> list:
