@@ -4,24 +4,52 @@
 ``enqueue`` inserts the job on the caller's own database connection, so inside
 ``transaction.atomic()`` the job exists exactly when the caller commits.
 Arguments and results are JSON, never pickles.
+
+Two hot paths bypass parts of Django's cursor machinery, on the same
+connection and so in the same transaction:
+
+* ``enqueue`` runs ``insert_job`` as a server-side prepared statement
+  (psycopg ``prepare=True`` on a server-binding cursor over Django's raw
+  connection): Django's default client-side-binding cursor makes the server
+  parse and plan every INSERT. Errors still go through
+  ``connection.wrap_database_errors`` (Django's exception classes,
+  ``errors_occurred``), a broken ``atomic()`` block is still refused, and an
+  error inside ``atomic()`` rolls it back as with a Django cursor. When
+  Django logs queries (``DEBUG``, ``CaptureQueriesContext``) or the
+  connection has ``execute_wrapper()``s, enqueue uses a Django cursor so
+  they see the statement. ``TASKS[...]["OPTIONS"]["PREPARED_STATEMENTS"] =
+  False`` turns preparing off (a transaction-mode pooler that does not
+  track protocol-level prepared statements, e.g. PgBouncer < 1.21).
+* ``enqueue_many`` reserves the ids from the sequence, COPYs the rows and
+  NOTIFYs each distinct shard once, all inside one ``transaction.atomic()``
+  (a savepoint within the caller's transaction): a failure stores nothing.
 """
 
+import copy
 import json
 import random
 import re
+import threading
+from dataclasses import fields as dataclass_fields
 
-from django.db import DEFAULT_DB_ALIAS, connections
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
+from django.utils.json import normalize_json
 
 from .checks import backend_checks
 from .conf import get_config
 from .core.hashing import shard_key_hash
+from .core.lru import make_lru
 from .db.queries import QUERIES
 from .tasks import ShardTask, compute_shard_key, register, resolve, validate_shard_options
+
+
+FINISHED_RESULTS_CACHED = 1024
 
 
 class ShardqBackend(BaseTaskBackend):
@@ -34,7 +62,12 @@ class ShardqBackend(BaseTaskBackend):
     def __init__(self, alias, params):
         super().__init__(alias, params)
         self.database_alias = self.options.get("DATABASE", DEFAULT_DB_ALIAS)
+        self.prepared_statements = bool(self.options.get("PREPARED_STATEMENTS", True))
         self.config = get_config()
+        # SUCCESSFUL results never change again, so a cached one is always
+        # right; other states are read from the table every time.
+        self._finished = make_lru(FINISHED_RESULTS_CACHED)
+        self._finished_lock = threading.Lock()
 
     # -- definition time ----------------------------------------------------
 
@@ -87,55 +120,134 @@ class ShardqBackend(BaseTaskBackend):
         params = self.task_params(task)
         params.update(self.job_row(task, args, kwargs))
         query = QUERIES["insert_job" if self.config.notify else "insert_job_quiet"]
-        with connections[self.database_alias].cursor() as cursor:
-            cursor.execute(query, params)
-            job_id, enqueued_at, run_after, _ = cursor.fetchone()
+        job_id, enqueued_at, run_after, _ = self._fetch_one_prepared(query, params)
         result = self._new_result(task, job_id, enqueued_at, run_after, args, kwargs)
         task_enqueued.send(type(self), task_result=result)
         return result
 
+    def _fetch_one_prepared(self, query, params):
+        """Run ``query`` on the caller's connection as a server-side prepared
+        statement and return its one row (see the module docstring)."""
+        conn = connections[self.database_alias]
+        if not self.prepared_statements or conn.queries_logged or conn.execute_wrappers:
+            return self._fetch_one_django(conn, query, params)
+        # What Django's cursor() and CursorWrapper.execute() check first.
+        conn.close_if_health_check_failed()
+        conn.ensure_connection()
+        raw = conn.connection
+        if not isinstance(raw, psycopg.Connection):  # psycopg2, or not PostgreSQL at all
+            return self._fetch_one_django(conn, query, params)
+        conn.validate_thread_sharing()
+        conn.validate_no_broken_transaction()
+        with conn.wrap_database_errors:
+            cursor = psycopg.Cursor(raw)
+            # As Django's create_cursor(): timestamps in the connection's time zone.
+            tz_loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, psycopg.pq.Format.TEXT)
+            if conn.timezone != tz_loader.timezone:
+                _register_tzloader(conn.timezone, cursor)
+            # Django turns psycopg's statement preparing off on its connections
+            # (prepare_threshold=None); turn it on for this one statement only.
+            threshold = raw.prepare_threshold
+            try:
+                if threshold is None:
+                    raw.prepare_threshold = _NEVER_BY_COUNT
+                cursor.execute(query, params, prepare=True)
+                return cursor.fetchone()
+            finally:
+                if threshold is None:
+                    raw.prepare_threshold = None
+                cursor.close()
+
+    @staticmethod
+    def _fetch_one_django(conn, query, params):
+        with conn.cursor() as cursor:
+            cursor.execute(query, params)
+            return cursor.fetchone()
+
     def enqueue_many(self, task, calls) -> list[TaskResult]:
-        """Enqueue many calls of one task in one statement (see shardq.enqueue_many)."""
+        """Enqueue many calls of one task: ids from the sequence, one COPY and one
+        NOTIFY per distinct shard, in one atomic block (see shardq.enqueue_many)."""
         self.validate_task(task)
         calls = [(tuple(args), dict(kwargs)) for args, kwargs in calls]
         if not calls:
             return []
         rows = [self.job_row(task, args, kwargs) for args, kwargs in calls]
         params = self.task_params(task)
-        params.update(
-            shards=[r["shard"] for r in rows],
-            key_hashes=[r["key_hash"] for r in rows],
-            shard_keys=[r["shard_key"] for r in rows],
-            args=[r["args"] for r in rows],
-            kwargs=[r["kwargs"] for r in rows],
-            notify=self.config.notify,
-        )
-        with connections[self.database_alias].cursor() as cursor:
-            cursor.execute(QUERIES["insert_jobs"], params)
-            inserted = cursor.fetchall()
-        results = [
-            self._new_result(task, job_id, enqueued_at, run_after, args, kwargs)
-            for (job_id, enqueued_at, run_after, _), (args, kwargs) in zip(inserted, calls, strict=True)
-        ]
+        conn = connections[self.database_alias]
+        with transaction.atomic(using=self.database_alias), conn.cursor() as cursor:
+            cursor.execute(QUERIES["reserve_job_ids"], {"n": len(rows)})
+            ids, enqueued_at = cursor.fetchone()
+            ids.sort()
+            run_after = params["run_after"]
+            # COPY text: the columns every row shares, escaped and formatted once.
+            head = "\t".join((
+                _copy_text(params["task_path"]), _copy_text(params["backend"]),
+                _copy_text(params["queue_name"]), str(params["priority"]),
+                (enqueued_at if run_after is None else run_after).isoformat(),
+            ))
+            middle = f"{'t' if params['ordered'] else 'f'}\tREADY\t0\t0\t0\t{params['max_attempts']}"
+            tail = f"[]\t[]\t{enqueued_at.isoformat()}\n"
+            new_result = self._new_result
+            results = []
+            lines = []
+            with conn.wrap_database_errors, cursor.copy(QUERIES["copy_jobs"]) as copy:
+                for job_id, row, (args, kwargs) in zip(ids, rows, calls, strict=True):
+                    key = row["shard_key"]
+                    lines.append(
+                        f"{job_id}\t{head}\t{row['shard']}\t{row['key_hash']}\t"
+                        f"{_COPY_NULL if key is None else _copy_text(key)}\t{middle}\t"
+                        f"{_copy_json(row['args'])}\t{_copy_json(row['kwargs'])}\t{tail}"
+                    )
+                    # Built while the server takes in the rows; an error here
+                    # rolls the COPY back with the rest.
+                    results.append(new_result(task, job_id, enqueued_at, run_after, args, kwargs))
+                    if len(lines) == _COPY_CHUNK:
+                        copy.write("".join(lines))
+                        lines.clear()
+                if lines:
+                    copy.write("".join(lines))
+            if self.config.notify:
+                shards = sorted({row["shard"] for row in rows})
+                cursor.execute(QUERIES["notify_shards"], {"channel": self.config.channel, "shards": shards})
         for result in results:
             task_enqueued.send(type(self), task_result=result)
         return results
 
     def _new_result(self, task, job_id, enqueued_at, run_after, args, kwargs):
-        return TaskResult(
-            task=task,
-            id=str(job_id),
-            status=TaskResultStatus.READY,
-            enqueued_at=enqueued_at,
-            started_at=None,
-            finished_at=None,
-            last_attempted_at=None,
-            args=list(args),
-            kwargs=dict(kwargs),
-            backend=self.alias,
-            errors=[],
-            worker_ids=[],
-        )
+        if not _FAST_RESULTS:
+            return TaskResult(
+                task=task,
+                id=str(job_id),
+                status=TaskResultStatus.READY,
+                enqueued_at=enqueued_at,
+                started_at=None,
+                finished_at=None,
+                last_attempted_at=None,
+                args=list(args),
+                kwargs=dict(kwargs),
+                backend=self.alias,
+                errors=[],
+                worker_ids=[],
+            )
+        # The same object TaskResult(...) builds, field by field, without its
+        # __init__ and __post_init__ (normalize_json of args and kwargs, done
+        # here only when there is something to normalize): half the cost, and
+        # enqueue_many builds one per job.
+        result = _new_object(TaskResult)
+        _set(result, "task", task)
+        _set(result, "id", str(job_id))
+        _set(result, "status", TaskResultStatus.READY)
+        _set(result, "enqueued_at", enqueued_at)
+        _set(result, "started_at", None)
+        _set(result, "finished_at", None)
+        _set(result, "last_attempted_at", None)
+        _set(result, "args", normalize_json(list(args)) if args else [])
+        _set(result, "kwargs", normalize_json(dict(kwargs)) if kwargs else {})
+        _set(result, "backend", self.alias)
+        _set(result, "errors", [])
+        _set(result, "worker_ids", [])
+        _set(result, "_return_value", None)
+        return result
 
     # -- results ------------------------------------------------------------
 
@@ -143,12 +255,20 @@ class ShardqBackend(BaseTaskBackend):
         job_id = parse_job_id(result_id)
         if job_id is None:
             raise TaskResultDoesNotExist(f"No shardq job has the id {result_id!r}.")
+        with self._finished_lock:
+            cached = self._finished.get(job_id)
+        if cached is not None:
+            return _copy_result(cached)
         with connections[self.database_alias].cursor() as cursor:
             cursor.execute(QUERIES["get_job"], {"id": job_id})
             row = cursor.fetchone()
         if row is None:
             raise TaskResultDoesNotExist(f"No shardq job has the id {result_id!r}.")
-        return self.result_from_row(row)
+        result = self.result_from_row(row)
+        if result.status == TaskResultStatus.SUCCESSFUL:
+            with self._finished_lock:
+                self._finished.set(job_id, _copy_result(result))
+        return result
 
     def result_from_row(self, row) -> TaskResult:
         (job_id, task_path, _backend, queue_name, priority, run_after, status, args, kwargs,
@@ -179,6 +299,47 @@ class ShardqBackend(BaseTaskBackend):
         return result
 
 
+# prepare_threshold while enqueue prepares its statement: prepare=True prepares
+# at once; nothing else on the connection is ever prepared by count.
+_NEVER_BY_COUNT = 2**31
+_TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
+
+
+def _register_tzloader(tz, context):
+    from django.db.backends.postgresql.psycopg_any import register_tzloader
+
+    register_tzloader(tz, context)
+
+
+# _new_result fills a TaskResult's fields itself only while they are the ones
+# it knows (a Django upgrade that changes them falls back to the constructor).
+_FAST_RESULTS = tuple(f.name for f in dataclass_fields(TaskResult)) == (
+    "task", "id", "status", "enqueued_at", "started_at", "finished_at", "last_attempted_at",
+    "args", "kwargs", "backend", "errors", "worker_ids", "_return_value",
+)
+_new_object = object.__new__
+_set = object.__setattr__
+
+# Rows per write during a bulk COPY: the server parses one chunk while the
+# next is formatted.
+_COPY_CHUNK = 1000
+_COPY_NULL = "\\N"
+
+
+def _copy_text(value: str) -> str:
+    """``value`` as one field of COPY's text format."""
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        value = (value.replace("\\", "\\\\").replace("\t", "\\t")
+                 .replace("\n", "\\n").replace("\r", "\\r"))
+    return value
+
+
+def _copy_json(text: str) -> str:
+    """JSON from ``_dumps`` as a COPY text field: json.dumps escapes every control
+    character and non-ASCII one, so only backslashes need doubling."""
+    return text.replace("\\", "\\\\") if "\\" in text else text
+
+
 # A job id is the canonical decimal string of a positive bigint: int() alone
 # would also accept " 7", "0007" and "0_7", so one job would answer to many ids.
 _JOB_ID = re.compile(r"[1-9][0-9]{0,18}")
@@ -193,6 +354,15 @@ def parse_job_id(result_id) -> int | None:
     return job_id if job_id <= _MAX_BIGINT else None
 
 
+def _copy_result(result: TaskResult) -> TaskResult:
+    """A copy a caller may mutate (refresh(), its lists) without touching the cache."""
+    copied = copy.copy(result)
+    for name in ("args", "errors", "worker_ids"):
+        object.__setattr__(copied, name, list(getattr(result, name)))
+    object.__setattr__(copied, "kwargs", dict(result.kwargs))
+    return copied
+
+
 def load_json(value):
     # Django's cursor hands jsonb back as text; psycopg's own as Python values.
     return json.loads(value) if isinstance(value, str) else value
@@ -203,6 +373,8 @@ def _dumps(value) -> str:
 
 
 def dump_arguments(task, args, kwargs) -> str:
+    if not args:
+        return "[]"
     try:
         text = _dumps(list(args))
     except (TypeError, ValueError):
@@ -215,6 +387,8 @@ def dump_arguments(task, args, kwargs) -> str:
 
 
 def dump_keyword_arguments(task, kwargs) -> str:
+    if not kwargs:
+        return "{}"
     try:
         text = _dumps(kwargs)
     except (TypeError, ValueError):

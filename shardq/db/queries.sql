@@ -27,27 +27,6 @@ VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
     %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
 RETURNING id, enqueued_at, run_after, NULL;
 
--- name: insert_jobs
--- Insert many READY jobs of one task in one statement (arrays, one element a job); NOTIFY each distinct shard once.
-WITH jobs AS (
-    INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
-        shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
-        errors, worker_ids, enqueued_at)
-    SELECT %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
-        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), j.shard, j.key_hash,
-        j.shard_key, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, j.args, j.kwargs,
-        '[]'::jsonb, '[]'::jsonb, statement_timestamp()
-    FROM unnest(%(shards)s::smallint[], %(key_hashes)s::int[], %(shard_keys)s::text[],
-                %(args)s::jsonb[], %(kwargs)s::jsonb[]) WITH ORDINALITY
-         AS j(shard, key_hash, shard_key, args, kwargs, ord)
-    ORDER BY j.ord
-    RETURNING id, shard, enqueued_at, run_after
-), notified AS (
-    SELECT pg_notify(%(channel)s, s::text) FROM (SELECT DISTINCT shard AS s FROM jobs) d
-    WHERE %(notify)s
-)
-SELECT id, enqueued_at, run_after, (SELECT count(*) FROM notified) FROM jobs ORDER BY id;
-
 -- name: get_job
 -- One job by id, every column a TaskResult needs.
 SELECT id, task_path, backend, queue_name, priority, run_after, status, args, kwargs,

@@ -13,7 +13,6 @@ LISTEN connection or a dropped notification).
 import logging
 import math
 import threading
-import time
 
 import psycopg
 

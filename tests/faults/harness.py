@@ -25,7 +25,6 @@ import json
 import os
 import random
 import threading
-import time
 from collections.abc import Callable
 
 from tests.conftest import wait_until

@@ -334,3 +334,28 @@ def test_a_failed_job_shows_its_errors_as_task_errors():
     assert fetched.errors[0].exception_class is TypeError
     with pytest.raises(ValueError, match="Task failed"):
         fetched.return_value
+
+
+@pytest.mark.django_db
+def test_a_successful_result_is_served_from_the_cache_and_copies_are_independent():
+    from django.test.utils import CaptureQueriesContext
+
+    result = add.enqueue(2, 3)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE shardq_job SET status = 'SUCCESSFUL', return_value = '5', "
+                       "finished_at = now() WHERE id = %s", [int(result.id)])
+    first = add.get_result(result.id)
+    first.worker_ids.append("mutated by the caller")
+    with CaptureQueriesContext(connection) as queries:
+        second = add.get_result(result.id)
+    assert len(queries) == 0
+    assert second.return_value == 5 and second.worker_ids == []
+
+
+@pytest.mark.django_db
+def test_an_unfinished_result_is_read_from_the_table_every_time():
+    result = add.enqueue(2, 3)
+    assert add.get_result(result.id).status == "READY"
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE shardq_job SET status = 'RUNNING' WHERE id = %s", [int(result.id)])
+    assert add.get_result(result.id).status == "RUNNING"

@@ -1,4 +1,4 @@
-"""shardq.enqueue_many: many calls of one task in one statement."""
+"""shardq.enqueue_many: many calls of one task in one round of statements (see test_enqueue_paths)."""
 
 from datetime import timedelta
 
@@ -6,11 +6,10 @@ import pytest
 from django.db import connection
 from django.tasks import TaskResultStatus
 from django.tasks.exceptions import InvalidTask
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import shardq
-from tests.taskapp.tasks import add, keyed, noop
+from tests.taskapp.tasks import add, keyed
 
 from .conftest import job_count, job_row
 
@@ -44,13 +43,6 @@ def test_every_result_is_a_ready_task_result():
         assert result.errors == [] and result.worker_ids == []
     assert results[1].kwargs == {"a": 3, "b": 4}
     assert add.get_backend().get_result(results[1].id).kwargs == {"a": 3, "b": 4}
-
-
-def test_a_bulk_enqueue_is_one_statement():
-    with CaptureQueriesContext(connection) as queries:
-        shardq.enqueue_many(noop, [((n,), {}) for n in range(1000)])
-
-    assert len(queries) == 1
 
 
 def test_the_tasks_options_apply_to_every_job():
