@@ -61,7 +61,7 @@ class Command(BaseCommand):
         started: list[subprocess.Popen] = []
         try:
             web = subprocess.Popen(
-                [sys.executable, "-m", "gunicorn", "example_project.wsgi:application", "--workers", "2",
+                [sys.executable, "-m", "gunicorn", "example_project.wsgi:application", "--workers", "2", "--threads", "4",
                  "--bind", f"127.0.0.1:{port}", "--log-level", "warning"],
                 cwd=root, env=env, stdout=open(log_dir / "gunicorn.log", "w"), stderr=subprocess.STDOUT,
                 start_new_session=True,
