@@ -25,8 +25,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Full fault sizes; -s shows each test's [faults] figures line (docs/reliability.md).
 faults: $(STAMP)
-	SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q tests/faults
+	SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q -s tests/faults
 
 bench: $(STAMP)
 	$(PY) manage.py shardq_bench
