@@ -10,6 +10,7 @@ their own processes (``multiprocessing`` spawn) so 1 and 2 processes compare
 like for like with ``shardq_worker --processes N``.
 """
 
+import json
 import math
 import random
 import time
@@ -154,31 +155,26 @@ class Drainer:
     def claim(self, per_shard: int, limit: int | None = None) -> list[tuple]:
         return self.conn.execute(QUERIES["claim_jobs"], {
             "worker": self.worker, "worker_id": self.worker, "shards": self.shards,
-            "queues": [], "all_queues": True, "per_shard": per_shard, "lookahead": 0.0,
+            "queues": [], "all_queues": True, "per_shard": per_shard,
             "limit": self.batch if limit is None else limit, "lookahead": 0.0,
-        }, prepare=True).fetchall()
+        }, prepare=True, binary=True).fetchall()
 
     def warm(self) -> None:
         """Prepare both statements without claiming anything (LIMIT 0, no ids)."""
         self.claim(self.per_shard, limit=0)
-        self.conn.execute(QUERIES["complete_jobs"], {
-            "ids": [], "fences": [], "ranks": [], "statuses": [], "return_values": [],
-            "errors": [], "delays": [],
-        }, prepare=True).fetchall()
+        self.conn.execute(QUERIES["complete_jobs"], {"ids": [], "batch": "[]"}, prepare=True).fetchall()
 
     def run_batch(self, rows: list[tuple]) -> None:
-        ids, fences, ranks = [], [], []
+        ids, acks = [], []
         for row in rows:
-            noop(*row[8], **row[9])
+            # Arguments come back as JSON text (the worker's claim): decode, call.
+            noop(*json.loads(row[8]), **json.loads(row[9]))
             ids.append(row[0])
-            fences.append(row[12])
-            ranks.append(row[13] + 1)
-        n = len(rows)
-        self.conn.execute(QUERIES["complete_jobs"], {
-            "ids": ids, "fences": fences, "ranks": ranks, "statuses": ["SUCCESSFUL"] * n,
-            "return_values": ["null"] * n, "errors": [None] * n, "delays": [0.0] * n,
-        }, prepare=True).fetchall()
-        self.done += n
+            acks.append('{"id":%d,"fence":%d,"rank":%d,"status":"SUCCESSFUL","delay":0.0,"return_value":null}'
+                        % (row[0], row[12], row[13] + 1))
+        self.conn.execute(QUERIES["complete_jobs"], {"ids": ids, "batch": "[" + ",".join(acks) + "]"},
+                          prepare=True).fetchall()
+        self.done += len(rows)
 
     def claim_and_run(self) -> list[tuple]:
         rows = self.claim(self.per_shard)

@@ -57,6 +57,7 @@ class Leaser:
         on_lost: Callable[[set[int]], None],
         on_gained: Callable[[set[int]], None],
         clock: Callable[[], float] = time.monotonic,
+        expected_workers: int = 1,
     ):
         self.store = store
         self.worker_id = worker_id
@@ -69,6 +70,12 @@ class Leaser:
         self.on_lost = on_lost
         self.on_gained = on_gained
         self.clock = clock
+        # Started as one of N sibling processes (--processes N): until the
+        # first claim, count siblings that have not registered yet, so the
+        # group does not first pile every shard on one process and then
+        # rebalance them one by one.
+        self.expected_workers = expected_workers
+        self._first_claim_done = False
 
         self.held: dict[int, int] = {}  # shard -> claim_version
         self.draining: int | None = None
@@ -116,7 +123,7 @@ class Leaser:
                 elif self.draining is not None or len(self.held) > self.share:
                     # Rebalancing: release the next shard after a short pause,
                     # not a whole heartbeat later.
-                    interval = min(interval, 0.1)
+                    interval = min(interval, 0.02)
                 self._wake.wait(interval)
                 self._wake.clear()
                 if self._stop.is_set():
@@ -150,6 +157,8 @@ class Leaser:
             return
         self.live_workers = len(live)
         self.share = fair_share(self.shard_count, live, self.worker_id)
+        if not self._first_claim_done and self.expected_workers > len(live):
+            self.share = min(self.share, -(-self.shard_count // self.expected_workers))
         if self.stopping:
             return
         try:
@@ -157,6 +166,7 @@ class Leaser:
                 self._finish_draining()
             elif len(self.held) < self.share:
                 self._claim(self.share - len(self.held))
+                self._first_claim_done = True
             elif len(self.held) > self.share:
                 # Give back the highest-numbered shard: stop claiming from it,
                 # let its running jobs finish, then release (next ticks).

@@ -68,6 +68,7 @@ class Worker:
             running_in_shard=self.running_in_shard,
             on_lost=self.on_shards_lost,
             on_gained=lambda shards: self.fetcher.wake(),
+            expected_workers=int(os.environ.get("SHARDQ_EXPECTED_WORKERS", "1")),
         )
         self.fetcher = Fetcher(self.store["fetcher"], self.leaser, self.buffer, self.stats,
                                worker_id=self.id, queues=queues,

@@ -1,7 +1,9 @@
 """``--processes N``: run N worker processes and restart any that crashes.
 
-Each child is a plain ``shardq_worker --processes 1`` process (its own
-incarnation id, leases and connections). SIGTERM/SIGINT are passed on to every
+Each child is forked from the supervisor after Django is set up (no
+re-import, no second round of system checks; database connections are closed
+before the fork, so none is shared) and runs one ``Worker`` with its own
+incarnation id, leases and connections. SIGTERM/SIGINT are passed on to every
 child; a second signal is passed on too (the children then exit at once).
 A child that exits non-zero while the supervisor is not stopping is restarted,
 at most once per second.
@@ -9,8 +11,8 @@ at most once per second.
 
 import logging
 import os
+import random
 import signal
-import subprocess
 import sys
 import time
 
@@ -30,20 +32,60 @@ def _die_with_parent() -> None:
         pass  # not Linux: orphans then stop on their own SIGTERM only
 
 
+class ForkedChild:
+    """One worker process forked from the supervisor (Popen-like: poll, send_signal)."""
+
+    def __init__(self, run_child, env: dict[str, str]):
+        from django.db import connections
+
+        connections.close_all()  # a connection must never be shared across a fork
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                _die_with_parent()
+                random.seed()  # siblings must not share backoff jitter
+                os.environ.update(env)
+                code = run_child()
+            except BaseException:
+                logger.exception("worker process failed")
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
 class Supervisor:
-    def __init__(self, child_args: list[str], processes: int):
-        self.child_args = child_args
+    def __init__(self, run_child, processes: int):
+        """``run_child()`` runs one worker in the child and returns its exit code."""
+        self.run_child = run_child
         self.processes = processes
-        self.children: dict[int, subprocess.Popen] = {}
+        self.children: dict[int, ForkedChild] = {}
         self.stopping = False
         self.restarts = 0
 
     def _spawn(self, slot: int) -> None:
-        # The supervisor ran the system checks already; children skip them.
-        cmd = [sys.executable, "-m", "django", "shardq_worker", "--skip-checks", "--processes", "1", *self.child_args]
-        env = dict(os.environ, SHARDQ_WORKER_SLOT=str(slot))
-        env.setdefault("DJANGO_SETTINGS_MODULE", os.environ.get("DJANGO_SETTINGS_MODULE", ""))
-        self.children[slot] = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+        env = {"SHARDQ_WORKER_SLOT": str(slot), "SHARDQ_EXPECTED_WORKERS": str(self.processes)}
+        self.children[slot] = ForkedChild(self.run_child, env)
         logger.info("started worker process %s (pid %s)", slot, self.children[slot].pid)
 
     def _forward(self, signum, frame) -> None:

@@ -53,18 +53,18 @@ class Command(BaseCommand):
         if prefetch < 0:
             raise CommandError(f"--prefetch must be a whole number ≥ 0, not {options['prefetch']!r}.")
 
-        if processes > 1:
-            from shardq.worker.supervisor import Supervisor
-
-            child_args = ["--concurrency", str(concurrency), "--grace", str(grace), "--prefetch", str(prefetch)]
-            if queues:
-                child_args += ["--queues", ",".join(queues)]
-            code = Supervisor(child_args, processes).run()
-        else:
+        def run_worker() -> int:
             from shardq.worker.runtime import Worker
 
             worker = Worker(queues=queues or None, concurrency=concurrency, grace=grace, prefetch=prefetch or None)
             worker.install_signal_handlers()
-            code = worker.run()
+            return worker.run()
+
+        if processes > 1:
+            from shardq.worker.supervisor import Supervisor
+
+            code = Supervisor(run_worker, processes).run()
+        else:
+            code = run_worker()
         if code:
             raise SystemExit(code)
