@@ -27,6 +27,7 @@ connection and so in the same transaction:
 
 import copy
 import json
+import logging
 import random
 import re
 import threading
@@ -38,7 +39,7 @@ from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
+from django.tasks.signals import log_task_enqueued, task_enqueued
 from django.utils.json import normalize_json
 
 from .checks import backend_checks
@@ -46,6 +47,7 @@ from .conf import get_config
 from .core.hashing import shard_key_hash
 from .core.lru import make_lru
 from .db.queries import QUERIES
+from .dispatch import SignalGate
 from .tasks import ShardTask, compute_shard_key, register, resolve, validate_shard_options
 
 
@@ -68,6 +70,8 @@ class ShardqBackend(BaseTaskBackend):
         # right; other states are read from the table every time.
         self._finished = make_lru(FINISHED_RESULTS_CACHED)
         self._finished_lock = threading.Lock()
+        self._validated = make_lru(256)  # id(task) -> task (identity checked)
+        self._enqueued_gate = SignalGate(task_enqueued, log_task_enqueued)
 
     # -- definition time ----------------------------------------------------
 
@@ -116,14 +120,26 @@ class ShardqBackend(BaseTaskBackend):
         }
 
     def enqueue(self, task, args, kwargs):
-        self.validate_task(task)
+        self._validate_once(task)
         params = self.task_params(task)
         params.update(self.job_row(task, args, kwargs))
         query = QUERIES["insert_job" if self.config.notify else "insert_job_quiet"]
         job_id, enqueued_at, run_after, _ = self._fetch_one_prepared(query, params)
         result = self._new_result(task, job_id, enqueued_at, run_after, args, kwargs)
-        task_enqueued.send(type(self), task_result=result)
+        if self._enqueued_gate.needed(logging.DEBUG):
+            task_enqueued.send(type(self), task_result=result)
         return result
+
+    def _validate_once(self, task) -> None:
+        """validate_task, once per Task object: a Task is immutable and this
+        backend's queues are fixed, so the answer cannot change (Django's
+        checks inspect the function's signature, which costs more than the
+        rest of an enqueue)."""
+        if self._validated.get(id(task)) is task:
+            return
+        self.validate_task(task)
+        with self._finished_lock:
+            self._validated.set(id(task), task)
 
     def _fetch_one_prepared(self, query, params):
         """Run ``query`` on the caller's connection as a server-side prepared
@@ -167,7 +183,7 @@ class ShardqBackend(BaseTaskBackend):
     def enqueue_many(self, task, calls) -> list[TaskResult]:
         """Enqueue many calls of one task: ids from the sequence, one COPY and one
         NOTIFY per distinct shard, in one atomic block (see shardq.enqueue_many)."""
-        self.validate_task(task)
+        self._validate_once(task)
         calls = [(tuple(args), dict(kwargs)) for args, kwargs in calls]
         if not calls:
             return []
@@ -210,7 +226,8 @@ class ShardqBackend(BaseTaskBackend):
                 shards = sorted({row["shard"] for row in rows})
                 cursor.execute(QUERIES["notify_shards"], {"channel": self.config.channel, "shards": shards})
         for result in results:
-            task_enqueued.send(type(self), task_result=result)
+            if self._enqueued_gate.needed(logging.DEBUG):
+                task_enqueued.send(type(self), task_result=result)
         return results
 
     def _new_result(self, task, job_id, enqueued_at, run_after, args, kwargs):

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 import traceback
-import weakref
 from dataclasses import dataclass, field
 from inspect import iscoroutinefunction
 
@@ -23,6 +22,7 @@ from django.tasks.base import TaskError
 from django.tasks.signals import log_task_finished, log_task_started, task_finished, task_started
 
 from ..conf import get_config
+from ..dispatch import SignalGate
 from ..exceptions import FenceLost, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
 from .jobs import ClaimedJob, Outcome
@@ -43,35 +43,6 @@ class ShardqTaskContext(TaskContext):
     # Set by complete_in_transaction once the task's own transaction has
     # committed the outcome: the executor then writes nothing more.
     completion_state: dict = field(default_factory=dict, repr=False, compare=False)
-
-
-class SignalGate:
-    """Does sending ``signal`` have any effect?
-
-    True when a receiver other than Django's own logging receiver is
-    connected, or when that receiver would log (the ``django.tasks`` logger is
-    enabled for the level). Re-examined whenever the receiver list changes.
-    """
-
-    def __init__(self, signal, own_receiver):
-        self.signal = signal
-        self.own_receiver = own_receiver
-        self.logger = logging.getLogger("django.tasks")
-        self._seen = -1
-        self._others = True
-
-    def needed(self, level: int) -> bool:
-        receivers = self.signal.receivers
-        if len(receivers) != self._seen:
-            self._seen = len(receivers)
-            live = []
-            for entry in receivers:
-                ref = entry[1]
-                target = ref() if isinstance(ref, weakref.ReferenceType) else ref
-                if target is not None:
-                    live.append(target)
-            self._others = any(target is not self.own_receiver for target in live)
-        return self._others or self.logger.isEnabledFor(level)
 
 
 def _class_path(exc: BaseException) -> str:
