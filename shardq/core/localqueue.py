@@ -255,6 +255,11 @@ class LocalQueue:
                 out.append(job)
             return out
 
+    def __contains__(self, job_id: int) -> bool:
+        """Is the job buffered or processing here? (Two dict lookups, no lock:
+        a snapshot, like the sizes.)"""
+        return job_id in self._jobs or job_id in self._processing
+
     def drain(self) -> list[QueuedJob]:
         """Remove and return every buffered job (shutdown), in id order."""
         with self._index_lock:

@@ -276,3 +276,11 @@ COPY shardq_job (id, task_path, backend, queue_name, priority, run_after, shard,
 -- name: notify_shards
 -- NOTIFY each of these shards once (delivered at commit): the wake-up after a bulk COPY.
 SELECT pg_notify(%(channel)s, s::text) FROM unnest(%(shards)s::int[]) AS s;
+
+-- name: my_running_jobs
+-- RUNNING jobs of these shards whose last claim was this worker's under the shard's current version (to find claims whose answer never arrived).
+SELECT j.id, j.fence, j.status_rank, j.shard
+FROM shardq_job AS j
+JOIN shardq_shard AS s ON s.shard = j.shard AND s.claim_version = j.fence
+WHERE j.shard = ANY(%(shards)s::int[]) AND j.status = 'RUNNING'
+  AND j.worker_ids ->> -1 = %(worker)s::text;

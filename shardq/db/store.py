@@ -228,6 +228,9 @@ class WorkerStore:
         }
         return self.run("claim_jobs", params, binary=True)
 
+    def my_running_jobs(self, worker: str, shards: list[int]) -> list[tuple]:
+        return self.run("my_running_jobs", {"worker": worker, "shards": shards})
+
     def seconds_until_due(self, shards: list[int]) -> float | None:
         row = self.run("seconds_until_due", {"shards": shards}, fetch="one")
         return row[0] if row else None

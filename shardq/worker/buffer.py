@@ -90,6 +90,9 @@ class Buffer:
             with self._ready:
                 self._ready.notify()
 
+    def holds(self, job_id: int) -> bool:
+        return job_id in self.queue
+
     def processing_in_shard(self, shard: int) -> int:
         with self._count_lock:
             return self._processing_by_shard.get(shard, 0)

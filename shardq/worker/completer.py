@@ -32,6 +32,7 @@ class Completer:
         self._returns: list[ClaimedJob] = []
         self._returns_lock = threading.Lock()
         self._pending_by_shard: Counter[int] = Counter()
+        self._pending_ids: set[int] = set()
         self._pending_lock = threading.Lock()
         self._stop = threading.Event()
         self._idle = threading.Event()
@@ -44,6 +45,7 @@ class Completer:
     def put(self, outcome: Outcome) -> None:
         with self._pending_lock:
             self._pending_by_shard[outcome.shard] += 1
+            self._pending_ids.add(outcome.id)
         self._queue.put(outcome)
 
     def return_jobs(self, jobs: list[ClaimedJob]) -> None:
@@ -60,6 +62,11 @@ class Completer:
             with self._returns_lock:
                 self._returns.extend(jobs)
             self._queue.put(None)  # wake the thread
+
+    def holds(self, job_id: int) -> bool:
+        """Is an outcome of this job queued or being written?"""
+        with self._pending_lock:
+            return job_id in self._pending_ids
 
     def pending_in_shard(self, shard: int) -> int:
         with self._pending_lock:
@@ -166,6 +173,7 @@ class Completer:
     def _settle(self, outcomes: list[Outcome]) -> None:
         with self._pending_lock:
             for outcome in outcomes:
+                self._pending_ids.discard(outcome.id)
                 left = self._pending_by_shard[outcome.shard] - 1
                 if left:
                     self._pending_by_shard[outcome.shard] = left

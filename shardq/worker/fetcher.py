@@ -13,6 +13,7 @@ LISTEN connection or a dropped notification).
 import logging
 import math
 import threading
+from dataclasses import dataclass
 
 import psycopg
 
@@ -45,6 +46,8 @@ class Fetcher:
         self._stop = threading.Event()
         self._rotation = 0
         self._deep = False
+        self.claim_uncertain = False
+        self.holds = lambda job_id: False  # set by the worker: is this job in memory here?
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
 
@@ -92,6 +95,11 @@ class Fetcher:
         shards = self.leaser.fetchable()
         if not shards or free <= 0:
             return self.poll_interval
+        if self.claim_uncertain:
+            try:
+                self.recover_lost_claims(sorted(shards))
+            except DatabaseUnavailable:
+                return min(self.poll_interval, 0.5)
         order = sorted(shards)
         start = self._rotation % len(order)
         self._rotation += 1
@@ -104,6 +112,10 @@ class Fetcher:
             rows = self.store.claim_jobs(self.worker_id, order, self.queues, per_shard, free,
                                          lookahead=LOOKAHEAD_SECONDS)
         except DatabaseUnavailable as exc:
+            # The claim may have committed with its answer lost: its jobs
+            # would sit RUNNING under our current fence with nobody running
+            # them. Look for them once the database answers again.
+            self.claim_uncertain = True
             self.stats.add("db_errors")
             logger.warning("claim failed, retrying: %s", exc)
             return min(self.poll_interval, 0.5)
@@ -130,6 +142,29 @@ class Fetcher:
         if due_in is None:
             return self.poll_interval
         return max(0.0, min(self.poll_interval, due_in - LOOKAHEAD_SECONDS / 2))
+
+
+    def recover_lost_claims(self, shards: list[int]) -> int:
+        """Hand back jobs claimed by this worker under a current fence that
+        are nowhere in its memory (a claim whose answer never arrived)."""
+        rows = self.store.my_running_jobs(self.worker_id, shards)
+        self.claim_uncertain = False
+        lost = [LostClaim(job_id, fence, rank, shard) for job_id, fence, rank, shard in rows
+                if not self.holds(job_id)]
+        if lost:
+            logger.warning("%s jobs were claimed by a claim whose answer was lost; handing them back", len(lost))
+            self.hand_back(lost)
+        return len(lost)
+
+
+@dataclass(slots=True)
+class LostClaim:
+    """Enough of a claimed job to hand it back (``return_jobs``)."""
+
+    id: int
+    fence: int
+    status_rank: int
+    shard: int
 
 
 class Listener:

@@ -75,6 +75,7 @@ class Worker:
                                poll_interval_seconds=self.config.poll_interval_seconds,
                                demand=self.demand,
                                hand_back=lambda jobs: self.completer.return_jobs(jobs))
+        self.fetcher.holds = lambda job_id: self.buffer.holds(job_id) or self.completer.holds(job_id)
         self.listener = Listener(self.config.channel, self.leaser, self.fetcher, self.stats, database) if self.config.notify else None
         self.executor = Executor(self.buffer, self.completer, self.leaser, self.fetcher, self.stats,
                                  worker_id=self.id, concurrency=concurrency,

@@ -1,0 +1,48 @@
+"""A claim that committed but whose answer never reached the worker (the
+connection died in between) leaves jobs RUNNING under the worker's current
+fence; after a failed claim the fetcher finds and hands back such jobs."""
+
+import threading
+
+import pytest
+from django.db import connection
+
+import shardq
+from shardq.worker.runtime import Worker
+from tests.conftest import wait_until
+from tests.taskapp import tasks
+
+
+def sql(query, params=None):
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall() if cursor.description else None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_jobs_of_a_claim_whose_answer_was_lost_are_handed_back_and_run():
+    from shardq.db.store import ensure_shards
+
+    ensure_shards()
+    worker = Worker(concurrency=2)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: len(worker.leaser.held) == 64, timeout=30)
+        [result] = shardq.enqueue_many(tasks.add, [((20, 22), {})])
+        # As if this worker's claim committed and its answer was lost: RUNNING
+        # under the shard's current version, with this worker as claimant.
+        sql("UPDATE shardq_job j SET status = 'RUNNING', status_rank = status_rank + 1, attempts = 1, "
+            "fence = s.claim_version, worker_ids = jsonb_build_array(%s::text) "
+            "FROM shardq_shard s WHERE s.shard = j.shard AND j.id = %s AND j.status = 'READY'",
+            [worker.id, int(result.id)])
+        assert sql("SELECT status FROM shardq_job WHERE id = %s", [int(result.id)]) == [("RUNNING",)]
+        worker.fetcher.claim_uncertain = True
+        worker.fetcher.wake()
+        wait_until(lambda: (result.refresh(), result.status)[1] == "SUCCESSFUL", timeout=30,
+                   message="the lost claim's job to be handed back and run")
+        assert result.return_value == 42
+        assert sql("SELECT attempts FROM shardq_job WHERE id = %s", [int(result.id)]) == [(1,)]
+    finally:
+        worker.request_stop()
+        thread.join(timeout=60)
