@@ -31,3 +31,15 @@ def second_connection(django_db_blocker):
         conn = connect()
     yield conn
     conn.close()
+
+
+@pytest.fixture
+def workers(tmp_path, transactional_db):
+    """Real ``shardq_worker`` processes on the test database (tests/workers.py)."""
+    from shardq.db.store import ensure_shards
+    from tests.workers import WorkerPool
+
+    ensure_shards()  # a transactional test's flush may have removed the rows
+    pool = WorkerPool(tmp_path)
+    yield pool
+    pool.stop_all()
