@@ -1,20 +1,15 @@
 """RWLock with real threads: exclusion, writer priority, cancellable timeouts."""
 
 import threading
-import time
 
 import pytest
 
 from shardq.core.rwlock import RWLock
+from tests.conftest import wait_until as shared_wait_until
 
 
 def wait_until(predicate, timeout=5.0, interval=0.001):
-    """Poll ``predicate`` until it is true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
+    return shared_wait_until(predicate, timeout=timeout, interval=interval)
 
 
 def start(target, *args):

@@ -10,18 +10,10 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from shardq.management.flags import whole_number as count
+
 REPO = Path(__file__).resolve().parents[3]
 PHASES = ("enqueue", "drain", "latency", "rss", "backlog")
-
-
-def count(name: str, value: str, minimum: int = 1) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = minimum - 1
-    if number < minimum:
-        raise CommandError(f"--{name} must be a whole number ≥ {minimum}, not {value!r}.")
-    return number
 
 
 class Command(BaseCommand):

@@ -5,15 +5,7 @@ import os
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-
-def positive_int(name: str, value: str) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if number < 1:
-        raise CommandError(f"--{name} must be a whole number ≥ 1, not {value!r}.")
-    return number
+from shardq.management.flags import whole_number
 
 
 class Command(BaseCommand):
@@ -24,7 +16,7 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", default="4", help="Threads for sync tasks per process (default 4).")
         parser.add_argument("--processes", default="1", help="Worker processes: a number or 'auto' (one per core). Default 1.")
         parser.add_argument("--grace", default="30", help="Seconds to let running jobs finish on SIGTERM (default 30).")
-        parser.add_argument("--prefetch", default="0", help="Jobs buffered per process (default: 2 × concurrency, at least 8).")
+        parser.add_argument("--prefetch", default="0", help="Most jobs buffered ahead per process; how many are used follows the measured task time (default 512).")
 
     def handle(self, *args, **options):
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
@@ -35,23 +27,18 @@ class Command(BaseCommand):
                 f"--queues names unknown queue(s) {', '.join(unknown)}; the configured queues are "
                 f"{', '.join(sorted(known))} (TASKS['default']['QUEUES'])."
             )
-        concurrency = positive_int("concurrency", options["concurrency"])
+        concurrency = whole_number("concurrency", options["concurrency"])
         if options["processes"] == "auto":
             processes = os.cpu_count() or 1
         else:
-            processes = positive_int("processes", options["processes"])
+            processes = whole_number("processes", options["processes"])
         try:
             grace = float(options["grace"])
         except ValueError:
             grace = -1.0
         if not grace >= 0:
             raise CommandError(f"--grace must be a number of seconds ≥ 0, not {options['grace']!r}.")
-        try:
-            prefetch = int(options["prefetch"])
-        except ValueError:
-            prefetch = -1
-        if prefetch < 0:
-            raise CommandError(f"--prefetch must be a whole number ≥ 0, not {options['prefetch']!r}.")
+        prefetch = whole_number("prefetch", options["prefetch"], minimum=0)
 
         def run_worker() -> int:
             from shardq.worker.runtime import Worker
