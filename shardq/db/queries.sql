@@ -181,7 +181,7 @@ RETURNING job.id, job.task_path, job.queue_name, job.priority,
           octet_length(job.args::text) + octet_length(job.kwargs::text);
 
 -- name: complete_jobs
--- Write outcomes (SUCCESSFUL, FAILED, or READY again for a retry after delay seconds) given as one JSON array, fenced twice: the job still carries this claim's fence and rank, and that fence is still its shard's claim version (the shard has not changed hands since the claim). The ids returned were written; the rest lost ownership.
+-- Write outcomes (SUCCESSFUL, FAILED, or READY again for a retry after delay seconds) given as one JSON array, fenced twice: the job still carries this claim's fence and rank, and that fence is still its shard's claim version (the shard has not changed hands since the claim). The (id, rank) pairs returned were written; the rest lost ownership.
 UPDATE shardq_job AS job
 SET status = a.status,
     status_rank = a.rank,
@@ -197,7 +197,7 @@ FROM jsonb_to_recordset(%(batch)s::jsonb)
 WHERE job.id = ANY(%(ids)s::bigint[]) AND job.id = a.id
   AND job.fence <= a.fence AND job.status_rank < a.rank
   AND s.shard = job.shard AND s.claim_version = job.fence
-RETURNING job.id;
+RETURNING job.id, job.status_rank;
 
 -- name: complete_job_in_transaction
 -- Mark one job SUCCESSFUL inside the task's own transaction (transactional completion), fenced like complete_jobs; returns the shard's claim_version, locked FOR SHARE until COMMIT so no takeover commits in between.
@@ -220,8 +220,8 @@ WHERE job.id = %(id)s AND job.fence <= %(fence)s AND job.status_rank < %(rank)s
 RETURNING locked.claim_version;
 
 -- name: outcomes_applied
--- Which of these (id, rank, fence) outcomes are already in the table (resolves an ack whose COMMIT outcome is unknown).
-SELECT job.id FROM shardq_job AS job
+-- Which of these (id, rank, fence) outcomes are already in the table, as (id, rank) pairs (resolves an ack whose COMMIT outcome is unknown).
+SELECT job.id, job.status_rank FROM shardq_job AS job
 JOIN unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank)
   ON job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank;
 

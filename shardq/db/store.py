@@ -238,18 +238,22 @@ class WorkerStore:
     def rescue_stale_claims(self, worker: str, shards: list[int]) -> int:
         return len(self.run("rescue_stale_claims", {"worker": worker, "shards": shards}))
 
-    def complete_jobs(self, outcomes: list) -> set[int]:
+    def complete_jobs(self, outcomes: list) -> set[tuple[int, int]]:
         """Write outcomes (objects with id, fence, rank, status, return_value_json,
-        error_json, delay) in one statement; returns the ids written."""
-        rows = self.run("complete_jobs", {"ids": [o.id for o in outcomes], "batch": outcome_batch_json(outcomes)})
-        return {row[0] for row in rows}
+        error_json, delay) in one statement; returns the (id, rank) pairs written.
 
-    def outcomes_applied(self, outcomes: list) -> set[int]:
+        Pairs, not ids: one batch may hold two outcomes of a job (a rejected
+        one and the one written again under a later claim, see
+        ``Completer.recall``), and only one of them can land."""
+        rows = self.run("complete_jobs", {"ids": [o.id for o in outcomes], "batch": outcome_batch_json(outcomes)})
+        return {(job_id, rank) for job_id, rank in rows}
+
+    def outcomes_applied(self, outcomes: list) -> set[tuple[int, int]]:
         rows = self.run(
             "outcomes_applied",
             {"ids": [o.id for o in outcomes], "fences": [o.fence for o in outcomes], "ranks": [o.rank for o in outcomes]},
         )
-        return {row[0] for row in rows}
+        return {(job_id, rank) for job_id, rank in rows}
 
     def return_jobs(self, jobs: list) -> set[int]:
         """Put claimed-but-unstarted jobs back to READY (objects with id, fence, status_rank)."""

@@ -2,12 +2,21 @@
 
 Executors ``put`` an outcome and move on; this thread gathers whatever is
 queued (up to ``batch`` outcomes, lingering ``flush_seconds`` for more) and
-writes it with one ``complete_jobs`` statement. Ids the statement did not
-return lost ownership (a takeover re-fenced them, or a later claim moved
+writes it with one ``complete_jobs`` statement. Outcomes the statement did
+not return lost ownership (a takeover re-fenced them, or a later claim moved
 them on): each is counted as a fence rejection and logged at WARNING, never
 raised. When a write's COMMIT outcome is unknown (the connection died), the
 same fenced batch is sent again; any row it no longer matches is checked with
 ``outcomes_applied`` so a write that did land is not miscounted.
+
+It also remembers the SUCCESSFUL outcomes of jobs finished here until their
+write is known to have landed (``recall``): a job whose outcome was rejected
+because this worker's lease lapsed comes back READY, and when this worker
+claims it again the fetcher writes the remembered result under the new
+claim instead of running the task a second time. The memory is a
+``FifoSet``: bounded, oldest forgotten first, in batches. Outcomes a task
+committed in its own transaction never pass through here (their side effects
+rolled back with the rejected write, so they must run again).
 """
 
 import logging
@@ -16,10 +25,18 @@ import threading
 import time
 from collections import Counter
 
+from ..core.fifoset import FifoSet
 from ..exceptions import DatabaseUnavailable
 from .jobs import ClaimedJob, Outcome
 
 logger = logging.getLogger("shardq.worker.completer")
+
+# How many finished-but-unconfirmed outcomes are remembered for ``recall``:
+# enough for every outcome a busy worker produces while its lease lapses and
+# comes back (a few TTLs of no-op jobs); the oldest go first. Larger return
+# values are not remembered: such a job runs again (at-least-once).
+REMEMBERED_OUTCOMES = 8192
+REMEMBERED_RESULT_BYTES = 16384
 
 
 class Completer:
@@ -32,21 +49,35 @@ class Completer:
         self._returns: list[ClaimedJob] = []
         self._returns_lock = threading.Lock()
         self._pending_by_shard: Counter[int] = Counter()
-        self._pending_ids: set[int] = set()
+        # Counted: a recalled outcome can be queued while the rejected one
+        # it replaces is still being written.
+        self._pending_ids: Counter[int] = Counter()
+        self._finished_ids = FifoSet(REMEMBERED_OUTCOMES)
+        self._finished_outcomes: dict[int, Outcome] = {}
         self._pending_lock = threading.Lock()
         self._stop = threading.Event()
         self._idle = threading.Event()
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
-        self.rejected_ids: list[int] = []
 
     # -- from executors ----------------------------------------------------------
 
     def put(self, outcome: Outcome) -> None:
         with self._pending_lock:
             self._pending_by_shard[outcome.shard] += 1
-            self._pending_ids.add(outcome.id)
+            self._pending_ids[outcome.id] += 1
+            if outcome.status == "SUCCESSFUL" and len(outcome.return_value_json or "") <= REMEMBERED_RESULT_BYTES:
+                for forgotten in self._finished_ids.add(outcome.id):
+                    del self._finished_outcomes[forgotten]
+                self._finished_outcomes[outcome.id] = outcome
         self._queue.put(outcome)
+
+    def recall(self, job_ids) -> dict[int, Outcome]:
+        """The remembered SUCCESSFUL outcomes of these jobs: finished here, the
+        write not (yet) known to have landed."""
+        with self._pending_lock:
+            remembered = self._finished_outcomes
+            return {job_id: remembered[job_id] for job_id in job_ids if job_id in remembered}
 
     def return_jobs(self, jobs: list[ClaimedJob]) -> None:
         """Claimed jobs that will not start here: back to READY (fenced).
@@ -147,7 +178,7 @@ class Completer:
             applied, uncertain = self._retrying(
                 lambda: self.store.complete_jobs(outcomes), "ack", deadline
             )
-            missing = [o for o in outcomes if o.id not in applied]
+            missing = [o for o in outcomes if (o.id, o.rank) not in applied]
             if missing and uncertain:
                 landed, _ = self._retrying(lambda: self.store.outcomes_applied(missing), "ack check", deadline)
                 applied |= landed
@@ -157,12 +188,17 @@ class Completer:
             applied = set()
             self._settle(outcomes)
             return
+        if applied:
+            with self._pending_lock:
+                # Landed: the job is final (or retrying), never claimed back.
+                for job_id, _rank in applied:
+                    if self._finished_outcomes.pop(job_id, None) is not None:
+                        self._finished_ids.discard(job_id)
         for outcome in outcomes:
-            if outcome.id in applied:
+            if (outcome.id, outcome.rank) in applied:
                 self.stats.add({"SUCCESSFUL": "succeeded", "FAILED": "failed", "READY": "retried"}[outcome.status])
             else:
                 self.stats.add("fence_rejections")
-                self.rejected_ids.append(outcome.id)
                 logger.warning(
                     "outcome of job %s rejected: this worker's fence %s is no longer current "
                     "(shard %s changed hands or the job moved on); not written",
@@ -170,10 +206,15 @@ class Completer:
                 )
         self._settle(outcomes)
 
-    def _settle(self, outcomes: list[Outcome]) -> None:
+    def _settle(self, outcomes: list[Outcome] | list[ClaimedJob], *, returns: bool = False) -> None:
         with self._pending_lock:
             for outcome in outcomes:
-                self._pending_ids.discard(outcome.id)
+                if not returns:  # returns are counted per shard only
+                    ids_left = self._pending_ids[outcome.id] - 1
+                    if ids_left:
+                        self._pending_ids[outcome.id] = ids_left
+                    else:
+                        del self._pending_ids[outcome.id]
                 left = self._pending_by_shard[outcome.shard] - 1
                 if left:
                     self._pending_by_shard[outcome.shard] = left
@@ -186,5 +227,5 @@ class Completer:
         except DatabaseUnavailable:
             return  # still RUNNING under the old fence: the next takeover rescues them
         finally:
-            self._settle(jobs)
+            self._settle(jobs, returns=True)
         self.stats.add("returned", len(returned))

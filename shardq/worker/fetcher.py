@@ -19,7 +19,7 @@ import psycopg
 
 from ..db.store import connect
 from ..exceptions import DatabaseUnavailable
-from .jobs import ClaimedJob
+from .jobs import ClaimedJob, Outcome
 from .leaser import LEASE_CHANNEL
 
 logger = logging.getLogger("shardq.worker.fetcher")
@@ -30,8 +30,8 @@ LOOKAHEAD_SECONDS = 0.5
 
 
 class Fetcher:
-    def __init__(self, store, leaser, buffer, stats, *, worker_id: str, queues: list[str] | None,
-                 poll_interval_seconds: float, demand, hand_back):
+    def __init__(self, store, leaser, buffer, completer, stats, *, worker_id: str,
+                 queues: list[str] | None, poll_interval_seconds: float, demand):
         self.store = store
         self.leaser = leaser
         self.buffer = buffer
@@ -40,7 +40,7 @@ class Fetcher:
         self.queues = queues
         self.poll_interval = poll_interval_seconds
         self.demand = demand  # () -> (jobs wanted now, smallest batch worth a claim)
-        self.hand_back = hand_back  # claimed jobs this worker will not run: back to READY
+        self.completer = completer  # claimed jobs this worker will not run go back through it
         self.waiting_for_slots = False
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -92,39 +92,47 @@ class Fetcher:
         if free < min_batch and self.buffer.buffered + self.buffer.processing > 0:
             self.waiting_for_slots = True
             return self.poll_interval
-        shards = self.leaser.fetchable()
-        if not shards or free <= 0:
-            return self.poll_interval
-        if self.claim_uncertain:
-            try:
-                self.recover_lost_claims(sorted(shards))
-            except DatabaseUnavailable:
-                return min(self.poll_interval, 0.5)
-        order = sorted(shards)
-        start = self._rotation % len(order)
-        self._rotation += 1
-        order = order[start:] + order[:start]
-        # A shallow pass takes a few jobs from every shard (priority order is
-        # merged in memory); after a short answer a deep pass lets any shard
-        # fill the batch, so a backlog in a few shards drains at full speed.
-        per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
+        # A claim holds the read side of the leaser's ownership lock from
+        # choosing its shards until its jobs are in the buffer. The leaser
+        # drops a shard (self-fence, or the start of a drain) under the write
+        # side, so a drop never falls between a claim committing jobs of that
+        # shard and those jobs reaching the buffer, where they would escape
+        # the drop and the shard could be released with them still claimed.
+        # Writer priority lets the leaser in between two back-to-back claims.
+        ownership = self.leaser.ownership
+        ownership.acquire_read()
         try:
-            rows = self.store.claim_jobs(self.worker_id, order, self.queues, per_shard, free,
-                                         lookahead=LOOKAHEAD_SECONDS)
-        except DatabaseUnavailable as exc:
-            # The claim may have committed with its answer lost: its jobs
-            # would sit RUNNING under our current fence with nobody running
-            # them. Look for them once the database answers again.
-            self.claim_uncertain = True
-            self.stats.add("db_errors")
-            logger.warning("claim failed, retrying: %s", exc)
-            return min(self.poll_interval, 0.5)
-        if rows:
-            jobs = [ClaimedJob.from_row(row) for row in rows]
-            self.stats.add("claimed", len(jobs))
-            refused = self.buffer.push_many(jobs)
-            if refused:
-                self.hand_back(refused)
+            shards = self.leaser.fetchable()
+            if not shards or free <= 0:
+                return self.poll_interval
+            if self.claim_uncertain:
+                try:
+                    self.recover_lost_claims(sorted(shards))
+                except DatabaseUnavailable:
+                    return min(self.poll_interval, 0.5)
+            order = sorted(shards)
+            start = self._rotation % len(order)
+            self._rotation += 1
+            order = order[start:] + order[:start]
+            # A shallow pass takes a few jobs from every shard (priority order is
+            # merged in memory); after a short answer a deep pass lets any shard
+            # fill the batch, so a backlog in a few shards drains at full speed.
+            per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
+            try:
+                rows = self.store.claim_jobs(self.worker_id, order, self.queues, per_shard, free,
+                                             lookahead=LOOKAHEAD_SECONDS)
+            except DatabaseUnavailable as exc:
+                # The claim may have committed with its answer lost: its jobs
+                # would sit RUNNING under our current fence with nobody running
+                # them. Look for them once the database answers again.
+                self.claim_uncertain = True
+                self.stats.add("db_errors")
+                logger.warning("claim failed, retrying: %s", exc)
+                return min(self.poll_interval, 0.5)
+            if rows:
+                self.take(rows)
+        finally:
+            ownership.release_read()
         # Fewer rows than asked does not mean empty (per-shard limits, SKIP
         # LOCKED): go again while a claim finds anything; sleep only on none.
         if rows:
@@ -143,6 +151,39 @@ class Fetcher:
             return self.poll_interval
         return max(0.0, min(self.poll_interval, due_in - LOOKAHEAD_SECONDS / 2))
 
+    def take(self, rows: list[tuple]) -> None:
+        """Route the jobs of one claim: to the buffer, or back, or straight to
+        the completer when this worker already ran them."""
+        jobs = [ClaimedJob.from_row(row) for row in rows]
+        self.stats.add("claimed", len(jobs))
+        refused = []
+        held = self.leaser.held
+        if any(held.get(job.shard) != job.fence for job in jobs):
+            # The leaser stopped waiting for this claim (a database that hung
+            # past the trust deadline) and dropped shards meanwhile: their
+            # jobs must not run here.
+            refused = [job for job in jobs if held.get(job.shard) != job.fence]
+            jobs = [job for job in jobs if held.get(job.shard) == job.fence]
+        remembered = self.completer.recall([job.id for job in jobs])
+        if remembered:
+            # Finished here under an earlier claim whose write was rejected
+            # (the lease lapsed, the job was rescued and is claimed again):
+            # write the same result under this claim instead of running the
+            # task twice. Nobody else has an outcome for it, or it would not
+            # have been READY to claim.
+            for job in jobs:
+                if job.id in remembered:
+                    self.completer.put(Outcome(
+                        job.id, job.fence, job.status_rank + 1, "SUCCESSFUL",
+                        return_value_json=remembered[job.id].return_value_json,
+                        shard=job.shard, attempts=job.attempts))
+            self.stats.add("recalled", len(remembered))
+            logger.info("%s reclaimed jobs had already run here; writing their results "
+                        "under the new claim instead of running them again", len(remembered))
+            jobs = [job for job in jobs if job.id not in remembered]
+        refused += self.buffer.push_many(jobs)
+        if refused:
+            self.completer.return_jobs(refused)
 
     def recover_lost_claims(self, shards: list[int]) -> int:
         """Hand back jobs claimed by this worker under a current fence that
@@ -153,7 +194,7 @@ class Fetcher:
                 if not self.holds(job_id)]
         if lost:
             logger.warning("%s jobs were claimed by a claim whose answer was lost; handing them back", len(lost))
-            self.hand_back(lost)
+            self.completer.return_jobs(lost)
         return len(lost)
 
 

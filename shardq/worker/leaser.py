@@ -21,13 +21,23 @@ Times that matter for correctness come from the database
 deadline nothing new starts (executors check ``trusts()``), and a renewal that
 cannot reach the database by then, or that returns fewer shards than sent,
 drops those shards at once (self-fencing).
+
+Dropping a shard (self-fence, or the start of a drain) takes the write side
+of ``ownership``, a read-write lock whose read side each claim holds from
+choosing its shards until its jobs are buffered (see ``Fetcher.fetch_once``):
+no claim is then half-way, and the drop finds every buffered job of the
+shard. The wait is bounded: past ``heartbeat`` seconds (a claim stuck on a
+hung database) the drop goes ahead, and the claim hands back whatever it
+brings for shards no longer held.
 """
 
 import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
+from ..core.rwlock import RWLock
 from ..exceptions import DatabaseUnavailable
 
 logger = logging.getLogger("shardq.worker.leaser")
@@ -78,6 +88,7 @@ class Leaser:
         self._first_claim_done = False
 
         self.held: dict[int, int] = {}  # shard -> claim_version
+        self.ownership = RWLock()  # read: a claim in flight; write: dropping shards
         self.draining: int | None = None
         self.trusted_until = 0.0
         self.share = 0
@@ -170,8 +181,7 @@ class Leaser:
             elif len(self.held) > self.share:
                 # Give back the highest-numbered shard: stop claiming from it,
                 # let its running jobs finish, then release (next ticks).
-                self.draining = max(self.held)
-                self.on_lost({self.draining})
+                self.start_draining(max(self.held))
                 self._finish_draining()
         except DatabaseUnavailable as exc:
             self.stats.add("db_errors")
@@ -217,6 +227,25 @@ class Leaser:
             self.trusted_until = sent + self.ttl - self.margin
         self.on_gained(gained)
 
+    def start_draining(self, shard: int) -> None:
+        """Stop claiming from ``shard`` and hand back its buffered jobs."""
+        with self._dropping():
+            self.draining = shard
+            self.on_lost({shard})
+
+    @contextmanager
+    def _dropping(self):
+        """The write side of ``ownership``, waited for at most a heartbeat."""
+        locked = self.ownership.acquire_write(timeout=self.heartbeat)
+        if not locked:
+            logger.warning("a claim has not come back in %.1fs; dropping shards without waiting for it "
+                           "(it hands back what it brings for them)", self.heartbeat)
+        try:
+            yield
+        finally:
+            if locked:
+                self.ownership.release_write()
+
     def _finish_draining(self) -> None:
         shard = self.draining
         if shard is None or self.running_in_shard(shard):
@@ -232,13 +261,14 @@ class Leaser:
             self._notify_release()
 
     def _self_fence(self, shards: set[int], why: str) -> None:
-        for shard in shards:
-            self.held.pop(shard, None)
-        if self.draining in shards:
-            self.draining = None
-        self.stats.add("self_fences", len(shards))
-        logger.warning("self-fenced %s shard(s) %s: %s", len(shards), sorted(shards), why)
-        self.on_lost(shards)
+        with self._dropping():
+            for shard in shards:
+                self.held.pop(shard, None)
+            if self.draining in shards:
+                self.draining = None
+            self.stats.add("self_fences", len(shards))
+            logger.warning("self-fenced %s shard(s) %s: %s", len(shards), sorted(shards), why)
+            self.on_lost(shards)
 
     def announce(self) -> None:
         """Tell every worker to run a lease round now (a join or a release)."""
@@ -262,3 +292,4 @@ class Leaser:
         if released:
             self._notify_release()
         return len(released)
+

@@ -70,11 +70,10 @@ class Worker:
             on_gained=lambda shards: self.fetcher.wake(),
             expected_workers=int(os.environ.get("SHARDQ_EXPECTED_WORKERS", "1")),
         )
-        self.fetcher = Fetcher(self.store["fetcher"], self.leaser, self.buffer, self.stats,
+        self.fetcher = Fetcher(self.store["fetcher"], self.leaser, self.buffer, self.completer, self.stats,
                                worker_id=self.id, queues=queues,
                                poll_interval_seconds=self.config.poll_interval_seconds,
-                               demand=self.demand,
-                               hand_back=lambda jobs: self.completer.return_jobs(jobs))
+                               demand=self.demand)
         self.fetcher.holds = lambda job_id: self.buffer.holds(job_id) or self.completer.holds(job_id)
         self.listener = Listener(self.config.channel, self.leaser, self.fetcher, self.stats, database) if self.config.notify else None
         self.executor = Executor(self.buffer, self.completer, self.leaser, self.fetcher, self.stats,

@@ -15,6 +15,7 @@ COUNTERS = (
     "takeovers",
     "releases",
     "returned",
+    "recalled",
     "db_errors",
 )
 

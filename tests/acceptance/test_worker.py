@@ -218,3 +218,37 @@ def test_a_deferred_job_starts_when_due_not_a_poll_later(workers):
     # Claimed ahead of time into the worker's time index: it runs on time
     # even though the next poll is 5 s away and no NOTIFY comes when it is due.
     assert finished - when < datetime.timedelta(seconds=1.0), finished - when
+
+
+def test_a_worker_that_regains_a_shard_writes_the_result_it_already_has_instead_of_running_again(workers):
+    from tests.taskapp import fault_tasks
+
+    a = workers.start("--concurrency", "4")
+    ids_a = worker_id_of(a.pid)
+    wait_until(lambda: shards_by_owner() == {ids_a: 64}, timeout=30)
+    results = shardq.enqueue_many(fault_tasks.acked, [((), {"n": i, "sleep": 2.0}) for i in range(4)])
+    wait_until(lambda: scalar("SELECT count(*) FROM taskapp_execution") == 4, timeout=30,
+               message="A to start all four jobs")
+    a.send_signal(signal.SIGSTOP)
+    paused = {r[0] for r in query("SELECT id FROM shardq_job WHERE status = 'RUNNING'")}
+    assert paused, "the jobs to be running at the pause"
+    # B takes A's expired shards over (rescuing its jobs back to READY), never
+    # runs them (it serves another queue), and gives the shards back.
+    b = workers.start("--concurrency", "1", "--queues", "emails")
+    ids_b = worker_id_of(b.pid)
+    wait_until(lambda: shards_by_owner() == {ids_b: 64}, timeout=30, message="B to take over every shard")
+    wait_until(lambda: status_counts().get("RUNNING", 0) == 0, timeout=30, message="A's jobs to be rescued")
+    b.send_signal(signal.SIGTERM)
+    assert b.wait(timeout=30) == 0
+    # A wakes: its four tasks end, their writes are refused (the fence moved
+    # on), it claims the shards and the rescued jobs again, and writes the
+    # results it has instead of running the tasks a second time.
+    a.send_signal(signal.SIGCONT)
+    wait_drained(4, timeout=60)
+    assert status_counts() == {"SUCCESSFUL": 4}
+    assert [r.refresh() or r.return_value for r in results] == [0, 1, 2, 3]
+    assert dict(query("SELECT job_id, count(*) FROM taskapp_execution GROUP BY 1")) == {int(r.id): 1 for r in results}
+    assert {r[0] for r in query("SELECT id FROM shardq_job WHERE attempts = 2")} == paused
+    stats = wait_until(lambda: (s := worker_stats(ids_a)).get("recalled") == len(paused) and s, timeout=30,
+                       message=lambda: f"A to count {len(paused)} recalled results; stats {worker_stats(ids_a)}")
+    assert stats["fence_rejections"] == len(paused)

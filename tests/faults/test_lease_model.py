@@ -153,7 +153,7 @@ class LeaseProtocol(RuleBasedStateMachine):
         written = self.stores[WORKERS[0]].complete_jobs([outcome])
         job = self.jobs[claim["id"]]
         applies = job["fence"] <= claim["fence"] and job["rank"] < claim["rank"] + 1
-        assert written == ({claim["id"]} if applies else set()), (claim, job, status)
+        assert written == ({(claim["id"], claim["rank"] + 1)} if applies else set()), (claim, job, status)
         if applies:
             job.update(status=status, rank=claim["rank"] + 1)
             if status == "READY":
