@@ -7,6 +7,7 @@ Stable ids:
   shardq.E004  POLL_INTERVAL is not a positive number
   shardq.E005  MAX_PAYLOAD_BYTES is not a positive int
   shardq.E006  OPTIONS["DATABASE"] names no configured database
+  shardq.E007  OPTIONS["UNIQUE_CACHE_SIZE"] is not an int >= 0
 """
 
 from django.core import checks
@@ -77,6 +78,16 @@ def backend_checks(backend) -> list[checks.CheckMessage]:
                 f"SHARDQ['MAX_PAYLOAD_BYTES'] = {size!r} is not a positive int.",
                 hint="The default is 1048576 (1 MiB).",
                 id="shardq.E005",
+            )
+        )
+    cache = backend.options.get("UNIQUE_CACHE_SIZE", 0)
+    if not isinstance(cache, int) or isinstance(cache, bool) or cache < 0:
+        errors.append(
+            checks.Error(
+                f"TASKS[{backend.alias!r}]['OPTIONS']['UNIQUE_CACHE_SIZE'] = {cache!r} is not an int >= 0.",
+                hint="The number of recently seen unique keys each process remembers "
+                "(default 1024); 0 turns the cache off.",
+                id="shardq.E007",
             )
         )
     return errors

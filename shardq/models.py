@@ -123,3 +123,26 @@ class Worker(models.Model):
 
     def __str__(self):
         return f"{self.host}:{self.pid} ({self.id})"
+
+
+class UniqueKey(models.Model):
+    """A unique task's key, taken by the job enqueued under it until ``expires_at``.
+
+    One row a key ever used (a later job takes the row over once it has
+    expired). Written and read only by the ``insert_unique_job`` statement,
+    on the enqueuer's connection, so a key is taken exactly when the job's
+    transaction commits. No foreign key to the job: a deleted job frees its
+    key at the next enqueue of that key, and ``TRUNCATE shardq_job`` keeps
+    working.
+    """
+
+    # Only ever compared for equality: byte order ("C") is the cheapest.
+    key = models.TextField(primary_key=True, db_collation="C")
+    job_id = models.BigIntegerField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "shardq_unique"
+
+    def __str__(self):
+        return f"{self.key} -> job {self.job_id} until {self.expires_at}"

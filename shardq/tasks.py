@@ -2,11 +2,14 @@
 task paths through (a worker never imports an arbitrary callable named in a row).
 """
 
+import hashlib
 import inspect
 import json
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from importlib import import_module
 from typing import Any
 
@@ -46,6 +49,13 @@ class ShardTask(Task):
     ``(args, kwargs)``; jobs with the same key land on the same shard (and, for
     ``ordered=True``, run one after another). ``.using(shard_key=...)`` sets
     the key of one call explicitly.
+
+    ``unique_for`` (seconds, or a ``timedelta``) makes the task unique: while
+    a job with the same unique key was enqueued less than ``unique_for`` ago,
+    ``enqueue`` stores nothing and returns that job's result. ``unique_key``
+    says what "the same" means: None (every argument), the name of one
+    argument, or a callable over ``(args, kwargs)``; see
+    ``compute_unique_key``.
     """
 
     key: str | Callable[[tuple, dict], Any] | None = None
@@ -53,6 +63,17 @@ class ShardTask(Task):
     max_attempts: int = 1
     backoff: Backoff | None = None
     ordered: bool = False
+    unique_for: float | timedelta | None = None
+    unique_key: str | Callable[[tuple, dict], Any] | None = None
+
+    @property
+    def unique_for_seconds(self) -> float | None:
+        """``unique_for`` in seconds (None: the task is not unique)."""
+        if self.unique_for is None:
+            return None
+        if isinstance(self.unique_for, timedelta):
+            return self.unique_for.total_seconds()
+        return float(self.unique_for)
 
     def using(self, *, shard_key=None, **changes):
         task = Task.using(self, **changes)
@@ -87,6 +108,8 @@ def shard_task(
     max_attempts=1,
     backoff=None,
     ordered=False,
+    unique_for=None,
+    unique_key=None,
 ):
     """Decorate a module-level function as a shardq task (see ``ShardTask``)."""
 
@@ -101,6 +124,8 @@ def shard_task(
             max_attempts=max_attempts,
             backoff=backoff,
             ordered=ordered,
+            unique_for=unique_for,
+            unique_key=unique_key,
         )
 
     if function is not None:
@@ -115,19 +140,62 @@ def validate_shard_options(task: Task) -> None:
     name = task.module_path
     if task.key is not None:
         if isinstance(task.key, str):
-            params = inspect.signature(task.func).parameters
-            if task.key not in params or (task.takes_context and task.key == "context"):
-                raise InvalidTask(
-                    f"{name}: key={task.key!r} is not an argument of the function "
-                    f"(its arguments: {', '.join(params) or 'none'}). Name one of them, "
-                    "or pass a callable key=lambda args, kwargs: ..."
-                )
+            _check_argument_name(task, "key", task.key)
         elif not callable(task.key):
             raise InvalidTask(f"{name}: key must be an argument name or a callable, not {task.key!r}.")
     if not isinstance(task.max_attempts, int) or isinstance(task.max_attempts, bool) or task.max_attempts < 1:
         raise InvalidTask(f"{name}: max_attempts must be an int >= 1, not {task.max_attempts!r}.")
     if task.backoff is not None and not isinstance(task.backoff, Backoff):
         raise InvalidTask(f"{name}: backoff must come from shardq.exponential(...), not {task.backoff!r}.")
+    _check_unique_options(task)
+
+
+def _check_argument_name(task: "ShardTask", option: str, value: str) -> None:
+    params = inspect.signature(task.func).parameters
+    if value not in params or (task.takes_context and value == "context"):
+        raise InvalidTask(
+            f"{task.module_path}: {option}={value!r} is not an argument of the function "
+            f"(its arguments: {', '.join(params) or 'none'}). Name one of them, "
+            f"or pass a callable {option}=lambda args, kwargs: ..."
+        )
+
+
+# The database adds unique_for to a timestamp: keep far from interval's range.
+UNIQUE_FOR_MAX_SECONDS = 100 * 365 * 86400
+
+
+def _check_unique_options(task: "ShardTask") -> None:
+    name = task.module_path
+    unique_for = task.unique_for
+    if unique_for is None:
+        if task.unique_key is not None:
+            raise InvalidTask(
+                f"{name}: unique_key={task.unique_key!r} has no effect without unique_for. "
+                "Add unique_for=<seconds or timedelta> (how long a key stays taken), or drop unique_key."
+            )
+        return
+    if isinstance(unique_for, timedelta):
+        seconds = unique_for.total_seconds()
+    elif isinstance(unique_for, (int, float)) and not isinstance(unique_for, bool):
+        seconds = float(unique_for)
+    else:
+        raise InvalidTask(
+            f"{name}: unique_for must be a number of seconds or a datetime.timedelta, not "
+            f"{unique_for!r}. E.g. unique_for=300 or unique_for=timedelta(minutes=5)."
+        )
+    if not math.isfinite(seconds) or not 0 < seconds <= UNIQUE_FOR_MAX_SECONDS:
+        raise InvalidTask(
+            f"{name}: unique_for must be a positive duration of at most 100 years, not "
+            f"{unique_for!r}. It is how long a job's unique key stays taken after enqueue, e.g. "
+            "unique_for=300; leave it out (None) for a task that is not unique."
+        )
+    if isinstance(task.unique_key, str):
+        _check_argument_name(task, "unique_key", task.unique_key)
+    elif task.unique_key is not None and not callable(task.unique_key):
+        raise InvalidTask(
+            f"{name}: unique_key must be None (every argument), the name of an argument, or a "
+            f"callable over (args, kwargs), not {task.unique_key!r}."
+        )
 
 
 _signatures: dict[Callable, inspect.Signature] = {}
@@ -145,6 +213,48 @@ def compute_shard_key(task: Task, args: tuple, kwargs: dict) -> str | None:
         return key_to_str(task.key(args, kwargs))
     if task.key in kwargs:
         return key_to_str(kwargs[task.key])
+    return key_to_str(_bind(task, args, kwargs, apply_defaults=True)[task.key])
+
+
+# A unique key longer than this (bytes of UTF-8) keeps its task path and
+# stores a SHA-256 of the rest: the key is a btree primary key (PostgreSQL
+# refuses index entries over ~2.7 kB) and arguments may be up to a MiB.
+UNIQUE_KEY_MAX_BYTES = 512
+
+
+def compute_unique_key(task: "ShardTask", args: tuple, kwargs: dict) -> str:
+    """The unique key of one call of a unique task, always prefixed with the task path.
+
+    * ``unique_key=None``: every argument as passed, positional ones named by
+      the function's signature (``f(1)`` and ``f(a=1)`` are the same call),
+      as canonical JSON (sorted keys, compact). Defaults the caller left out
+      are not filled in.
+    * ``unique_key="name"``: that argument's value (a str as is, anything
+      else as canonical JSON), passed positionally, by keyword or defaulted.
+    * ``unique_key=callable``: ``callable(args, kwargs)``, turned into text
+      the same way.
+    """
+    spec = task.unique_key
+    if spec is None:
+        body = _canonical_json(task, _bind(task, args, kwargs, apply_defaults=False))
+    elif callable(spec):
+        body = _unique_text(task, spec(args, kwargs))
+    elif spec in kwargs:
+        body = _unique_text(task, kwargs[spec])
+    else:
+        body = _unique_text(task, _bind(task, args, kwargs, apply_defaults=True)[spec])
+    key = f"{task.module_path}:{body}"
+    try:
+        size = len(key.encode())
+    except UnicodeEncodeError:  # a lone surrogate: PostgreSQL text cannot hold it
+        size = None
+    if size is None or size > UNIQUE_KEY_MAX_BYTES or "\x00" in key:
+        digest = hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()
+        key = f"{task.module_path}:sha256:{digest}"
+    return key
+
+
+def _bind(task: Task, args: tuple, kwargs: dict, *, apply_defaults: bool) -> dict:
     sig = _signatures.get(task.func)
     if sig is None:
         sig = _signatures[task.func] = inspect.signature(task.func)
@@ -153,8 +263,28 @@ def compute_shard_key(task: Task, args: tuple, kwargs: dict) -> str | None:
         bound = sig.bind(*call_args, **kwargs)
     except TypeError as exc:
         raise InvalidTask(f"{task.module_path}: arguments do not match the function: {exc}") from exc
-    bound.apply_defaults()
-    return key_to_str(bound.arguments[task.key])
+    if apply_defaults:
+        bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    if task.takes_context:
+        arguments.pop("context", None)
+    return arguments
+
+
+def _canonical_json(task: Task, value: Any) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidTask(
+            f"{task.module_path}: the unique key {value!r} is not JSON: make unique_key name a "
+            "JSON argument or return a str, int or JSON value."
+        ) from exc
+
+
+def _unique_text(task: Task, value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return _canonical_json(task, value)
 
 
 # Tasks register themselves when they are defined (validate_task runs in

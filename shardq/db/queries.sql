@@ -27,6 +27,55 @@ VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
     %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
 RETURNING id, enqueued_at, run_after, NULL;
 
+-- name: insert_unique_job
+-- Insert one READY job under :unique_key unless a job enqueued less than :unique_for seconds ago holds the key (then insert nothing and return the holder); returns job id, inserted?, seconds the key stays taken, enqueued_at, run_after.
+WITH live AS MATERIALIZED (
+    -- The usual duplicate: a holder this statement can see, read without a lock.
+    SELECT job_id, expires_at FROM shardq_unique
+    WHERE key = %(unique_key)s AND expires_at > statement_timestamp()
+), new_job AS MATERIALIZED (
+    SELECT nextval(pg_get_serial_sequence('shardq_job', 'id')) AS id
+    WHERE NOT EXISTS (SELECT 1 FROM live)
+), claim AS (
+    -- A key row this statement cannot see yet (another transaction's, not
+    -- committed) makes the INSERT wait for that transaction: it inserts if
+    -- the other rolls back, lands in DO UPDATE if it commits. DO UPDATE
+    -- takes an expired key over and otherwise rewrites the row unchanged, so
+    -- RETURNING always names the holder, even one committed after this
+    -- statement's snapshot. One timestamp for the whole statement:
+    -- statement_timestamp(), also the job's enqueued_at, so a key is taken
+    -- from its job's enqueued_at for exactly unique_for.
+    INSERT INTO shardq_unique AS u (key, job_id, expires_at)
+    SELECT %(unique_key)s, id, statement_timestamp() + make_interval(secs => %(unique_for)s)
+    FROM new_job
+    ON CONFLICT (key) DO UPDATE
+    SET job_id = CASE WHEN u.expires_at <= statement_timestamp() THEN excluded.job_id ELSE u.job_id END,
+        expires_at = CASE WHEN u.expires_at <= statement_timestamp() THEN excluded.expires_at ELSE u.expires_at END
+    RETURNING u.job_id, u.expires_at
+), job AS (
+    INSERT INTO shardq_job (id, task_path, backend, queue_name, priority, run_after, shard, key_hash,
+        shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
+        errors, worker_ids, enqueued_at)
+    SELECT new_job.id, %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
+        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
+        %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
+        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp()
+    FROM new_job JOIN claim ON claim.job_id = new_job.id
+    RETURNING id, shard, enqueued_at, run_after
+)
+SELECT COALESCE(job.id, claim.job_id, live.job_id), job.id IS NOT NULL,
+       extract(epoch FROM COALESCE(claim.expires_at, live.expires_at) - clock_timestamp())::float8,
+       job.enqueued_at, job.run_after,
+       -- Wakes the shard at commit, only when a job was inserted.
+       CASE WHEN job.id IS NOT NULL AND %(notify)s THEN pg_notify(%(channel)s, job.shard::text) END
+FROM (VALUES (1)) AS one(x)
+LEFT JOIN live ON true LEFT JOIN claim ON true LEFT JOIN job ON true;
+
+-- name: release_unique_key
+-- Free :unique_key when its holder is :job_id, a job that no longer exists (deleted or pruned inside the key's TTL).
+DELETE FROM shardq_unique WHERE key = %(unique_key)s AND job_id = %(job_id)s
+  AND NOT EXISTS (SELECT 1 FROM shardq_job WHERE id = %(job_id)s);
+
 -- name: get_job
 -- One job by id, every column a TaskResult needs.
 SELECT id, task_path, backend, queue_name, priority, run_after, status, args, kwargs,

@@ -4,6 +4,7 @@ import asyncio
 import os
 import signal
 import time
+from datetime import timedelta
 
 from django.db import transaction
 from django.tasks import TaskContext, task
@@ -83,6 +84,42 @@ def suicide() -> None:
 @shard_task(max_attempts=1)
 def suicide_once() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- unique tasks (tests/integration/test_unique.py) --------------------------------
+
+
+@shard_task(unique_for=60)
+def unique_report(account_id: int, kind: str = "daily") -> str:
+    return f"{kind} report of {account_id}"
+
+
+@shard_task(unique_for=60)
+def unique_invoice(account_id: int, kind: str = "daily") -> str:
+    """Same arguments as unique_report: a different task, so never the same key."""
+    return f"{kind} invoice of {account_id}"
+
+
+@shard_task(unique_for=0.3)
+def unique_brief(n: int) -> int:
+    """Unique for 0.3 s: the tests wait the key out."""
+    return n
+
+
+@shard_task(unique_for=timedelta(minutes=5), unique_key="account_id", key="account_id")
+def unique_per_account(account_id: int, note: str = "") -> int:
+    return account_id
+
+
+def order_of(args: tuple, kwargs: dict) -> str:
+    """The unique key of unique_per_order: the order's id, wherever it was passed."""
+    order = kwargs["order"] if "order" in kwargs else args[0]
+    return f"order-{order['id']}"
+
+
+@shard_task(unique_for=60, unique_key=order_of)
+def unique_per_order(order: dict) -> int:
+    return order["id"]
 
 
 NOT_A_TASK = 42
