@@ -1,8 +1,8 @@
 """Benchmarks of shardq's in-memory structures against their stdlib rivals.
 
-    python bench/core_bench.py            # 1k and 65k entries, 3 runs each
-    python bench/core_bench.py --full     # adds the 1M-entry heap and index runs
-    python bench/core_bench.py --repeat 5
+    python bench/core.py            # 1k and 65k entries, 3 runs each
+    python bench/core.py --full     # adds the 1M-entry heap and index runs
+    python bench/core.py --repeat 5
 
 Prints one table and writes bench/results/core.json; ``--markdown FILE``
 renders a results file for docs/benchmarks.md. Every figure is the median of
@@ -23,6 +23,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import OrderedDict, deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,9 +205,66 @@ def lru_get_or_compute(kind, capacity=10_000, ops=200_000, seed=5):
 
 
 # -- small structures ---------------------------------------------------------
-def fifoset_mix(capacity=100_000, ops=300_000):
+class _OrderedDictFifo:
+    """The stdlib rival: evict the single oldest on every insert when full."""
+
+    def __init__(self, capacity):
+        self.capacity, self.members = capacity, OrderedDict()
+
+    def add(self, member):
+        members = self.members
+        if member in members:
+            return
+        if len(members) >= self.capacity:
+            members.popitem(last=False)
+        members[member] = None
+
+    def __contains__(self, member):
+        return member in self.members
+
+    def discard(self, member):
+        self.members.pop(member, None)
+
+
+class _DequeSetFifo:
+    """A set for membership plus a deque for age, one eviction per insert."""
+
+    def __init__(self, capacity):
+        self.capacity, self.members, self.order = capacity, set(), deque()
+
+    def add(self, member):
+        if member in self.members:
+            return
+        if len(self.members) >= self.capacity:
+            self.members.discard(self.order.popleft())
+        self.members.add(member)
+        self.order.append(member)
+
+    def __contains__(self, member):
+        return member in self.members
+
+
+def fifoset_runtime(cls, capacity=8192, ops=300_000, in_flight=256):
+    """The completer's pattern: remember each finished id, look it up when a
+    claim comes back, forget it once its write lands (``in_flight`` later)."""
     def run():
-        s = FifoSet(capacity)
+        s = cls(capacity)
+        add, discard = s.add, s.discard
+        t0 = clock()
+        for i in range(ops):
+            add(i)
+            (i - 7) in s
+            discard(i - in_flight)
+        return ops, clock() - t0
+
+    return run
+
+
+def fifoset_mix(cls, capacity=100_000, ops=300_000):
+    """The worker's pattern: insert ids as they finish (always new, so the
+    set stays full and evicts), look up a recent one now and then."""
+    def run():
+        s = cls(capacity)
         add = s.add
         t0 = clock()
         for i in range(ops):
@@ -431,7 +489,14 @@ def main(argv=None):
             [(kind, lru_get_or_compute(kind))
              for kind in ("LinkedLRU", "OrderedDictLRU", "functools.lru_cache")])
 
-    measure("FifoSet", "add + contains, cap 100k", "FifoSet", fifoset_mix())
+    compare("FIFO set", "add + contains, cap 100k, full",
+            [("FifoSet (10% batch eviction)", fifoset_mix(FifoSet)),
+             ("OrderedDict, evict 1 per add", fifoset_mix(_OrderedDictFifo)),
+             ("set + deque, evict 1 per add", fifoset_mix(_DequeSetFifo))])
+    # set + deque has no O(1) discard (a deque removes from the middle in O(n)).
+    compare("FIFO set", "add + contains + discard (completer), cap 8k",
+            [("FifoSet (10% batch eviction)", fifoset_runtime(FifoSet)),
+             ("OrderedDict, evict 1 per add", fifoset_runtime(_OrderedDictFifo))])
     compare("lock", "uncontended acquire+release",
             [(mode, rwlock_uncontended(mode))
              for mode in ("threading.Lock", "RWLock read", "RWLock write")])

@@ -15,7 +15,7 @@ rebuilt in O(n) (compaction), so memory stays within 1.25× the live size.
 
 Two implementations share the interface: :class:`QuaternaryIndexedQueue`, a
 4-ary heap in pure Python (shallower tree, fewer comparisons per sift) and
-:class:`HeapqIndexedQueue` on the C ``heapq`` module. ``bench/core_bench.py``
+:class:`HeapqIndexedQueue` on the C ``heapq`` module. ``bench/core.py``
 measures both: heapq is 1.7–2.7× faster at 1k, 65k and 1M entries, so
 :data:`FastestIndexedQueue` / :func:`make_indexed_queue` give the heapq version
 (docs/benchmarks.md). Neither is thread-safe: the owner locks.
@@ -240,7 +240,7 @@ class QuaternaryIndexedQueue(_IndexedQueueBase):
 
 
 #: The implementation the runtime uses: the faster one as measured by
-#: bench/core_bench.py (docs/benchmarks.md, "In-memory structures").
+#: bench/core.py (docs/benchmarks.md, "In-memory structures").
 FastestIndexedQueue = HeapqIndexedQueue
 
 

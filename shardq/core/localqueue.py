@@ -8,7 +8,7 @@ demand-driven: it asks the database for ``free`` jobs at most.
 Where a buffered job lives
 --------------------------
 * **delayed index** — ``run_after > now`` at push time; a time-ordered index
-  (the skip list up to 8k capacity, else SortedList: whichever measured
+  (the skip list up to 2k capacity, else SortedList: whichever measured
   faster at that size, see :mod:`shardq.core.skiplist`). Every ``pop``
   first moves everything due into the lanes (one range pop).
 * **lane** — ready to run. ``lane = FNV-1a(queue name) & (lane_count - 1)``;

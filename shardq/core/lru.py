@@ -215,7 +215,7 @@ class OrderedDictLRU:
         self._map.clear()
 
 
-#: The implementation the runtime uses (measured by bench/core_bench.py).
+#: The implementation the runtime uses (measured by bench/core.py).
 FastestLRU = OrderedDictLRU
 
 

@@ -14,11 +14,13 @@ Two implementations share the interface:
 * :class:`SortedListDelayedIndex` — ``sortedcontainers.SortedList`` of
   ``(time, sequence, id)`` plus a dict.
 
-``bench/core_bench.py`` measures both (docs/benchmarks.md): the skip list is
-10–25% faster at about a thousand entries, level with SortedList near 8k,
-and SortedList is faster beyond (1.1–1.3× at 32k–65k, 1.5× at 1M). :func:`make_delayed_index` therefore picks by the
-size the owner expects — the local queue passes its capacity, which is far
-below the crossover, so the runtime uses the skip list. Equal times pop in
+``bench/core.py`` measures both (docs/benchmarks.md): up to about two
+thousand entries they are level (within ±5% across runs; one earlier run
+had the skip list 1.2× ahead at 1k), from 4k SortedList is ahead (1.04× at
+4k, 1.1× at 8k, 1.4× at 65k, 1.8× at 1M). :func:`make_delayed_index`
+therefore picks by the size the owner expects — the local queue passes its
+capacity (a few hundred jobs in a default worker), so the runtime uses the
+skip list, and a worker configured with a larger buffer gets SortedList. Equal times pop in
 insertion (FIFO) order. Not thread-safe: the owner locks.
 """
 
@@ -238,7 +240,7 @@ class SortedListDelayedIndex:
 
 
 #: Up to this many entries the skip list measured faster; above, SortedList.
-SKIPLIST_MAX_ENTRIES = 8_192
+SKIPLIST_MAX_ENTRIES = 2_048
 
 
 def delayed_index_class(size_hint=None):

@@ -249,6 +249,7 @@ def test_a_worker_that_regains_a_shard_writes_the_result_it_already_has_instead_
     assert [r.refresh() or r.return_value for r in results] == [0, 1, 2, 3]
     assert dict(query("SELECT job_id, count(*) FROM taskapp_execution GROUP BY 1")) == {int(r.id): 1 for r in results}
     assert {r[0] for r in query("SELECT id FROM shardq_job WHERE attempts = 2")} == paused
-    stats = wait_until(lambda: (s := worker_stats(ids_a)).get("recalled") == len(paused) and s, timeout=30,
-                       message=lambda: f"A to count {len(paused)} recalled results; stats {worker_stats(ids_a)}")
-    assert stats["fence_rejections"] == len(paused)
+    # Counters are published at each heartbeat: wait for one after the writes.
+    wait_until(lambda: (s := worker_stats(ids_a)).get("recalled") == len(paused) == s.get("fence_rejections"),
+               timeout=30, message=lambda: f"A to count {len(paused)} recalled results and as many refused "
+                                           f"writes; stats {worker_stats(ids_a)}")
