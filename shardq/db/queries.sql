@@ -333,3 +333,54 @@ FROM shardq_job AS j
 JOIN shardq_shard AS s ON s.shard = j.shard AND s.claim_version = j.fence
 WHERE j.shard = ANY(%(shards)s::int[]) AND j.status = 'RUNNING'
   AND j.worker_ids ->> -1 = %(worker)s::text;
+
+-- name: prune_jobs
+-- Delete the finished jobs (status in :statuses, finished before :cutoff) among the next :batch ids after :after (a primary-key range walk, no scan of the table); returns the last id looked at, how many were looked at and how many deleted.
+WITH batch AS MATERIALIZED (
+    SELECT id FROM shardq_job WHERE id > %(after)s ORDER BY id LIMIT %(batch)s
+), gone AS (
+    -- Conditions on the row being deleted, so one that moved meanwhile (a
+    -- dead-lettered job retried from the admin) is re-checked, not deleted.
+    DELETE FROM shardq_job AS j USING batch AS b
+    WHERE j.id = b.id AND j.status = ANY(%(statuses)s::text[]) AND j.finished_at < %(cutoff)s
+    RETURNING j.id
+)
+SELECT (SELECT max(id) FROM batch), (SELECT count(*) FROM batch), (SELECT count(*) FROM gone);
+
+-- name: count_prunable_jobs
+-- How many jobs prune_jobs would delete (status in :statuses, finished before :cutoff), and the id range to walk.
+SELECT count(*) FILTER (WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(cutoff)s),
+       min(id), max(id) FILTER (WHERE enqueued_at < %(cutoff)s)
+FROM shardq_job;
+
+-- name: prune_unique_keys
+-- Delete up to :batch expired unique keys (an expired key holds nothing: the next enqueue of it would take it over); returns how many.
+WITH gone AS (
+    DELETE FROM shardq_unique WHERE key IN (
+        SELECT key FROM shardq_unique WHERE expires_at < clock_timestamp() LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: prune_workers
+-- Delete worker incarnations whose last heartbeat is older than :cutoff and that own no shard; returns how many.
+WITH gone AS (
+    DELETE FROM shardq_worker AS w WHERE w.heartbeat_at < %(cutoff)s
+      AND NOT EXISTS (SELECT 1 FROM shardq_shard AS s WHERE s.owner = w.id)
+    RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: prune_shard_events
+-- Delete shard claim/release history older than :cutoff; returns how many rows.
+WITH gone AS (
+    DELETE FROM shardq_shard_event WHERE at < %(cutoff)s RETURNING 1
+)
+SELECT count(*) FROM gone;
+
+-- name: count_prunable_rest
+-- What prune_unique_keys, prune_workers and prune_shard_events would delete (for --dry-run).
+SELECT (SELECT count(*) FROM shardq_unique WHERE expires_at < clock_timestamp()),
+       (SELECT count(*) FROM shardq_worker AS w WHERE w.heartbeat_at < %(cutoff)s
+          AND NOT EXISTS (SELECT 1 FROM shardq_shard AS s WHERE s.owner = w.id)),
+       (SELECT count(*) FROM shardq_shard_event WHERE at < %(cutoff)s);

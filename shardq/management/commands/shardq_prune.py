@@ -1,0 +1,112 @@
+"""``manage.py shardq_prune``: delete finished jobs and old bookkeeping.
+
+Without pruning, ``shardq_job`` keeps every job ever run. The command walks
+the table by primary key in batches (each its own short transaction, so it
+can run beside busy workers and be stopped at any time) and deletes finished
+jobs older than ``--older-than``: SUCCESSFUL ones, and dead-lettered ones
+(FAILED) only with ``--failed`` — the dead-letter queue is the operator's to
+look at. It also deletes every expired unique key (it holds nothing any
+more), worker incarnations that have not beaten for that long and own no
+shard, and shard history older than the cutoff. ``--dry-run`` counts instead.
+
+A process that read a SUCCESSFUL result before it was pruned may still
+answer ``get_result`` from its cache of finished results (the result was
+real); other processes get ``TaskResultDoesNotExist``.
+"""
+
+import re
+import time
+from datetime import timedelta
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from ...db.queries import QUERIES
+from ..flags import whole_number
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: str) -> timedelta:
+    """``"90"``, ``"90s"``, ``"30m"``, ``"12h"``, ``"7d"``, ``"2w"`` → a timedelta."""
+    match = _DURATION.match(value or "")
+    if not match:
+        raise CommandError(
+            f"--older-than must be a number with an optional unit s, m, h, d or w (e.g. 7d, 12h), not {value!r}."
+        )
+    return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+
+
+class Command(BaseCommand):
+    help = ("Delete finished jobs older than --older-than (SUCCESSFUL; dead-lettered too with --failed), "
+            "expired unique keys, long-gone workers and old shard history.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--older-than", default="7d",
+                            help="Age of what is deleted, by finish time: e.g. 7d (default), 12h, 30m, 90s.")
+        parser.add_argument("--failed", action="store_true",
+                            help="Also delete dead-lettered (FAILED) jobs; by default they are kept for inspection.")
+        parser.add_argument("--batch", default="5000", help="Rows looked at per transaction (default 5000).")
+        parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
+        parser.add_argument("--no-progress", action="store_true", help="No progress bar (logs, cron).")
+
+    def handle(self, *args, **options):
+        age = parse_duration(options["older_than"])
+        batch = whole_number("batch", options["batch"])
+        statuses = ["SUCCESSFUL", "FAILED"] if options["failed"] else ["SUCCESSFUL"]
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT clock_timestamp() - %s", [age])
+            cutoff = cursor.fetchone()[0]
+            cursor.execute(QUERIES["count_prunable_jobs"], {"statuses": statuses, "cutoff": cutoff})
+            prunable, first_id, last_id = cursor.fetchone()
+            if options["dry_run"]:
+                cursor.execute(QUERIES["count_prunable_rest"], {"cutoff": cutoff})
+                keys, workers, events = cursor.fetchone()
+                self.stdout.write(
+                    f"would delete (finished before {cutoff:%Y-%m-%d %H:%M:%S %Z}): {prunable} jobs "
+                    f"({' and '.join(statuses)}), {keys} expired unique keys, {workers} worker rows, "
+                    f"{events} shard events"
+                )
+                return
+        began = time.monotonic()
+        deleted = self._prune_jobs(statuses, cutoff, batch, prunable, first_id, last_id, options["no_progress"])
+        with connection.cursor() as cursor:
+            keys = 0
+            while True:
+                cursor.execute(QUERIES["prune_unique_keys"], {"batch": batch})
+                n = cursor.fetchone()[0]
+                keys += n
+                if n < batch:
+                    break
+            cursor.execute(QUERIES["prune_workers"], {"cutoff": cutoff})
+            workers = cursor.fetchone()[0]
+            cursor.execute(QUERIES["prune_shard_events"], {"cutoff": cutoff})
+            events = cursor.fetchone()[0]
+        self.stdout.write(
+            f"deleted {deleted} jobs ({' and '.join(statuses)}, finished before "
+            f"{cutoff:%Y-%m-%d %H:%M:%S %Z}), {keys} expired unique keys, {workers} worker rows, "
+            f"{events} shard events in {time.monotonic() - began:.1f}s"
+        )
+
+    def _prune_jobs(self, statuses, cutoff, batch, prunable, first_id, last_id, quiet) -> int:
+        """Walk ids up to the last job enqueued before the cutoff (a job
+        enqueued later finished later too); one autocommit statement a batch."""
+        if not prunable or first_id is None or last_id is None:
+            return 0
+        progress = Progress(TextColumn("pruning jobs"), BarColumn(), MofNCompleteColumn(),
+                            TimeRemainingColumn(), transient=True, disable=quiet)
+        bar = progress.add_task("prune", total=prunable)
+        deleted, after = 0, first_id - 1
+        with progress, connection.cursor() as cursor:
+            while after < last_id:
+                cursor.execute(QUERIES["prune_jobs"], {"after": after, "batch": batch,
+                                                       "statuses": statuses, "cutoff": cutoff})
+                last_seen, seen, gone = cursor.fetchone()
+                if not seen:
+                    break
+                after = last_seen
+                deleted += gone
+                progress.advance(bar, gone)
+        return deleted
