@@ -18,6 +18,7 @@ __all__ = [
     "enqueue_many",
     "exponential",
     "fenced",
+    "periodic",
     "shard_task",
 ]
 
@@ -33,6 +34,7 @@ _LAZY = {
     "FenceLost": "shardq.exceptions",
     "complete_in_transaction": "shardq.completion",
     "fenced": "shardq.completion",
+    "periodic": "shardq.cron",
 }
 
 

@@ -18,12 +18,14 @@ import uuid
 from ..backend import ShardqBackend
 from ..conf import get_config
 from ..db.store import DatabaseGuard, WorkerStore
+from ..cron import schedules
 from ..tasks import autodiscover
 from .buffer import Buffer
 from .completer import Completer
 from .executor import Executor
 from .fetcher import Fetcher, Listener
 from .leaser import Leaser
+from .scheduler import Scheduler
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker")
@@ -76,6 +78,7 @@ class Worker:
                                demand=self.demand)
         self.fetcher.holds = lambda job_id: self.buffer.holds(job_id) or self.completer.holds(job_id)
         self.listener = Listener(self.config.channel, self.leaser, self.fetcher, self.stats, database) if self.config.notify else None
+        self.scheduler: Scheduler | None = None  # built in run(), once the task modules are imported
         self.executor = Executor(self.buffer, self.completer, self.leaser, self.fetcher, self.stats,
                                  worker_id=self.id, concurrency=concurrency,
                                  backend_class=ShardqBackend, task_modules=self.config.task_modules)
@@ -138,6 +141,9 @@ class Worker:
         if self.listener:
             self.listener.start()
         self.fetcher.start()
+        if schedules():
+            self.scheduler = Scheduler(schedules(), self.stats)
+            self.scheduler.start()
         failed = None
         while not self._stop.wait(0.5):
             failed = self._failed_service()
@@ -149,13 +155,16 @@ class Worker:
 
     def _failed_service(self) -> str | None:
         for name, service in (("leaser", self.leaser), ("fetcher", self.fetcher),
-                              ("completer", self.completer), ("executor", self.executor)):
-            if service.failure is not None:
+                              ("completer", self.completer), ("executor", self.executor),
+                              ("scheduler", self.scheduler)):
+            if service is not None and service.failure is not None:
                 return name
         return None
 
     def shutdown(self) -> None:
         deadline = time.monotonic() + self.grace
+        if self.scheduler:
+            self.scheduler.stop()
         self.leaser.stopping = True
         self.fetcher.stop()
         if self.listener:

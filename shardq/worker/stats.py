@@ -16,6 +16,7 @@ COUNTERS = (
     "releases",
     "returned",
     "recalled",
+    "ticks",
     "db_errors",
 )
 

@@ -3,6 +3,7 @@
 import os
 import signal
 import time
+from datetime import datetime
 
 import shardq
 from tests.conftest import wait_until
@@ -253,3 +254,31 @@ def test_a_worker_that_regains_a_shard_writes_the_result_it_already_has_instead_
     wait_until(lambda: (s := worker_stats(ids_a)).get("recalled") == len(paused) == s.get("fence_rejections"),
                timeout=30, message=lambda: f"A to count {len(paused)} recalled results and as many refused "
                                            f"writes; stats {worker_stats(ids_a)}")
+
+
+def test_two_workers_run_each_tick_of_a_periodic_task_once(workers):
+    env = {"SHARDQ_TEST_PERIODIC": "1"}
+    a = workers.start("--concurrency", "2", env=env)
+    b = workers.start("--concurrency", "2", env=env)
+    ids = {worker_id_of(a.pid), worker_id_of(b.pid)}
+    path = "tests.taskapp.periodic_tasks.every_second"
+
+    def ticks_run() -> int:
+        return scalar("SELECT count(*) FROM shardq_job WHERE task_path = %s AND status = 'SUCCESSFUL'", [path])
+
+    wait_until(lambda: ticks_run() >= 5, timeout=60, message=lambda: f"5 ticks to run (now {ticks_run()})")
+    # Both schedulers offered every tick; the table kept one job a tick.
+    wait_until(lambda: all(worker_stats(w).get("ticks", 0) >= 5 for w in ids), timeout=30,
+               message=lambda: f"both schedulers to offer ticks: {[worker_stats(w) for w in ids]}")
+    ticks = [key.rsplit(":periodic:", 1)[1].split(":", 1)[1] for (key,) in query(
+        "SELECT u.key FROM shardq_unique u JOIN shardq_job j ON j.id = u.job_id WHERE j.task_path = %s "
+        "ORDER BY u.key", [path])]
+    jobs = scalar("SELECT count(*) FROM shardq_job WHERE task_path = %s", [path])
+    assert jobs == len(ticks) == len(set(ticks)) >= 5
+    seconds = [datetime.fromisoformat(t) for t in ticks]
+    assert all((later - earlier).total_seconds() == 1 for earlier, later in zip(seconds, seconds[1:])), ticks
+    assert scalar("SELECT count(*) FROM shardq_job WHERE task_path = %s", [path]) == len(ticks)
+    # A schedule's own arguments reach its jobs.
+    labelled = query("SELECT args::text, kwargs::text, return_value::text FROM shardq_job "
+                     "WHERE task_path = 'tests.taskapp.periodic_tasks.labelled' AND status = 'SUCCESSFUL'")
+    assert labelled and set(labelled) == {("[2]", '{"label": "even"}', '"even:2"')}
