@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench faults clean
+.PHONY: demo test venv bench faults clean chromium
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -22,8 +22,24 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) manage.py shardq_demo
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m pytest -q
+
+# The browser tests (tests/browser) drive Debian's chromium through Playwright:
+# `playwright install` downloads a browser build of its own, which a machine
+# that reaches only the package registries cannot do.
+CHROMIUM := /usr/bin/chromium
+chromium:
+	@if [ -x $(CHROMIUM) ]; then exit 0; fi; \
+	command -v apt-get >/dev/null 2>&1 || { \
+		echo "$(CHROMIUM) is missing and apt-get is not available: install Chromium (Debian's package is 'chromium')"; \
+		echo "so that $(CHROMIUM) exists; the admin's browser tests in tests/browser drive it."; exit 1; }; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; else \
+		echo "$(CHROMIUM) is missing: run 'apt-get update && apt-get install -y --no-install-recommends chromium' as root."; exit 1; fi; \
+	echo "installing Debian's chromium for the browser tests (tests/browser)"; \
+	$$SUDO apt-get update && \
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y --no-install-recommends chromium && \
+	test -x $(CHROMIUM) || { echo "apt-get installed chromium but $(CHROMIUM) does not exist"; exit 1; }
 
 # Full fault sizes; -s shows each test's [faults] figures line (docs/reliability.md).
 faults: $(STAMP)

@@ -59,6 +59,11 @@ class Job(models.Model):
                 fields=["shard"], condition=Q(status="RUNNING"), name="shardq_job_running_idx"
             ),
         ]
+        # The admin's dead-letter actions, each behind its own permission.
+        permissions = [
+            ("retry_job", "Can retry failed jobs (back to READY with fresh attempts)"),
+            ("discard_job", "Can discard (delete) failed jobs"),
+        ]
 
     def __str__(self):
         return f"{self.task_path}#{self.pk} ({self.status})"
@@ -78,6 +83,21 @@ class Shard(models.Model):
 
     def __str__(self):
         return f"shard {self.shard}"
+
+
+class Dashboard(Shard):
+    """The admin's dashboard (throughput, lag and pickup latency per shard).
+
+    A proxy with no table of its own: it gives the page an admin URL
+    (``admin/shardq/dashboard/``), an entry in the admin index and its own
+    permission, ``shardq.view_dashboard``.
+    """
+
+    class Meta:
+        proxy = True
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"
+        default_permissions = ("view",)
 
 
 class ShardEvent(models.Model):

@@ -56,6 +56,11 @@ class ShardTask(Task):
     says what "the same" means: None (every argument), the name of one
     argument, or a callable over ``(args, kwargs)``; see
     ``compute_unique_key``.
+
+    ``sensitive`` marks arguments the admin must not show: a tuple of
+    argument names, or True for every argument. Their values are stored as
+    usual (the task needs them) and shown as ``"[redacted]"``; see
+    ``redact_arguments``.
     """
 
     key: str | Callable[[tuple, dict], Any] | None = None
@@ -65,6 +70,7 @@ class ShardTask(Task):
     ordered: bool = False
     unique_for: float | timedelta | None = None
     unique_key: str | Callable[[tuple, dict], Any] | None = None
+    sensitive: bool | tuple[str, ...] = ()
 
     @property
     def unique_for_seconds(self) -> float | None:
@@ -110,8 +116,11 @@ def shard_task(
     ordered=False,
     unique_for=None,
     unique_key=None,
+    sensitive=(),
 ):
     """Decorate a module-level function as a shardq task (see ``ShardTask``)."""
+    if isinstance(sensitive, (list, set, frozenset)):
+        sensitive = tuple(sensitive)
 
     def wrapper(func):
         return ShardTask(
@@ -126,6 +135,7 @@ def shard_task(
             ordered=ordered,
             unique_for=unique_for,
             unique_key=unique_key,
+            sensitive=sensitive,
         )
 
     if function is not None:
@@ -148,6 +158,7 @@ def validate_shard_options(task: Task) -> None:
     if task.backoff is not None and not isinstance(task.backoff, Backoff):
         raise InvalidTask(f"{name}: backoff must come from shardq.exponential(...), not {task.backoff!r}.")
     _check_unique_options(task)
+    _check_sensitive(task)
 
 
 def _check_argument_name(task: "ShardTask", option: str, value: str) -> None:
@@ -196,6 +207,95 @@ def _check_unique_options(task: "ShardTask") -> None:
             f"{name}: unique_key must be None (every argument), the name of an argument, or a "
             f"callable over (args, kwargs), not {task.unique_key!r}."
         )
+
+
+def _check_sensitive(task: "ShardTask") -> None:
+    name = task.module_path
+    value = task.sensitive
+    if value is None or isinstance(value, bool):  # True: every argument; False/None: none
+        return
+    if not isinstance(value, tuple) or not all(isinstance(n, str) for n in value):
+        raise InvalidTask(
+            f"{name}: sensitive must be True (every argument) or a tuple of argument names, "
+            f"e.g. sensitive=('password',), not {value!r}."
+        )
+    params = inspect.signature(task.func).parameters
+    named = [n for n in params if not (task.takes_context and n == "context")]
+    for arg in value:
+        if arg not in named:
+            raise InvalidTask(
+                f"{name}: sensitive names {arg!r}, which is not an argument of the function "
+                f"(its arguments: {', '.join(named) or 'none'}). Name its arguments, e.g. "
+                f"sensitive=({(named or ['password'])[0]!r},), or sensitive=True for all of them."
+            )
+
+
+REDACTED = "[redacted]"
+
+
+def _sensitive_names(task: Task) -> frozenset | bool:
+    """True (every argument), or the names marked sensitive (maybe none)."""
+    value = getattr(task, "sensitive", ())
+    if value is True:
+        return True
+    return frozenset(value or ())
+
+
+def redact_arguments(task: Task | None, args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """A job's stored ``args`` and ``kwargs`` as an operator may see them.
+
+    The values of the arguments ``task`` marks sensitive become
+    ``"[redacted]"``; positional ones are named through the function's
+    signature (the context parameter of ``takes_context`` tasks is not
+    stored), extra positional or keyword values through the ``*args`` /
+    ``**kwargs`` parameter's name. ``task=None`` (a task path this process
+    cannot resolve: its sensitivity is unknown) redacts every value, as does
+    a stored shape that does not fit the function.
+    """
+    names = True if task is None else _sensitive_names(task)
+    if names is True:
+        return (
+            [REDACTED] * len(args) if isinstance(args, list) else REDACTED,
+            {k: REDACTED for k in kwargs} if isinstance(kwargs, dict) else REDACTED,
+        )
+    if not names:
+        return args, kwargs
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        return REDACTED, REDACTED
+    params = list(_signature(task).parameters.values())
+    if task.takes_context and params:
+        params = params[1:]
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    var_positional = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
+    var_keyword = next((p.name for p in params if p.kind is p.VAR_KEYWORD), None)
+    keyword = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    shown_args = []
+    for i, value in enumerate(args):
+        # An extra positional value with no *args to take it does not fit the
+        # function: hidden rather than guessed at.
+        arg = positional[i] if i < len(positional) else var_positional
+        shown_args.append(REDACTED if arg is None or arg in names else value)
+    shown_kwargs = {
+        k: REDACTED if (k in names or (k not in keyword and (var_keyword is None or var_keyword in names))) else v
+        for k, v in kwargs.items()
+    }
+    return shown_args, shown_kwargs
+
+
+def shard_key_is_sensitive(task: Task | None) -> bool:
+    """Whether a job's stored shard key may reveal a sensitive argument: the
+    task marks every argument sensitive, its ``key`` names a sensitive
+    argument, or ``key`` is a callable (it may read any argument) and some
+    argument is sensitive. Unknown tasks (None): yes."""
+    if task is None:
+        return True
+    names = _sensitive_names(task)
+    if not names:
+        return False
+    key = getattr(task, "key", None)
+    if names is True:
+        return True
+    return callable(key) or key in names
 
 
 _signatures: dict[Callable, inspect.Signature] = {}
@@ -254,10 +354,15 @@ def compute_unique_key(task: "ShardTask", args: tuple, kwargs: dict) -> str:
     return key
 
 
-def _bind(task: Task, args: tuple, kwargs: dict, *, apply_defaults: bool) -> dict:
+def _signature(task: Task) -> inspect.Signature:
     sig = _signatures.get(task.func)
     if sig is None:
         sig = _signatures[task.func] = inspect.signature(task.func)
+    return sig
+
+
+def _bind(task: Task, args: tuple, kwargs: dict, *, apply_defaults: bool) -> dict:
+    sig = _signature(task)
     call_args = (None, *args) if task.takes_context else args
     try:
         bound = sig.bind(*call_args, **kwargs)
@@ -294,6 +399,11 @@ _registry: dict[str, Task] = {}
 
 def register(task: Task) -> None:
     _registry.setdefault(task.module_path, task)
+
+
+def registered_task_paths() -> list[str]:
+    """The task paths defined (imported) in this process so far."""
+    return list(_registry)
 
 
 def resolve(task_path: str, extra_modules: tuple = ()) -> Task:

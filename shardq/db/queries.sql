@@ -384,3 +384,58 @@ SELECT (SELECT count(*) FROM shardq_unique WHERE expires_at < clock_timestamp())
        (SELECT count(*) FROM shardq_worker AS w WHERE w.heartbeat_at < %(cutoff)s
           AND NOT EXISTS (SELECT 1 FROM shardq_shard AS s WHERE s.owner = w.id)),
        (SELECT count(*) FROM shardq_shard_event WHERE at < %(cutoff)s);
+
+-- name: admin_retry_failed_jobs
+-- Admin "Retry": put the FAILED jobs among :ids back to READY with a fresh budget (attempts 0), due now, status_rank + 1, errors kept as history; compare-and-set on status = 'FAILED', so a job that moved meanwhile is left alone; NOTIFY each retried job's shard as enqueue does (delivered at commit, equal payloads coalesced). Returns the ids retried.
+UPDATE shardq_job
+SET status = 'READY', status_rank = status_rank + 1, attempts = 0,
+    run_after = clock_timestamp(), finished_at = NULL
+WHERE id = ANY(%(ids)s::bigint[]) AND status = 'FAILED'
+RETURNING id, task_path, CASE WHEN %(notify)s THEN pg_notify(%(channel)s, shard::text) END;
+
+-- name: admin_discard_failed_jobs
+-- Admin "Discard": delete the FAILED jobs among :ids (compare-and-set on status: a job retried meanwhile stays). Returns the ids deleted.
+DELETE FROM shardq_job WHERE id = ANY(%(ids)s::bigint[]) AND status = 'FAILED'
+RETURNING id, task_path;
+
+-- name: admin_dashboard
+-- Admin dashboard, one row a shard plus one totals row (shard NULL): owner, seconds of lease left, jobs finished in the last :minutes minutes (and how many FAILED), pickup latency p50/p99/mean/max of those (seconds from due, run_after, to the start of the final attempt, last_attempted_at), dead-lettered jobs, READY depth (all, due), the wait of the oldest due READY job, RUNNING jobs.
+WITH now AS MATERIALIZED (
+    SELECT clock_timestamp() AS t, clock_timestamp() - make_interval(mins => %(minutes)s) AS since
+), finished AS (
+    -- One scan of the finished jobs (finished_at has no index: one would
+    -- cost every ack a non-HOT update), per shard and in total.
+    SELECT j.shard, GROUPING(j.shard) = 1 AS is_total,
+           count(*) FILTER (WHERE j.finished_at >= now.since) AS finished,
+           count(*) FILTER (WHERE j.finished_at >= now.since AND j.status = 'FAILED') AS failed,
+           count(*) FILTER (WHERE j.status = 'FAILED' AND j.attempts >= j.max_attempts) AS dead,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY l.s) FILTER (WHERE j.finished_at >= now.since) AS p50,
+           percentile_cont(0.99) WITHIN GROUP (ORDER BY l.s) FILTER (WHERE j.finished_at >= now.since) AS p99,
+           avg(l.s) FILTER (WHERE j.finished_at >= now.since) AS mean,
+           max(l.s) FILTER (WHERE j.finished_at >= now.since) AS max
+    FROM shardq_job AS j
+    CROSS JOIN now
+    CROSS JOIN LATERAL (SELECT extract(epoch FROM j.last_attempted_at - j.run_after)::float8 AS s) AS l
+    WHERE j.status IN ('SUCCESSFUL', 'FAILED')
+    GROUP BY GROUPING SETS ((j.shard), ())
+)
+SELECT s.shard, s.owner, w.host, w.pid,
+       extract(epoch FROM s.lease_expires - now.t)::float8,
+       COALESCE(f.finished, 0), COALESCE(f.failed, 0), COALESCE(f.dead, 0), f.p50, f.p99, f.mean, f.max,
+       r.depth, r.due, r.oldest, (SELECT count(*) FROM shardq_job AS x WHERE x.shard = s.shard AND x.status = 'RUNNING')
+FROM shardq_shard AS s
+CROSS JOIN now
+LEFT JOIN shardq_worker AS w ON w.id = s.owner
+LEFT JOIN finished AS f ON f.shard = s.shard AND NOT f.is_total
+LEFT JOIN LATERAL (
+    -- The shard's slice of shardq_job_ready_idx, once.
+    SELECT count(*) AS depth,
+           count(*) FILTER (WHERE x.run_after <= now.t) AS due,
+           extract(epoch FROM now.t - min(x.run_after) FILTER (WHERE x.run_after <= now.t))::float8 AS oldest
+    FROM shardq_job AS x WHERE x.shard = s.shard AND x.status = 'READY'
+) AS r ON true
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, f.finished, f.failed, f.dead, f.p50, f.p99, f.mean, f.max,
+       NULL, NULL, NULL, NULL
+FROM finished AS f WHERE f.is_total
+ORDER BY 1 NULLS LAST;

@@ -3,6 +3,9 @@
 import threading
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from shardq.core.rwlock import RWLock
 from tests.conftest import wait_until as shared_wait_until
@@ -180,3 +183,111 @@ def test_release_without_acquire_is_an_error():
         lock.release_read()
     with pytest.raises(RuntimeError, match="release_write"):
         lock.release_write()
+
+
+class RWLockMachine(RuleBasedStateMachine):
+    """The lock against a model of its grant rules, with real parked threads.
+
+    Holders are tokens ("r" or "w"); a parked waiter is a thread blocked in
+    acquire_*. After every step the lock's counters equal the model's, and
+    every waiter the model says was granted has returned from its acquire.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.lock = RWLock()
+        self.readers = 0
+        self.writer = False
+        self.readers_waiting: list[threading.Event] = []
+        self.writers_waiting: list[threading.Event] = []
+        self.granted: list[threading.Event] = []  # waiters the model has let in
+        self.holders: list[str] = []
+
+    def _park(self, acquire) -> threading.Event:
+        entered = threading.Event()
+
+        def wait():
+            acquire()
+            entered.set()
+
+        start(wait)
+        return entered
+
+    @rule()
+    def read_without_waiting(self):
+        admitted = not self.writer and not self.writers_waiting
+        assert self.lock.acquire_read(timeout=0) is admitted
+        if admitted:
+            self.readers += 1
+            self.holders.append("r")
+
+    @rule()
+    def write_without_waiting(self):
+        admitted = not self.writer and not self.readers and not self.writers_waiting
+        assert self.lock.acquire_write(timeout=0) is admitted
+        if admitted:
+            self.writer = True
+            self.holders.append("w")
+
+    @precondition(lambda self: self.writer or self.writers_waiting)
+    @rule()
+    def park_a_reader(self):
+        entered = self._park(self.lock.acquire_read)
+        self.readers_waiting.append(entered)
+        wait_until(lambda: self.lock.waiting[0] == len(self.readers_waiting))
+
+    @precondition(lambda self: self.writer or self.readers)
+    @rule()
+    def park_a_writer(self):
+        entered = self._park(self.lock.acquire_write)
+        self.writers_waiting.append(entered)
+        wait_until(lambda: self.lock.waiting[1] == len(self.writers_waiting))
+
+    @precondition(lambda self: self.holders)
+    @rule(data=st.data())
+    def release_one(self, data):
+        self._release(data.draw(st.sampled_from(sorted(set(self.holders)))))
+
+    def _release(self, kind):
+        self.holders.remove(kind)
+        if kind == "r":
+            self.lock.release_read()
+            self.readers -= 1
+            if self.readers == 0 and self.writers_waiting:
+                self._grant_writer()
+        else:
+            self.lock.release_write()
+            self.writer = False
+            if self.readers_waiting:  # every waiting reader, as one batch
+                self.readers += len(self.readers_waiting)
+                self.holders += ["r"] * len(self.readers_waiting)
+                self.granted += self.readers_waiting
+                self.readers_waiting = []
+            elif self.writers_waiting:
+                self._grant_writer()
+
+    def _grant_writer(self):
+        self.writer = True
+        self.holders.append("w")
+        self.granted.append(self.writers_waiting.pop(0))
+
+    @invariant()
+    def the_lock_is_in_the_models_state(self):
+        assert not (self.lock.writer_active and self.lock.readers), "a writer with readers"
+        assert (self.lock.readers, self.lock.writer_active) == (self.readers, self.writer)
+        assert self.lock.waiting == (len(self.readers_waiting), len(self.writers_waiting))
+        for entered in self.granted:
+            assert entered.wait(timeout=5), "a waiter the model let in is still blocked"
+        for entered in self.readers_waiting + self.writers_waiting:
+            assert not entered.is_set(), "a waiter got in that the model holds back"
+
+    def teardown(self):
+        # Let every parked thread in and out, so none outlives the example.
+        while self.holders:
+            self._release(self.holders[0])
+        for entered in self.granted:
+            assert entered.wait(timeout=5)
+
+
+RWLockMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+test_rwlock_against_its_model = RWLockMachine.TestCase
