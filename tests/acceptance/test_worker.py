@@ -76,6 +76,11 @@ def test_a_paused_worker_past_its_ttl_cannot_write_outcomes_and_self_fences(work
     ids_b = worker_id_of(b.pid)
     wait_until(lambda: sum(shards_by_owner().values()) == 64 and len(shards_by_owner()) == 2, timeout=30)
     shardq.enqueue_many(tasks.ledger, [((), {"n": i, "sleep": 0.5}) for i in range(200)])
+    # Pause A mid-task: once its first jobs are done its threads are busy
+    # (a pause right after its first claim could catch every job claimed but
+    # not yet started, and then there is no late completion to refuse).
+    wait_until(lambda: scalar("SELECT count(*) FROM taskapp_ledger WHERE worker = %s", [ids_a]) >= 4,
+               timeout=30, message="A to finish its first jobs")
     running = wait_until(
         lambda: {r[0] for r in query("SELECT id FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a])},
         timeout=30, message="A to hold RUNNING jobs")
