@@ -73,7 +73,7 @@ from django.utils.json import normalize_json
 
 from .checks import backend_checks
 from .conf import get_config
-from .core.hashing import shard_key_hash
+from .core.hashing import salted_key_hash, shard_key_hash
 from .core.lru import make_lru
 from .db.queries import QUERIES
 from .dispatch import SignalGate
@@ -146,7 +146,13 @@ class ShardqBackend(BaseTaskBackend):
                 "data elsewhere (a model, a file) and pass its id."
             )
         key = compute_shard_key(task, args, kwargs)
-        key_hash = shard_key_hash(key) if key is not None else random.getrandbits(32) - 2**31
+        if key is None:
+            key_hash = random.getrandbits(32) - 2**31
+        elif isinstance(task, ShardTask) and task.salt:
+            # A hot key: one of its sub-keys at random (the row keeps the key).
+            key_hash = salted_key_hash(key, random.randrange(task.salt))
+        else:
+            key_hash = shard_key_hash(key)
         return {
             "shard": key_hash & (self.config.shard_count - 1),
             "key_hash": key_hash,

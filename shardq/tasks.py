@@ -57,6 +57,10 @@ class ShardTask(Task):
     argument, or a callable over ``(args, kwargs)``; see
     ``compute_unique_key``.
 
+    ``salt=N`` spreads one hot key over N sub-keys (each job picks one at
+    random), so its jobs can run on up to N shards at once; it gives up the
+    key's order, so it cannot be combined with ``ordered=True``.
+
     ``sensitive`` marks arguments the admin must not show: a tuple of
     argument names, or True for every argument. Their values are stored as
     usual (the task needs them) and shown as ``"[redacted]"``; see
@@ -71,6 +75,7 @@ class ShardTask(Task):
     unique_for: float | timedelta | None = None
     unique_key: str | Callable[[tuple, dict], Any] | None = None
     sensitive: bool | tuple[str, ...] = ()
+    salt: int | None = None
 
     @property
     def unique_for_seconds(self) -> float | None:
@@ -117,6 +122,7 @@ def shard_task(
     unique_for=None,
     unique_key=None,
     sensitive=(),
+    salt=None,
 ):
     """Decorate a module-level function as a shardq task (see ``ShardTask``)."""
     if isinstance(sensitive, (list, set, frozenset)):
@@ -136,6 +142,7 @@ def shard_task(
             unique_for=unique_for,
             unique_key=unique_key,
             sensitive=sensitive,
+            salt=salt,
         )
 
     if function is not None:
@@ -159,6 +166,27 @@ def validate_shard_options(task: Task) -> None:
         raise InvalidTask(f"{name}: backoff must come from shardq.exponential(...), not {task.backoff!r}.")
     _check_unique_options(task)
     _check_sensitive(task)
+    _check_salt(task)
+
+
+# Sub-keys beyond the largest sensible shard count spread nothing further.
+SALT_MAX = 16384
+
+
+def _check_salt(task: "ShardTask") -> None:
+    salt = task.salt
+    if salt is None:
+        return
+    if not isinstance(salt, int) or isinstance(salt, bool) or not 2 <= salt <= SALT_MAX:
+        raise InvalidTask(
+            f"{task.module_path}: salt must be a whole number of sub-keys from 2 to {SALT_MAX} "
+            f"(e.g. salt=8), not {salt!r}; leave it out for a key that is not hot."
+        )
+    if task.ordered:
+        raise InvalidTask(
+            f"{task.module_path}: salt={salt} spreads a key's jobs over several shards, so they "
+            "cannot run in the key's order: drop ordered=True, or drop salt."
+        )
 
 
 def _check_argument_name(task: "ShardTask", option: str, value: str) -> None:

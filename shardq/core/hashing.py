@@ -63,6 +63,12 @@ def shard_key_hash(key: str) -> int:
     return mmh3.hash(hashtag(key), 0, signed=True)
 
 
+def salted_key_hash(key: str, salt: int) -> int:
+    """The hash of sub-key ``salt`` of a hot key: its hashtag plus ``#salt``
+    (so a salted ``{tag}`` key spreads too), hashed like ``shard_key_hash``."""
+    return mmh3.hash(f"{hashtag(key)}#{salt}", 0, signed=True)
+
+
 def shard_for(key_hash: int, shard_count: int) -> int:
     """Shard of a key hash; ``shard_count`` is a power of two.
 

@@ -127,3 +127,9 @@ NOT_A_TASK = 42
 
 def plain_function() -> None:
     """A module-level function that is not a Task."""
+
+
+@shard_task(key="account_id", salt=8)
+def hot_account(account_id: int, n: int = 0) -> int:
+    """A hot key spread over 8 sub-keys (hot-key salting)."""
+    return n
