@@ -8,12 +8,14 @@ from importlib import import_module
 
 __all__ = [
     "Backoff",
+    "Cancelled",
     "DatabaseUnavailable",
     "FenceLost",
     "ShardTask",
     "ShardqError",
     "UnknownTask",
     "WorkerLost",
+    "cancel",
     "complete_in_transaction",
     "enqueue_many",
     "exponential",
@@ -32,6 +34,7 @@ _LAZY = {
     "UnknownTask": "shardq.exceptions",
     "WorkerLost": "shardq.exceptions",
     "FenceLost": "shardq.exceptions",
+    "Cancelled": "shardq.exceptions",
     "complete_in_transaction": "shardq.completion",
     "fenced": "shardq.completion",
     "periodic": "shardq.cron",
@@ -62,3 +65,33 @@ def enqueue_many(task, calls):
             "which is not shardq's: enqueue_many needs shardq.backend.ShardqBackend."
         )
     return backend.enqueue_many(task, calls)
+
+
+def cancel(*results, reason: str = "") -> list[str]:
+    """Cancel jobs that have not finished; returns the ids it cancelled.
+
+    ``results`` are ``TaskResult``s or their ids. A READY job (deferred or
+    waiting) will not run. A RUNNING attempt cannot be stopped from outside:
+    it runs to its end, but its outcome is refused, and a task that
+    completes in its own transaction (``complete_in_transaction``) rolls its
+    writes back. Either way the job ends FAILED with a
+    ``shardq.exceptions.Cancelled`` error (with ``reason``). Jobs already
+    finished, or not found, are left as they are. Runs on the caller's
+    connection: inside ``transaction.atomic()`` the cancel happens at commit.
+    """
+    from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, TaskResult, task_backends
+
+    by_backend: dict[str, list] = {}
+    for result in results:
+        if isinstance(result, TaskResult):
+            by_backend.setdefault(result.backend, []).append(result.id)
+        else:
+            by_backend.setdefault(DEFAULT_TASK_BACKEND_ALIAS, []).append(result)
+    cancelled = []
+    for alias, ids in by_backend.items():
+        backend = task_backends[alias]
+        if not hasattr(backend, "cancel"):
+            raise TypeError(f"backend {alias!r} ({type(backend).__name__}) is not shardq's: "
+                            "cancel needs shardq.backend.ShardqBackend.")
+        cancelled += backend.cancel(ids, reason=reason)
+    return cancelled

@@ -458,6 +458,26 @@ class ShardqBackend(BaseTaskBackend):
                 self._finished.set(job_id, _copy_result(result))
         return result
 
+    def cancel(self, result_ids, reason: str = "") -> list[str]:
+        """Cancel jobs that have not finished (see ``shardq.cancel``); returns
+        the ids cancelled. Runs on the caller's connection and transaction."""
+        ids = []
+        for result_id in result_ids:
+            job_id = parse_job_id(result_id)
+            if job_id is None:
+                raise TaskResultDoesNotExist(
+                    f"{result_id!r} is not a shardq job id (the decimal id of a TaskResult, e.g. result.id)."
+                )
+            ids.append(job_id)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, not {type(reason).__name__}")
+        if not ids:
+            return []
+        with connections[self.database_alias].cursor() as cursor:
+            cursor.execute(QUERIES["cancel_jobs"], {"ids": ids, "reason": reason})
+            cancelled = sorted(row[0] for row in cursor.fetchall())
+        return [str(job_id) for job_id in cancelled]
+
     def result_from_row(self, row) -> TaskResult:
         (job_id, task_path, _backend, queue_name, priority, run_after, status, args, kwargs,
          return_value, errors, worker_ids, enqueued_at, started_at, finished_at,

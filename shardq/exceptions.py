@@ -30,5 +30,9 @@ class WorkerLost(ShardqError):
     """Recorded on a job whose worker stopped before writing its outcome."""
 
 
+class Cancelled(ShardqError):
+    """Recorded on a job cancelled with ``shardq.cancel()``."""
+
+
 class ShardqConfigurationError(ImproperlyConfigured):
     """shardq's settings are invalid."""

@@ -439,3 +439,14 @@ SELECT NULL, NULL, NULL, NULL, NULL, f.finished, f.failed, f.dead, f.p50, f.p99,
        NULL, NULL, NULL, NULL
 FROM finished AS f WHERE f.is_total
 ORDER BY 1 NULLS LAST;
+
+-- name: cancel_jobs
+-- Cancel the jobs of :ids that have not finished: READY or RUNNING become FAILED with a shardq.exceptions.Cancelled error and status_rank + 1, so the ack of an attempt still running (it carries the claim's rank + 1) can no longer land; returns the ids cancelled.
+UPDATE shardq_job
+SET status = 'FAILED', status_rank = status_rank + 1, finished_at = clock_timestamp(),
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'exception_class_path', 'shardq.exceptions.Cancelled',
+        'traceback', format(E'shardq.exceptions.Cancelled: cancelled while %%s%%s\n', lower(status),
+                            CASE WHEN %(reason)s = '' THEN '' ELSE ': ' || %(reason)s END)))
+WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('READY', 'RUNNING')
+RETURNING id;

@@ -165,6 +165,10 @@ class Fetcher:
             refused = [job for job in jobs if held.get(job.shard) != job.fence]
             jobs = [job for job in jobs if held.get(job.shard) == job.fence]
         remembered = self.completer.recall([job.id for job in jobs])
+        # Only a claim that follows the remembered one: an operator's retry
+        # (attempts reset to 0) of a job cancelled mid-run asks for a new run.
+        remembered = {job.id: remembered[job.id] for job in jobs
+                      if job.id in remembered and job.attempts > remembered[job.id].attempts}
         if remembered:
             # Finished here under an earlier claim whose write was rejected
             # (the lease lapsed, the job was rescued and is claimed again):

@@ -287,3 +287,31 @@ def test_two_workers_run_each_tick_of_a_periodic_task_once(workers):
     labelled = query("SELECT args::text, kwargs::text, return_value::text FROM shardq_job "
                      "WHERE task_path = 'tests.taskapp.periodic_tasks.labelled' AND status = 'SUCCESSFUL'")
     assert labelled and set(labelled) == {("[2]", '{"label": "even"}', '"even:2"')}
+
+
+def test_cancelling_a_running_job_discards_its_outcome_and_a_retry_runs_it_again(workers):
+    from shardq.db.queries import QUERIES
+    from tests.taskapp import fault_tasks
+
+    a = workers.start("--concurrency", "2")
+    ids_a = worker_id_of(a.pid)
+    wait_until(lambda: shards_by_owner() == {ids_a: 64}, timeout=30)
+    result = fault_tasks.acked.enqueue(n=7, sleep=1.5)
+    wait_until(lambda: scalar("SELECT count(*) FROM taskapp_execution WHERE job_id = %s", [int(result.id)]) == 1,
+               timeout=30, message="the job to start")
+    assert shardq.cancel(result, reason="no longer wanted") == [result.id]
+    # The attempt runs to its end; its outcome is refused and counted.
+    wait_until(lambda: worker_stats(ids_a).get("fence_rejections") == 1, timeout=30,
+               message=lambda: f"A to refuse the cancelled job's outcome; stats {worker_stats(ids_a)}")
+    result.refresh()
+    assert result.status == "FAILED"
+    assert scalar("SELECT return_value FROM shardq_job WHERE id = %s", [int(result.id)]) is None
+    assert result.errors[-1].traceback == "shardq.exceptions.Cancelled: cancelled while running: no longer wanted\n"
+    # An operator's retry asks for a new run: A still remembers the refused
+    # result, but does not write it in place of running the task again.
+    query(QUERIES["admin_retry_failed_jobs"], {"ids": [int(result.id)], "notify": True, "channel": "shardq"})
+    wait_until(lambda: (result.refresh(), result.status)[1] == "SUCCESSFUL", timeout=30,
+               message="the retried job to run")
+    assert result.return_value == 7
+    assert scalar("SELECT count(*) FROM taskapp_execution WHERE job_id = %s", [int(result.id)]) == 2
+    assert worker_stats(ids_a).get("recalled", 0) == 0
