@@ -245,7 +245,10 @@ class WorkerStore:
         Pairs, not ids: one batch may hold two outcomes of a job (a rejected
         one and the one written again under a later claim, see
         ``Completer.recall``), and only one of them can land."""
-        rows = self.run("complete_jobs", {"ids": [o.id for o in outcomes], "batch": outcome_batch_json(outcomes)})
+        # The ids as one array literal: psycopg's list dumper costs a Python
+        # call per element, a tenth of the completer's time at no-op rates.
+        ids = "{" + ",".join([str(o.id) for o in outcomes]) + "}"
+        rows = self.run("complete_jobs", {"ids": ids, "batch": outcome_batch_json(outcomes)})
         return {(job_id, rank) for job_id, rank in rows}
 
     def outcomes_applied(self, outcomes: list) -> set[tuple[int, int]]:

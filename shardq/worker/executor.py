@@ -144,7 +144,8 @@ class Executor:
         state: dict = {}
         try:
             value = self._call(task, job, result, state)
-            return_json = json.dumps(value, allow_nan=False, separators=(",", ":"))
+            # Most tasks return None: its JSON needs no encoder.
+            return_json = "null" if value is None else json.dumps(value, allow_nan=False, separators=(",", ":"))
         except SystemExit as exc:  # a task calling sys.exit() fails; the worker goes on
             error = exc
         except Exception as exc:
