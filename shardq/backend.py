@@ -492,7 +492,7 @@ class ShardqBackend(BaseTaskBackend):
         result = TaskResult(
             task=task,
             id=str(job_id),
-            status=TaskResultStatus(status),
+            status=TaskResultStatus("READY" if status == "CLAIMED" else status),  # CLAIMED: not started
             enqueued_at=enqueued_at,
             started_at=started_at,
             finished_at=finished_at,

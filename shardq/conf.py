@@ -15,6 +15,11 @@ DEFAULTS = {
     "TASK_MODULES": [],
     "COMPLETION_BATCH": 256,
     "COMPLETION_FLUSH_SECONDS": 0.005,
+    # A job whose attempt was interrupted by a lost worker runs again this
+    # many times at most, then is dead-lettered as WorkerLost.
+    "MAX_WORKER_LOSSES": 3,
+    # A task's return value as JSON, at most: larger fails the job.
+    "MAX_RESULT_BYTES": 1024 * 1024,
 }
 
 
@@ -30,6 +35,8 @@ class Config:
     task_modules: tuple
     completion_batch: int
     completion_flush_seconds: float
+    max_worker_losses: int = 3
+    max_result_bytes: int = 1024 * 1024
 
 
 def get_config() -> Config:
@@ -45,4 +52,6 @@ def get_config() -> Config:
         task_modules=tuple(raw["TASK_MODULES"]),
         completion_batch=int(raw["COMPLETION_BATCH"]),
         completion_flush_seconds=float(raw["COMPLETION_FLUSH_SECONDS"]),
+        max_worker_losses=int(raw["MAX_WORKER_LOSSES"]),
+        max_result_bytes=int(raw["MAX_RESULT_BYTES"]),
     )

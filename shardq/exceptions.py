@@ -36,3 +36,33 @@ class Cancelled(ShardqError):
 
 class ShardqConfigurationError(ImproperlyConfigured):
     """shardq's settings are invalid."""
+
+
+# -- error domains (DESIGN §5): the lead's additions ---------------------------
+
+
+class StatementRejected(ShardqError):
+    """PostgreSQL refused a statement because of the data it carried (SQLSTATE
+    class 22 data exception, 23 integrity, 54 program limit exceeded, ...).
+
+    Never "database unavailable": sending the same statement again fails the
+    same way. A batch that raises it is split until the one bad row is found
+    (``WorkerStore.run_split``); only that row fails."""
+
+    def __init__(self, message: str, sqlstate: str | None = None):
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class UnreadableJob(ShardqError):
+    """Recorded on a row quarantined at claim: a value shardq cannot read
+    (an out-of-range counter, an infinite time, a non-array ``errors``...)."""
+
+
+class ResultTooLarge(ShardqError):
+    """A task returned more JSON than ``SHARDQ["MAX_RESULT_BYTES"]``."""
+
+
+class OutcomeRejected(ShardqError):
+    """PostgreSQL refused to store a job's outcome (its return value or error
+    text); the job is failed with this error instead."""

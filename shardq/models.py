@@ -5,6 +5,11 @@ from django.db import models
 from django.db.models import Q
 from django.tasks import TaskResultStatus
 
+# Django's four statuses plus CLAIMED: taken into a worker's memory but not
+# started. Django's API shows a CLAIMED job as READY (it has not begun
+# execution); the start write makes it RUNNING and counts the attempt.
+JOB_STATUSES = [*TaskResultStatus.choices, ("CLAIMED", "Claimed")]
+
 
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
@@ -21,7 +26,7 @@ class Job(models.Model):
     shard_key = models.TextField(null=True, blank=True)
     ordered = models.BooleanField(default=False)
     status = models.CharField(
-        max_length=10, choices=TaskResultStatus.choices, default=TaskResultStatus.READY
+        max_length=10, choices=JOB_STATUSES, default=TaskResultStatus.READY
     )
     # Monotonic state version: +1 at every transition (claim, ack, retry,
     # rescue, return). An ack carries the rank its claim produced + 1, so a
@@ -29,7 +34,11 @@ class Job(models.Model):
     status_rank = models.IntegerField(default=0)
     # The shard's claim_version under which the row was last claimed or fenced.
     fence = models.BigIntegerField(default=0)
+    # Attempts that really started (counted by the start write, not the claim).
     attempts = models.IntegerField(default=0)
+    # Attempts interrupted by a lost worker (crash, lost lease): such a job
+    # runs again until SHARDQ["MAX_WORKER_LOSSES"], then is dead-lettered.
+    worker_losses = models.IntegerField(default=0, db_default=0)
     max_attempts = models.IntegerField(default=1)
     args = models.JSONField(default=list)
     kwargs = models.JSONField(default=dict)
@@ -56,7 +65,8 @@ class Job(models.Model):
             ),
             # Takeover rescue finds a shard's in-flight jobs through this one.
             models.Index(
-                fields=["shard"], condition=Q(status="RUNNING"), name="shardq_job_running_idx"
+                fields=["shard"], condition=Q(status__in=["CLAIMED", "RUNNING"]),
+                name="shardq_job_inflight_idx",
             ),
         ]
         # The admin's dead-letter actions, each behind its own permission.

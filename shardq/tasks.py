@@ -76,6 +76,11 @@ class ShardTask(Task):
     unique_key: str | Callable[[tuple, dict], Any] | None = None
     sensitive: bool | tuple[str, ...] = ()
     salt: int | None = None
+    # "retry": an attempt interrupted by a lost worker runs again
+    # (at-least-once, up to SHARDQ["MAX_WORKER_LOSSES"]); "fail": the job ends
+    # FAILED with WorkerLost instead (at-most-once, for tasks that must never
+    # run twice).
+    on_worker_lost: str = "retry"
 
     @property
     def unique_for_seconds(self) -> float | None:
@@ -123,6 +128,7 @@ def shard_task(
     unique_key=None,
     sensitive=(),
     salt=None,
+    on_worker_lost="retry",
 ):
     """Decorate a module-level function as a shardq task (see ``ShardTask``)."""
     if isinstance(sensitive, (list, set, frozenset)):
@@ -143,6 +149,7 @@ def shard_task(
             unique_key=unique_key,
             sensitive=sensitive,
             salt=salt,
+            on_worker_lost=on_worker_lost,
         )
 
     if function is not None:
@@ -167,6 +174,9 @@ def validate_shard_options(task: Task) -> None:
     _check_unique_options(task)
     _check_sensitive(task)
     _check_salt(task)
+    if task.on_worker_lost not in ("retry", "fail"):
+        raise InvalidTask(f"{name}: on_worker_lost must be 'retry' (run again, at-least-once) or 'fail' "
+                          f"(at-most-once), not {task.on_worker_lost!r}.")
 
 
 # Sub-keys beyond the largest sensible shard count spread nothing further.

@@ -109,7 +109,7 @@ WHERE w.state = 'RUNNING'
 ORDER BY w.started_at, w.id;
 
 -- name: claim_shards
--- Take up to :wanted unowned or expired shards (SKIP LOCKED), bump claim_version, rescue the jobs a previous owner left RUNNING (READY with the attempt counted, or FAILED when out of attempts) and log each claim.
+-- Take up to :wanted unowned or expired shards (SKIP LOCKED) and bump their claim_version; returns shard, claim_version, previous owner. The store then runs rescue_jobs and log_shard_claims in the same transaction.
 WITH candidate AS (
     SELECT shard, owner FROM shardq_shard
     WHERE shard < %(shard_count)s
@@ -117,41 +117,13 @@ WITH candidate AS (
     ORDER BY shard
     LIMIT %(wanted)s
     FOR UPDATE SKIP LOCKED
-), taken AS (
-    UPDATE shardq_shard AS s
-    SET owner = %(worker)s, claim_version = s.claim_version + 1,
-        lease_expires = clock_timestamp() + make_interval(secs => %(ttl)s),
-        claimed_at = clock_timestamp()
-    FROM candidate AS c WHERE s.shard = c.shard
-    RETURNING s.shard, s.claim_version, c.owner AS previous_owner
-), rescued AS (
-    UPDATE shardq_job AS j
-    SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'FAILED' ELSE 'READY' END,
-        status_rank = j.status_rank + 1,
-        fence = t.claim_version,
-        finished_at = CASE WHEN j.attempts >= j.max_attempts THEN clock_timestamp() END,
-        errors = CASE WHEN j.attempts >= j.max_attempts
-            THEN j.errors || jsonb_build_array(jsonb_build_object(
-                'exception_class_path', 'shardq.exceptions.WorkerLost',
-                'traceback', format('shardq.exceptions.WorkerLost: the worker running attempt %%s of %%s '
-                                    'stopped without recording an outcome (shard %%s was taken over)',
-                                    j.attempts, j.max_attempts, j.shard)))
-            ELSE j.errors END
-    FROM taken AS t
-    WHERE j.shard = t.shard AND j.status = 'RUNNING' AND j.fence < t.claim_version
-    RETURNING j.shard, j.id
-), logged AS (
-    INSERT INTO shardq_shard_event (shard, claim_version, worker, reason, rescued, at)
-    SELECT t.shard, t.claim_version, %(worker)s,
-           CASE WHEN t.previous_owner IS NULL THEN 'claim' ELSE 'takeover' END,
-           (SELECT count(*) FROM rescued AS r WHERE r.shard = t.shard), clock_timestamp()
-    FROM taken AS t
-    RETURNING shard
 )
-SELECT t.shard, t.claim_version, t.previous_owner,
-       (SELECT count(*) FROM rescued AS r WHERE r.shard = t.shard),
-       (SELECT count(*) FROM logged)
-FROM taken AS t ORDER BY t.shard;
+UPDATE shardq_shard AS s
+SET owner = %(worker)s, claim_version = s.claim_version + 1,
+    lease_expires = clock_timestamp() + make_interval(secs => %(ttl)s),
+    claimed_at = clock_timestamp()
+FROM candidate AS c WHERE s.shard = c.shard
+RETURNING s.shard, s.claim_version, c.owner AS previous_owner;
 
 -- name: renew_leases
 -- Extend exactly the (shard, claim_version) pairs this worker holds; a missing row in the answer means that shard was lost.
@@ -185,22 +157,36 @@ UPDATE shardq_worker SET state = 'STOPPED', heartbeat_at = clock_timestamp(), st
 WHERE id = %(worker)s;
 
 -- name: claim_jobs
--- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds: per shard an index range walk (LIMIT :per_shard, SKIP LOCKED), :limit in all; mark them RUNNING under each shard's current claim version.
+-- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds: per shard an index range walk (LIMIT :per_shard, SKIP LOCKED), :limit in all; mark them CLAIMED under each shard's current claim version. Nothing is counted: the attempt is counted when the job really starts (start_jobs). A row whose values cannot be read (problem IS NOT NULL) is quarantined: FAILED with an UnreadableJob error naming the value, no arithmetic on it.
 WITH held AS MATERIALIZED (
     -- No lock on the shard rows (a FOR SHARE here costs a WAL record per
-    -- shard per claim): a claim that races a takeover leaves its rows RUNNING
-    -- under the old version, where acks cannot land (complete_jobs checks the
-    -- shard's current version) and the new owner's sweep (rescue_stale_claims)
-    -- puts them back.
+    -- shard per claim): a claim that races a takeover leaves its rows CLAIMED
+    -- under the old version, where starts and acks cannot land (both check the
+    -- shard's current version) and the new owner's sweep (rescue_jobs) puts
+    -- them back.
     SELECT s.shard, s.claim_version, h.ord
     FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
     JOIN shardq_shard AS s ON s.shard = h.shard
     WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
 ), picked AS MATERIALIZED (
-    SELECT j.id, held.claim_version
+    SELECT j.id, j.problem, held.claim_version
     FROM (SELECT * FROM held ORDER BY ord) AS held
     CROSS JOIN LATERAL (
-        SELECT id FROM shardq_job
+        SELECT id,
+               CASE
+                   WHEN status_rank NOT BETWEEN 0 AND 2147483000 THEN format('status_rank %%s is out of range', status_rank)
+                   WHEN attempts NOT BETWEEN 0 AND 2147483000 THEN format('attempts %%s is out of range', attempts)
+                   WHEN worker_losses NOT BETWEEN 0 AND 2147483000 THEN format('worker_losses %%s is out of range', worker_losses)
+                   WHEN NOT isfinite(run_after) THEN format('run_after %%s is not a finite time', run_after)
+                   WHEN NOT isfinite(enqueued_at) THEN format('enqueued_at %%s is not a finite time', enqueued_at)
+                   WHEN NOT isfinite(COALESCE(started_at, enqueued_at)) THEN format('started_at %%s is not a finite time', started_at)
+                   WHEN NOT isfinite(COALESCE(last_attempted_at, enqueued_at)) THEN format('last_attempted_at %%s is not a finite time', last_attempted_at)
+                   WHEN jsonb_typeof(args) IS DISTINCT FROM 'array' THEN format('args %%s is not a JSON array', left(args::text, 80))
+                   WHEN jsonb_typeof(kwargs) IS DISTINCT FROM 'object' THEN format('kwargs %%s is not a JSON object', left(kwargs::text, 80))
+                   WHEN jsonb_typeof(errors) IS DISTINCT FROM 'array' THEN format('errors %%s is not a JSON array', left(errors::text, 80))
+                   WHEN jsonb_typeof(worker_ids) IS DISTINCT FROM 'array' THEN format('worker_ids %%s is not a JSON array', left(worker_ids::text, 80))
+               END AS problem
+        FROM shardq_job
         WHERE shard = held.shard AND status = 'READY'
           AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
           AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
@@ -211,23 +197,46 @@ WITH held AS MATERIALIZED (
     LIMIT %(limit)s
 )
 UPDATE shardq_job AS job
-SET status = 'RUNNING', status_rank = job.status_rank + 1, fence = picked.claim_version,
-    -- A job due within the look-ahead is claimed early and held in the
-    -- worker's time index until due; it is stamped as starting when due.
-    attempts = job.attempts + 1,
-    started_at = COALESCE(job.started_at, GREATEST(clock_timestamp(), job.run_after)),
-    last_attempted_at = GREATEST(clock_timestamp(), job.run_after), worker_ids = job.worker_ids || jsonb_build_array(%(worker_id)s::text)
+SET status = CASE WHEN picked.problem IS NULL THEN 'CLAIMED' ELSE 'FAILED' END,
+    status_rank = LEAST(job.status_rank, 2147483646) + 1,
+    fence = picked.claim_version,
+    finished_at = CASE WHEN picked.problem IS NULL THEN job.finished_at ELSE clock_timestamp() END,
+    errors = CASE WHEN picked.problem IS NULL THEN job.errors
+        ELSE (CASE WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors ELSE '[]'::jsonb END)
+             || jsonb_build_array(jsonb_build_object(
+                 'exception_class_path', 'shardq.exceptions.UnreadableJob',
+                 'traceback', format('shardq.exceptions.UnreadableJob: job %%s was not run: %%s '
+                                     || E'(the row was written outside shardq; enqueue the task again)\n',
+                                     job.id, picked.problem)))
+        END
 FROM picked WHERE job.id = picked.id
-RETURNING job.id, job.task_path, job.queue_name, job.priority,
-          extract(epoch FROM job.run_after)::float8, job.shard, job.shard_key, job.ordered,
-          job.args::text, job.kwargs::text, job.attempts, job.max_attempts, job.fence, job.status_rank,
-          job.enqueued_at, job.started_at, job.last_attempted_at,
+RETURNING job.id, picked.problem, job.task_path, job.queue_name, job.priority,
+          CASE WHEN picked.problem IS NULL THEN extract(epoch FROM job.run_after)::float8 END AS run_after,
+          job.shard, job.shard_key, job.ordered,
+          job.args::text AS args_json, job.kwargs::text AS kwargs_json, job.attempts, job.max_attempts,
+          job.worker_losses, job.fence, job.status_rank,
+          CASE WHEN picked.problem IS NULL THEN job.enqueued_at END AS enqueued_at,
+          CASE WHEN picked.problem IS NULL THEN job.started_at END AS started_at,
+          CASE WHEN picked.problem IS NULL THEN job.last_attempted_at END AS last_attempted_at,
           -- As text: decoded only when a TaskResult is built (context, signals).
-          job.worker_ids::text, job.errors::text, jsonb_array_length(job.errors),
+          job.worker_ids::text AS worker_ids_json, job.errors::text AS errors_json,
+          CASE WHEN jsonb_typeof(job.errors) = 'array' THEN jsonb_array_length(job.errors) ELSE 0 END AS error_count,
           job.backend,
           -- JSON size of the arguments: enqueue refuses calls over MAX_PAYLOAD_BYTES,
           -- the executor fails rows written some other way.
-          octet_length(job.args::text) + octet_length(job.kwargs::text);
+          octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes;
+
+-- name: start_jobs
+-- Record the real start of claimed jobs, group-committed (one statement per executor pass): RUNNING, the attempt counted, started_at (first start), last_attempted_at and this worker in worker_ids. Fenced like an ack: the claim's fence and rank, and the shard not handed over since. Returns the jobs started.
+UPDATE shardq_job AS job
+SET status = 'RUNNING', status_rank = job.status_rank + 1, attempts = job.attempts + 1,
+    started_at = COALESCE(job.started_at, clock_timestamp()), last_attempted_at = clock_timestamp(),
+    worker_ids = job.worker_ids || jsonb_build_array(%(worker)s::text)
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank),
+     shardq_shard AS s
+WHERE job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank AND job.status = 'CLAIMED'
+  AND s.shard = job.shard AND s.claim_version = job.fence
+RETURNING job.id, job.attempts, job.status_rank, job.started_at, job.last_attempted_at;
 
 -- name: complete_jobs
 -- Write outcomes (SUCCESSFUL, FAILED, or READY again for a retry after delay seconds) given as one JSON array, fenced twice: the job still carries this claim's fence and rank, and that fence is still its shard's claim version (the shard has not changed hands since the claim). The (id, rank) pairs returned were written; the rest lost ownership.
@@ -235,7 +244,9 @@ UPDATE shardq_job AS job
 SET status = a.status,
     status_rank = a.rank,
     return_value = a.return_value,
-    errors = CASE WHEN a.error IS NULL THEN job.errors ELSE job.errors || jsonb_build_array(a.error) END,
+    errors = CASE WHEN a.error IS NULL THEN job.errors
+                  WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors || jsonb_build_array(a.error)
+                  ELSE jsonb_build_array(a.error) END,
     finished_at = CASE WHEN a.status = 'READY' THEN NULL ELSE clock_timestamp() END,
     run_after = CASE WHEN a.status = 'READY'
                      THEN clock_timestamp() + make_interval(secs => a.delay)
@@ -275,13 +286,11 @@ JOIN unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, 
   ON job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank;
 
 -- name: return_jobs
--- Put claimed jobs that never started back to READY (attempt not counted), fenced like an ack.
+-- Put claimed jobs that never started back to READY (nothing was counted), fenced like an ack.
 UPDATE shardq_job AS job
-SET status = 'READY', status_rank = a.rank, attempts = job.attempts - 1,
-    worker_ids = job.worker_ids - (-1),
-    started_at = CASE WHEN job.attempts <= 1 THEN NULL ELSE job.started_at END
+SET status = 'READY', status_rank = a.rank
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank)
-WHERE job.id = a.id AND job.fence <= a.fence AND job.status_rank < a.rank
+WHERE job.id = a.id AND job.fence <= a.fence AND job.status_rank < a.rank AND job.status = 'CLAIMED'
 RETURNING job.id, job.shard;
 
 -- name: seconds_until_due
@@ -292,23 +301,42 @@ WHERE status = 'READY' AND run_after > clock_timestamp() AND shard = ANY(%(shard
 ORDER BY run_after
 LIMIT 1;
 
--- name: rescue_stale_claims
--- Sweep of the shards this worker holds: RUNNING jobs fenced with an older claim version (a claim that raced the takeover) go back to READY with the attempt counted, or FAILED when out of attempts, as a takeover rescue does.
+-- name: rescue_jobs
+-- The one rescue. Jobs of these (shard, claim_version) pairs still CLAIMED or RUNNING under an older fence (their worker lost the shard): a claim never started goes back to READY with nothing charged; an interrupted attempt is a worker loss (worker_losses + 1) and runs again (at-least-once), whatever max_attempts says, until its losses reach :max_worker_losses: then it is dead-lettered as WorkerLost. Returns shard, id, whether it had started, whether it was dead-lettered.
+WITH lost AS MATERIALIZED (
+    SELECT j.id, h.version, j.status = 'RUNNING' AS started,
+           j.status = 'RUNNING' AND j.worker_losses + 1 >= %(max_worker_losses)s AS dead
+    FROM unnest(%(shards)s::int[], %(versions)s::bigint[]) AS h(shard, version)
+    JOIN shardq_job AS j ON j.shard = h.shard AND j.status IN ('CLAIMED', 'RUNNING') AND j.fence < h.version
+    FOR UPDATE OF j
+)
 UPDATE shardq_job AS j
-SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'FAILED' ELSE 'READY' END,
-    status_rank = j.status_rank + 1,
-    fence = s.claim_version,
-    finished_at = CASE WHEN j.attempts >= j.max_attempts THEN clock_timestamp() END,
-    errors = CASE WHEN j.attempts >= j.max_attempts
-        THEN j.errors || jsonb_build_array(jsonb_build_object(
-            'exception_class_path', 'shardq.exceptions.WorkerLost',
-            'traceback', format('shardq.exceptions.WorkerLost: attempt %%s of %%s was claimed under a lease '
-                                'that had already been taken over (shard %%s)', j.attempts, j.max_attempts, j.shard)))
+SET status = CASE WHEN lost.dead THEN 'FAILED' ELSE 'READY' END,
+    status_rank = LEAST(j.status_rank, 2147483646) + 1,
+    fence = lost.version,
+    worker_losses = LEAST(j.worker_losses, 2147483646) + lost.started::int,
+    finished_at = CASE WHEN lost.dead THEN clock_timestamp() END,
+    errors = CASE WHEN lost.dead
+        THEN (CASE WHEN jsonb_typeof(j.errors) = 'array' THEN j.errors ELSE '[]'::jsonb END)
+             || jsonb_build_array(jsonb_build_object(
+                'exception_class_path', 'shardq.exceptions.WorkerLost',
+                'traceback', format('shardq.exceptions.WorkerLost: attempt %%s stopped without recording an '
+                                    || 'outcome (its worker was lost; shard %%s was taken over). The job lost '
+                                    || '%%s workers in all, the limit (SHARDQ["MAX_WORKER_LOSSES"]) is %%s: '
+                                    || E'dead-lettered, not run again.\n',
+                                    j.attempts, j.shard, LEAST(j.worker_losses, 2147483646) + 1,
+                                    %(max_worker_losses)s)))
         ELSE j.errors END
-FROM shardq_shard AS s
-WHERE s.shard = ANY(%(shards)s::int[]) AND s.owner = %(worker)s
-  AND j.shard = s.shard AND j.status = 'RUNNING' AND j.fence < s.claim_version
-RETURNING j.id;
+FROM lost WHERE j.id = lost.id
+RETURNING j.shard, j.id, lost.started, lost.dead;
+
+-- name: log_shard_claims
+-- Log each shard claim (a takeover when it had an owner) with how many jobs its rescue moved.
+INSERT INTO shardq_shard_event (shard, claim_version, worker, reason, rescued, at)
+SELECT c.shard, c.version, %(worker)s, CASE WHEN c.previous IS NULL THEN 'claim' ELSE 'takeover' END,
+       c.rescued, clock_timestamp()
+FROM unnest(%(shards)s::int[], %(versions)s::bigint[], %(previous)s::text[], %(rescued)s::int[])
+     AS c(shard, version, previous, rescued);
 
 -- name: reserve_job_ids
 -- Reserve :n ids from shardq_job's id sequence and the enqueue time, for a bulk COPY of :n jobs (the sequence is looked up once: MATERIALIZED).
@@ -326,13 +354,12 @@ COPY shardq_job (id, task_path, backend, queue_name, priority, run_after, shard,
 -- NOTIFY each of these shards once (delivered at commit): the wake-up after a bulk COPY.
 SELECT pg_notify(%(channel)s, s::text) FROM unnest(%(shards)s::int[]) AS s;
 
--- name: my_running_jobs
--- RUNNING jobs of these shards whose last claim was this worker's under the shard's current version (to find claims whose answer never arrived).
+-- name: my_claimed_jobs
+-- CLAIMED jobs of these shards under the shard's current version, held by this worker (only the owner claims under the current version): finds claims whose answer never arrived.
 SELECT j.id, j.fence, j.status_rank, j.shard
 FROM shardq_job AS j
-JOIN shardq_shard AS s ON s.shard = j.shard AND s.claim_version = j.fence
-WHERE j.shard = ANY(%(shards)s::int[]) AND j.status = 'RUNNING'
-  AND j.worker_ids ->> -1 = %(worker)s::text;
+JOIN shardq_shard AS s ON s.shard = j.shard AND s.claim_version = j.fence AND s.owner = %(worker)s
+WHERE j.shard = ANY(%(shards)s::int[]) AND j.status = 'CLAIMED';
 
 -- name: prune_jobs
 -- Delete the finished jobs (status in :statuses, finished before :cutoff) among the next :batch ids after :after (a primary-key range walk, no scan of the table); returns the last id looked at, how many were looked at and how many deleted.
@@ -446,7 +473,16 @@ UPDATE shardq_job
 SET status = 'FAILED', status_rank = status_rank + 1, finished_at = clock_timestamp(),
     errors = errors || jsonb_build_array(jsonb_build_object(
         'exception_class_path', 'shardq.exceptions.Cancelled',
-        'traceback', format(E'shardq.exceptions.Cancelled: cancelled while %%s%%s\n', lower(status),
+        'traceback', format(E'shardq.exceptions.Cancelled: cancelled while %%s%%s\n',
+                            CASE WHEN status = 'RUNNING' THEN 'running' ELSE 'ready' END,
                             CASE WHEN %(reason)s = '' THEN '' ELSE ': ' || %(reason)s END)))
-WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('READY', 'RUNNING')
+WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('READY', 'CLAIMED', 'RUNNING')
 RETURNING id;
+
+-- name: notify
+-- Send one NOTIFY (a lease announcement; enqueue NOTIFYs ride on their INSERT).
+SELECT pg_notify(%(channel)s, %(payload)s);
+
+-- name: async_commit
+-- Commit this session's writes without waiting for the WAL flush (the claim and start connections: a lost claim or start leaves its jobs READY or CLAIMED, never a wrong outcome).
+SET synchronous_commit = off;

@@ -2,20 +2,33 @@
 
 ``WorkerStore`` owns a worker's psycopg connections; the enqueue path runs on
 the caller's Django connection (see ``backend.py``). Driver errors are
-translated at this boundary into ``DatabaseUnavailable``.
+translated at this boundary and classified by SQLSTATE into their error
+domain (DESIGN §5):
+
+- connection (class 08 connection exception, 57 operator intervention, 53
+  insufficient resources, 40 transaction rollback, 58 system error, or a
+  client-side error with no SQLSTATE): ``DatabaseUnavailable``; the caller
+  backs off and sends the same fenced statement again;
+- anything else (22 data exception, 23 integrity, 54 program limit exceeded,
+  ...): ``StatementRejected``; sending it again would fail the same way, so
+  a batch is split until the bad row is found (``run_split``) and only that
+  row's job fails.
 """
 
 import json
 import logging
 import threading
 import time
+from collections import Counter
 
 import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from ..conf import get_config
 from ..core.breaker import CircuitBreaker
-from ..exceptions import DatabaseUnavailable
+from ..exceptions import DatabaseUnavailable, StatementRejected
 from .queries import QUERIES
 
 logger = logging.getLogger("shardq.store")
@@ -60,6 +73,30 @@ def is_connection_error(exc: Exception) -> bool:
     such as a deadlock): only these count toward opening the circuit."""
     state = getattr(exc, "sqlstate", None)
     return state is None or state.startswith(("08", "57"))
+
+
+# SQLSTATE classes that say nothing about the statement's data: the same
+# statement may succeed when sent again (DESIGN §5, the connection domain).
+TRANSIENT_CLASSES = ("08", "57", "53", "40", "58", "55")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Would sending the same statement again be worth it?
+
+    SQLSTATE decides, not the exception class: psycopg maps 54000 "string too
+    long" to OperationalError, yet that statement fails the same way forever.
+    A client-side error with no SQLSTATE is transient only when it is about
+    the connection (OperationalError, InterfaceError); a loader's DataError
+    (a value psycopg cannot decode) is about the data."""
+    state = getattr(exc, "sqlstate", None)
+    if state is None:
+        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+    return state.startswith(TRANSIENT_CLASSES)
+
+
+def listen_statement(channel: str) -> sql.Composed:
+    """``LISTEN`` with the channel quoted as an identifier (never pasted)."""
+    return sql.SQL("LISTEN {}").format(sql.Identifier(channel))
 
 
 class DatabaseGuard:
@@ -133,34 +170,68 @@ class WorkerStore:
         self.synchronous_commit = synchronous_commit
         self.conn: psycopg.Connection | None = None
 
-    def _cursor(self):
+    def _cursor(self, named: bool = False):
         if self.conn is None or self.conn.closed:
             self.conn = connect(self.alias, application_name=self.application_name)
             if not self.synchronous_commit:
-                self.conn.execute("SET synchronous_commit = off")
-        return self.conn.cursor()
+                self.conn.execute(QUERIES["async_commit"])
+        return self.conn.cursor(row_factory=dict_row) if named else self.conn.cursor()
 
-    def run(self, name: str, params: dict, fetch: str = "all", binary: bool = False):
-        self.guard.admit(name)
+    def run(self, name: str, params: dict, fetch: str = "all", binary: bool = False, named: bool = False):
+        """Run one named statement; rows as dicts when ``named``."""
+        return self.guarded(name, lambda cursor: self._execute(cursor, name, params, fetch, binary),
+                            named=named)
+
+    @staticmethod
+    def _execute(cursor, name: str, params: dict, fetch: str = "all", binary: bool = False):
+        cursor.execute(QUERIES[name], params, prepare=True, binary=binary)
+        if fetch == "all":
+            return cursor.fetchall()
+        if fetch == "one":
+            return cursor.fetchone()
+        return cursor.rowcount
+
+    def guarded(self, what: str, work, named: bool = False):
+        """Run ``work(cursor)`` behind the circuit breaker, translating driver
+        errors into their domain: ``DatabaseUnavailable`` (connection) or
+        ``StatementRejected`` (the statement's data)."""
+        self.guard.admit(what)
         try:
-            with self._cursor() as cursor:
-                cursor.execute(QUERIES[name], params, prepare=True, binary=binary)
-                if fetch == "all":
-                    result = cursor.fetchall()
-                elif fetch == "one":
-                    result = cursor.fetchone()
-                else:
-                    result = cursor.rowcount
+            with self._cursor(named) as cursor:
+                result = work(cursor)
         except DatabaseUnavailable:
             self.guard.failed()
             raise
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        except psycopg.Error as exc:
+            if not is_transient(exc):
+                # The server answered: the connection is fine (autocommit, or
+                # the transaction block rolled back).
+                self.guard.succeeded()
+                if self.conn is not None and self.conn.broken:
+                    self.close()
+                raise StatementRejected(f"{what}: {exc}".strip(), getattr(exc, "sqlstate", None)) from exc
             if is_connection_error(exc) or self.conn is None or self.conn.broken:
                 self.guard.failed()
             self.close()
-            raise DatabaseUnavailable(f"{name}: {exc}".strip()) from exc
+            raise DatabaseUnavailable(f"{what}: {exc}".strip()) from exc
         self.guard.succeeded()
         return result
+
+    def run_split(self, items: list, run_batch):
+        """``run_batch(items)`` (returning a list of rows), split in halves on
+        ``StatementRejected`` until the bad items are alone: returns (rows of
+        the batches that ran, [(item, StatementRejected)] of the ones that
+        could not). ``DatabaseUnavailable`` propagates: that batch is sent again
+        whole."""
+        try:
+            return list(run_batch(items)), []
+        except StatementRejected as exc:
+            if len(items) == 1:
+                return [], [(items[0], exc)]
+        middle = len(items) // 2
+        rows, rejected = self.run_split(items[:middle], run_batch)
+        more_rows, more_rejected = self.run_split(items[middle:], run_batch)
+        return rows + more_rows, rejected + more_rejected
 
     def close(self) -> None:
         if self.conn is not None:
@@ -179,10 +250,33 @@ class WorkerStore:
         rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl})
         return [str(row[0]) for row in rows]
 
-    def claim_shards(self, worker: str, wanted: int, ttl: float, shard_count: int) -> list[tuple]:
-        return self.run(
-            "claim_shards", {"worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count}
-        )
+    def claim_shards(self, worker: str, wanted: int, ttl: float, shard_count: int,
+                     max_worker_losses: int) -> list[dict]:
+        """Take up to ``wanted`` free or expired shards, rescue the jobs their
+        previous owners left in flight and log each claim: one transaction.
+        Rows: shard, claim_version, previous_owner, rescued."""
+
+        def work(cursor):
+            taken = self._execute(cursor, "claim_shards", {
+                "worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count})
+            if not taken:
+                return []
+            taken.sort(key=lambda row: row["shard"])
+            pairs = {row["shard"]: row["claim_version"] for row in taken}
+            rescued = Counter(row["shard"] for row in self._execute(cursor, "rescue_jobs", {
+                "shards": list(pairs), "versions": list(pairs.values()),
+                "max_worker_losses": max_worker_losses}))
+            self._execute(cursor, "log_shard_claims", {
+                "worker": worker, "shards": list(pairs), "versions": list(pairs.values()),
+                "previous": [row["previous_owner"] for row in taken],
+                "rescued": [rescued[row["shard"]] for row in taken]}, fetch="none")
+            return [{**row, "rescued": rescued[row["shard"]]} for row in taken]
+
+        def in_transaction(cursor):
+            with cursor.connection.transaction():
+                return work(cursor)
+
+        return self.guarded("claim_shards", in_transaction, named=True)
 
     def renew_leases(self, worker: str, held: dict[int, int], ttl: float) -> set[int]:
         shards = list(held)
@@ -204,21 +298,17 @@ class WorkerStore:
         self.run("stop_worker", {"worker": worker, "stats": dumps(stats)}, fetch="none")
 
     def notify(self, channel: str, payload: str) -> None:
-        try:
-            with self._cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, %s)", (channel, payload))
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            self.close()
-            raise DatabaseUnavailable(f"notify: {exc}") from exc
+        self.run("notify", {"channel": channel, "payload": payload}, fetch="none")
 
     # -- jobs -----------------------------------------------------------------
 
     def claim_jobs(self, worker: str, shards: list[int], queues: list[str] | None, per_shard: int,
-                   limit: int, lookahead: float = 0.0) -> list[tuple]:
+                   limit: int, lookahead: float = 0.0) -> list[dict]:
+        """Claim a batch (rows by name; a row with ``problem`` set was
+        quarantined, not claimed)."""
         # Binary results: timestamps and numbers decode without parsing text.
         params = {
             "worker": worker,
-            "worker_id": worker,
             "shards": shards,
             "queues": queues or [],
             "all_queues": not queues,
@@ -226,30 +316,54 @@ class WorkerStore:
             "limit": limit,
             "lookahead": lookahead,
         }
-        return self.run("claim_jobs", params, binary=True)
+        return self.run("claim_jobs", params, binary=True, named=True)
 
-    def my_running_jobs(self, worker: str, shards: list[int]) -> list[tuple]:
-        return self.run("my_running_jobs", {"worker": worker, "shards": shards})
+    def start_jobs(self, worker: str, jobs: list) -> tuple[dict[int, dict], list]:
+        """Record the real start of claimed jobs (objects with id, fence,
+        status_rank) in one statement. Returns ({id: row} of the jobs started,
+        [(job, StatementRejected)] of rows PostgreSQL refused). A job missing
+        from both lost its claim: it must not start."""
+
+        def batch(part):
+            return self.run("start_jobs", {
+                "worker": worker, "ids": [j.id for j in part], "fences": [j.fence for j in part],
+                "ranks": [j.status_rank for j in part]}, named=True)
+
+        rows, rejected = self.run_split(jobs, batch)
+        return {row["id"]: row for row in rows}, rejected
+
+    def my_claimed_jobs(self, worker: str, shards: list[int]) -> list[dict]:
+        return self.run("my_claimed_jobs", {"worker": worker, "shards": shards}, named=True)
 
     def seconds_until_due(self, shards: list[int]) -> float | None:
         row = self.run("seconds_until_due", {"shards": shards}, fetch="one")
         return row[0] if row else None
 
-    def rescue_stale_claims(self, worker: str, shards: list[int]) -> int:
-        return len(self.run("rescue_stale_claims", {"worker": worker, "shards": shards}))
+    def rescue_jobs(self, held: dict[int, int], max_worker_losses: int) -> list[dict]:
+        """The one rescue (see ``rescue_jobs`` in queries.sql) over the
+        (shard, claim_version) pairs ``held``: rows shard, id, started, dead."""
+        shards = sorted(held)
+        return self.run("rescue_jobs", {"shards": shards, "versions": [held[s] for s in shards],
+                                        "max_worker_losses": max_worker_losses}, named=True)
 
-    def complete_jobs(self, outcomes: list) -> set[tuple[int, int]]:
+    def complete_jobs(self, outcomes: list) -> tuple[set[tuple[int, int]], list]:
         """Write outcomes (objects with id, fence, rank, status, return_value_json,
-        error_json, delay) in one statement; returns the (id, rank) pairs written.
+        error_json, delay) in one statement; returns the (id, rank) pairs
+        written and [(outcome, StatementRejected)] of those PostgreSQL refused
+        (the rest of the batch is written: the batch is split around them).
 
         Pairs, not ids: one batch may hold two outcomes of a job (a rejected
         one and the one written again under a later claim, see
         ``Completer.recall``), and only one of them can land."""
-        # The ids as one array literal: psycopg's list dumper costs a Python
-        # call per element, a tenth of the completer's time at no-op rates.
-        ids = "{" + ",".join([str(o.id) for o in outcomes]) + "}"
-        rows = self.run("complete_jobs", {"ids": ids, "batch": outcome_batch_json(outcomes)})
-        return {(job_id, rank) for job_id, rank in rows}
+
+        def batch(part):
+            # The ids as one array literal: psycopg's list dumper costs a Python
+            # call per element, a tenth of the completer's time at no-op rates.
+            ids = "{" + ",".join([str(o.id) for o in part]) + "}"
+            return self.run("complete_jobs", {"ids": ids, "batch": outcome_batch_json(part)})
+
+        rows, rejected = self.run_split(outcomes, batch)
+        return {(job_id, rank) for job_id, rank in rows}, rejected
 
     def outcomes_applied(self, outcomes: list) -> set[tuple[int, int]]:
         rows = self.run(

@@ -175,9 +175,21 @@ class Completer:
 
     def _write(self, outcomes: list[Outcome], deadline: float | None) -> None:
         try:
-            applied, uncertain = self._retrying(
-                lambda: self.store.complete_jobs(outcomes), "ack", deadline
-            )
+            applied, uncertain, refused = self._write_batch(outcomes, deadline)
+            if refused:
+                # The row domain: PostgreSQL refused these outcomes (a value
+                # jsonb cannot hold, a value over a limit). The rest of the
+                # batch is written; each of these jobs fails with an error
+                # naming why, and its own outcome is dropped.
+                replacements = [self._refused(outcome, error) for outcome, error in refused]
+                more, more_uncertain, still = self._write_batch(replacements, deadline)
+                for outcome, error in still:
+                    logger.error("job %s: even its failure could not be written (%s); its shard's "
+                                 "next owner will find it in flight", outcome.id, error)
+                applied |= more
+                uncertain = uncertain or more_uncertain
+                outcomes = [o for o in outcomes if all(o is not r for r, _ in refused)] + replacements
+                self._settle(replacements)  # counted once: by the outcome they replace
             missing = [o for o in outcomes if (o.id, o.rank) not in applied]
             if missing and uncertain:
                 landed, _ = self._retrying(lambda: self.store.outcomes_applied(missing), "ack check", deadline)
@@ -205,6 +217,28 @@ class Completer:
                     outcome.id, outcome.fence, outcome.shard,
                 )
         self._settle(outcomes)
+
+    def _write_batch(self, outcomes: list[Outcome], deadline: float | None):
+        """(applied pairs, whether a try failed, [(outcome, StatementRejected)])."""
+        (applied, refused), uncertain = self._retrying(
+            lambda: self.store.complete_jobs(outcomes), "ack", deadline)
+        return applied, uncertain, refused
+
+    def _refused(self, outcome: Outcome, error: Exception) -> Outcome:
+        """The FAILED outcome that replaces one PostgreSQL refused to store."""
+        self.stats.add("outcomes_refused")
+        logger.error("job %s: PostgreSQL refused its outcome (%s); the job fails", outcome.id, error)
+        with self._pending_lock:
+            if self._finished_outcomes.pop(outcome.id, None) is not None:
+                self._finished_ids.discard(outcome.id)
+            self._pending_by_shard[outcome.shard] += 1
+            self._pending_ids[outcome.id] += 1
+        reason = str(error).encode("ascii", "backslashreplace").decode("ascii").replace("\x00", "\\x00")[:2000]
+        text = (f"shardq.exceptions.OutcomeRejected: PostgreSQL refused to store the {outcome.status} "
+                f"outcome of job {outcome.id} (its return value or error text): {reason}\n")
+        return Outcome(outcome.id, outcome.fence, outcome.rank, "FAILED",
+                       error_json=Outcome.error("shardq.exceptions.OutcomeRejected", text),
+                       shard=outcome.shard, attempts=outcome.attempts)
 
     def _settle(self, outcomes: list[Outcome] | list[ClaimedJob], *, returns: bool = False) -> None:
         with self._pending_lock:

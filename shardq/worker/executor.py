@@ -17,15 +17,17 @@ from dataclasses import dataclass, field
 from inspect import iscoroutinefunction
 
 from django.db import close_old_connections
+from django.utils import timezone
 from django.tasks import TaskContext, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import log_task_finished, log_task_started, task_finished, task_started
 
 from ..conf import get_config
 from ..dispatch import SignalGate
-from ..exceptions import FenceLost, UnknownTask
+from ..exceptions import FenceLost, ResultTooLarge, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
 from .jobs import ClaimedJob, Outcome
+from .starter import LOST, REJECTED, UNAVAILABLE
 
 logger = logging.getLogger("shardq.worker.executor")
 
@@ -45,6 +47,49 @@ class ShardqTaskContext(TaskContext):
     completion_state: dict = field(default_factory=dict, repr=False, compare=False)
 
 
+# A traceback longer than this is stored as its head and tail.
+MAX_ERROR_CHARS = 64 * 1024
+
+
+def sanitize_text(text: str) -> str:
+    """Error text PostgreSQL's jsonb will store: NUL and lone surrogates
+    escaped, at most MAX_ERROR_CHARS (head and tail kept)."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > MAX_ERROR_CHARS:
+        half = MAX_ERROR_CHARS // 2
+        text = f"{text[:half]}\n... ({len(text) - MAX_ERROR_CHARS} characters left out) ...\n{text[-half:]}"
+    return text
+
+
+def unstorable_json_text(value, path: str = "value") -> str | None:
+    """Where ``value`` holds a string jsonb refuses (a NUL, a lone
+    surrogate), or None. Only called when the JSON text has a \\u escape."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return f"{path} contains a NUL character (\\u0000)"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{path} contains a lone surrogate (not valid Unicode text)"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = unstorable_json_text(key, f"{path} key {key!r}") or unstorable_json_text(item, f"{path}[{key!r}]")
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = unstorable_json_text(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None
+
+
 def _class_path(exc: BaseException) -> str:
     kind = type(exc)
     return f"{kind.__module__}.{kind.__qualname__}"
@@ -52,7 +97,7 @@ def _class_path(exc: BaseException) -> str:
 
 class Executor:
     def __init__(self, buffer, completer, leaser, fetcher, stats, *, worker_id: str,
-                 concurrency: int, backend_class, task_modules: tuple = ()):
+                 concurrency: int, backend_class, starter, task_modules: tuple = ()):
         self.buffer = buffer
         self.completer = completer
         self.leaser = leaser
@@ -62,7 +107,10 @@ class Executor:
         self.concurrency = concurrency
         self.backend_class = backend_class
         self.task_modules = task_modules
-        self.max_payload_bytes = get_config().max_payload_bytes
+        config = get_config()
+        self.max_payload_bytes = config.max_payload_bytes
+        self.max_result_bytes = config.max_result_bytes
+        self.starter = starter
         self._stop = threading.Event()
         self._local = threading.local()
         self.started_gate = SignalGate(task_started, log_task_started)
@@ -102,8 +150,8 @@ class Executor:
                     continue
                 try:
                     if self.leaser.trusts(job.shard, job.fence):
-                        outcome = self.execute(job)
-                        if outcome is not None:  # None: written in the task's transaction
+                        outcome = self.run_job(job)
+                        if outcome is not None:  # None: nothing to write (see run_job)
                             self.completer.put(outcome)
                     else:
                         # The lease is lost or unconfirmed: start nothing; hand
@@ -117,21 +165,56 @@ class Executor:
             logger.exception("an executor thread died; the worker stops")
             raise
 
+    def run_job(self, job: ClaimedJob) -> Outcome | None:
+        """Start and run one claimed job. An error of shardq's own while
+        doing so (an odd row, a receiver that raised) is this job's failure
+        (its domain), never the thread's."""
+        try:
+            return self.execute(job)
+        except Exception as exc:
+            logger.exception("job %s could not be run", job.id)
+            text = sanitize_text(f"shardq could not run job {job.id}: "
+                                 + "".join(traceback.format_exception(exc)))
+            return Outcome(job.id, job.fence, job.status_rank + 1, "FAILED",
+                           error_json=Outcome.error(_class_path(exc), text),
+                           shard=job.shard, attempts=job.attempts)
+
     def execute(self, job: ClaimedJob) -> Outcome | None:
-        """Run one job; its outcome for the completer, or None when the task
-        committed it itself (transactional completion) or lost its fence."""
-        rank = job.status_rank + 1
-        if job.attempts - 1 > job.error_count:
-            # An earlier attempt recorded no outcome (its worker died or lost
-            # the shard): this run repeats work that may have had effects.
-            self.stats.add("reexecutions")
+        """Run one job; its outcome for the completer, or None when there is
+        nothing to write: the task committed it itself (transactional
+        completion), the attempt lost its fence, or the start write found the
+        claim superseded (or could not be sent: the job was handed back)."""
         try:
             task = resolve(job.task_path, self.task_modules)
         except UnknownTask as exc:
             logger.error("job %s failed: %s", job.id, exc)
-            return Outcome(job.id, job.fence, rank, "FAILED",
+            return Outcome(job.id, job.fence, job.status_rank + 1, "FAILED",
                            error_json=Outcome.error(_class_path(exc), f"{_class_path(exc)}: {exc}\n"),
                            shard=job.shard, attempts=job.attempts)
+        if job.worker_losses and getattr(task, "on_worker_lost", "retry") == "fail":
+            # At-most-once: an earlier attempt may have had effects.
+            text = (f"shardq.exceptions.WorkerLost: attempt {job.attempts} was interrupted by a lost "
+                    "worker; the task has on_worker_lost='fail', so it is not run again\n")
+            return Outcome(job.id, job.fence, job.status_rank + 1, "FAILED",
+                           error_json=Outcome.error("shardq.exceptions.WorkerLost", text),
+                           shard=job.shard, attempts=job.attempts)
+        verdict, problem = self.starter.start(job)
+        if verdict == LOST:
+            self.stats.add("fence_rejections")
+            return None
+        if verdict == UNAVAILABLE:
+            self.completer.return_jobs([job])
+            return None
+        if verdict == REJECTED:
+            text = sanitize_text(f"shardq.exceptions.UnreadableJob: PostgreSQL refused to start job {job.id}: {problem}\n")
+            return Outcome(job.id, job.fence, job.status_rank + 1, "FAILED",
+                           error_json=Outcome.error("shardq.exceptions.UnreadableJob", text),
+                           shard=job.shard, attempts=job.attempts)
+        rank = job.status_rank + 1
+        if job.worker_losses:
+            # An earlier attempt recorded no outcome (its worker died or lost
+            # the shard): this run repeats work that may have had effects.
+            self.stats.add("reexecutions")
         # The TaskResult exists for the task's context and for signal
         # receivers; when neither wants it (a plain task, only Django's own
         # logging receivers, that logger quiet) it is not built at all.
@@ -140,49 +223,69 @@ class Executor:
             result = self._result(task, job)
             task_started.send(sender=self.backend_class, task_result=result)
         began = time.monotonic()
-        error: BaseException | None = None
         state: dict = {}
         try:
             value = self._call(task, job, result, state)
             # Most tasks return None: its JSON needs no encoder.
-            return_json = "null" if value is None else json.dumps(value, allow_nan=False, separators=(",", ":"))
-        except SystemExit as exc:  # a task calling sys.exit() fails; the worker goes on
-            error = exc
-        except Exception as exc:
-            error = exc
+            return_json = "null" if value is None else self._encode_result(value)
+        except BaseException as error:
+            # A task's BaseException (KeyboardInterrupt, CancelledError, a
+            # sys.exit()) is that job's failure; the worker goes on. Handled
+            # inside the except block so task_finished receivers (Django's own
+            # logs the traceback from exc_info()) see the exception.
+            self._after_call(began, failed=True)
+            if state.get("written"):
+                self.stats.add("succeeded")
+                self._finished(result, TaskResultStatus.SUCCESSFUL)
+                return None
+            if isinstance(error, FenceLost):
+                # Not an error of the task: this attempt lost the job; its
+                # transaction rolled back and nothing of it is written.
+                self.stats.add("fence_rejections")
+                logger.warning("job %s: %s", job.id, error)
+                return None
+            if result is None and self.finished_gate.needed(logging.ERROR):
+                # Only task_finished has a listener for failures (task_started had
+                # none, so not sending it was unobservable).
+                result = self._result(task, job)
+            outcome = self._failure(task, job, rank, error, result)
+            self._finished(result, TaskResultStatus(outcome.status))
+            return outcome
+        self._after_call(began, failed=False)
+        if state.get("written"):
+            # Committed with the task's own writes (shardq.complete_in_transaction).
+            self.stats.add("succeeded")
+            self._finished(result, TaskResultStatus.SUCCESSFUL)
+            return None
+        if result is not None:
+            object.__setattr__(result, "_return_value", json.loads(return_json))
+        self._finished(result, TaskResultStatus.SUCCESSFUL)
+        return Outcome(job.id, job.fence, rank, "SUCCESSFUL", return_value_json=return_json,
+                       shard=job.shard, attempts=job.attempts)
+
+    def _encode_result(self, value) -> str:
+        """The return value as JSON PostgreSQL will store, or the job's error."""
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        if len(text) > self.max_result_bytes:
+            raise ResultTooLarge(
+                f"the return value is {len(text)} bytes of JSON, over SHARDQ['MAX_RESULT_BYTES'] = "
+                f"{self.max_result_bytes}: store large results elsewhere (a model, a file) and return its id")
+        if "\\u" in text:
+            unstorable = unstorable_json_text(value)
+            if unstorable:
+                raise ValueError(f"the return value is not storable as JSON in PostgreSQL: {unstorable}")
+        return text
+
+    def _after_call(self, began: float, failed: bool) -> None:
         # Like Django between requests: drop this thread's database connections
         # that broke or outlived CONN_MAX_AGE. After a failure at once (the
         # connection may be unusable); otherwise at most once a second, since
         # the check costs more than a no-op task.
         now = time.monotonic()
         self.average_task_seconds += 0.05 * ((now - began) - self.average_task_seconds)
-        if error is not None or now >= getattr(self._local, "next_connection_check", 0.0):
+        if failed or now >= getattr(self._local, "next_connection_check", 0.0):
             close_old_connections()
             self._local.next_connection_check = now + 1.0
-        if state.get("written"):
-            # Committed with the task's own writes (shardq.complete_in_transaction).
-            self.stats.add("succeeded")
-            self._finished(result, TaskResultStatus.SUCCESSFUL)
-            return None
-        if isinstance(error, FenceLost):
-            # Not an error of the task: this attempt lost the job; its
-            # transaction rolled back and nothing of it is written.
-            self.stats.add("fence_rejections")
-            logger.warning("job %s: %s", job.id, error)
-            return None
-        if error is None:
-            if result is not None:
-                object.__setattr__(result, "_return_value", json.loads(return_json))
-            self._finished(result, TaskResultStatus.SUCCESSFUL)
-            return Outcome(job.id, job.fence, rank, "SUCCESSFUL", return_value_json=return_json,
-                           shard=job.shard, attempts=job.attempts)
-        if result is None and self.finished_gate.needed(logging.ERROR):
-            # Only task_finished has a listener for failures (task_started had
-            # none, so not sending it was unobservable).
-            result = self._result(task, job)
-        outcome = self._failure(task, job, rank, error, result)
-        self._finished(result, TaskResultStatus(outcome.status))
-        return outcome
 
     def _result(self, task, job: ClaimedJob) -> TaskResult:
         return TaskResult(
@@ -204,6 +307,8 @@ class Executor:
         if result is None:
             return
         object.__setattr__(result, "status", status)
+        if status != TaskResultStatus.READY:  # a retry has not finished
+            object.__setattr__(result, "finished_at", timezone.now())
         task_finished.send(sender=self.backend_class, task_result=result)
 
     def _call(self, task, job: ClaimedJob, result: TaskResult | None, state: dict):
@@ -229,12 +334,14 @@ class Executor:
 
     def _failure(self, task, job: ClaimedJob, rank: int, error: BaseException, result) -> Outcome:
         path = _class_path(error)
-        text = "".join(traceback.format_exception(error))
+        text = sanitize_text("".join(traceback.format_exception(error)))
         if isinstance(error, (TypeError, ValueError)) and "JSON" in str(error) and "is not JSON serializable" in str(error):
             text = f"the return value is not JSON ({error}); return str, int, float, bool, None, list or dict\n" + text
         if result is not None:
             result.errors.append(TaskError(exception_class_path=path, traceback=text))
-        retry = isinstance(task, ShardTask) and job.attempts < job.max_attempts and not isinstance(error, SystemExit)
+        # Never retry a BaseException that is not an Exception (KeyboardInterrupt,
+        # SystemExit, CancelledError): it is the job's failure, not a transient one.
+        retry = isinstance(task, ShardTask) and job.attempts < job.max_attempts and isinstance(error, Exception)
         if retry:
             backoff = task.backoff or DEFAULT_BACKOFF
             return Outcome(job.id, job.fence, rank, "READY", error_json=Outcome.error(path, text),

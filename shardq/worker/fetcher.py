@@ -13,12 +13,13 @@ LISTEN connection or a dropped notification).
 import logging
 import math
 import threading
+import time
 from dataclasses import dataclass
 
 import psycopg
 
-from ..db.store import connect
-from ..exceptions import DatabaseUnavailable
+from ..db.store import connect, listen_statement
+from ..exceptions import DatabaseUnavailable, StatementRejected
 from .jobs import ClaimedJob, Outcome
 from .leaser import LEASE_CHANNEL
 
@@ -123,12 +124,19 @@ class Fetcher:
                                              lookahead=LOOKAHEAD_SECONDS)
             except DatabaseUnavailable as exc:
                 # The claim may have committed with its answer lost: its jobs
-                # would sit RUNNING under our current fence with nobody running
+                # would sit CLAIMED under our current fence with nobody running
                 # them. Look for them once the database answers again.
                 self.claim_uncertain = True
                 self.stats.add("db_errors")
                 logger.warning("claim failed, retrying: %s", exc)
                 return min(self.poll_interval, 0.5)
+            except StatementRejected as exc:
+                # A row the claim's quarantine did not foresee: the statement
+                # fails whole. Keep the worker (other shards' jobs are fine);
+                # try again after the poll interval, loudly.
+                self.stats.add("claim_errors")
+                logger.error("claim refused by PostgreSQL, retrying after %.1fs: %s", self.poll_interval, exc)
+                return self.poll_interval
             if rows:
                 self.take(rows)
         finally:
@@ -151,10 +159,18 @@ class Fetcher:
             return self.poll_interval
         return max(0.0, min(self.poll_interval, due_in - LOOKAHEAD_SECONDS / 2))
 
-    def take(self, rows: list[tuple]) -> None:
+    def take(self, rows: list[dict]) -> None:
         """Route the jobs of one claim: to the buffer, or back, or straight to
         the completer when this worker already ran them."""
-        jobs = [ClaimedJob.from_row(row) for row in rows]
+        jobs = []
+        for row in rows:
+            if row["problem"] is not None:
+                # Quarantined by the claim itself (the row domain): FAILED
+                # with an UnreadableJob error; the rest of the claim goes on.
+                self.stats.add("quarantined")
+                logger.error("job %s (%s) quarantined: %s", row["id"], row["task_path"], row["problem"])
+                continue
+            jobs.append(ClaimedJob.from_row(row))
         self.stats.add("claimed", len(jobs))
         refused = []
         held = self.leaser.held
@@ -165,10 +181,11 @@ class Fetcher:
             refused = [job for job in jobs if held.get(job.shard) != job.fence]
             jobs = [job for job in jobs if held.get(job.shard) == job.fence]
         remembered = self.completer.recall([job.id for job in jobs])
-        # Only a claim that follows the remembered one: an operator's retry
-        # (attempts reset to 0) of a job cancelled mid-run asks for a new run.
+        # Only a claim that follows the remembered attempt (no start since):
+        # an operator's retry (attempts reset to 0) of a job cancelled mid-run
+        # asks for a new run.
         remembered = {job.id: remembered[job.id] for job in jobs
-                      if job.id in remembered and job.attempts > remembered[job.id].attempts}
+                      if job.id in remembered and job.attempts == remembered[job.id].attempts}
         if remembered:
             # Finished here under an earlier claim whose write was rejected
             # (the lease lapsed, the job was rescued and is claimed again):
@@ -192,10 +209,10 @@ class Fetcher:
     def recover_lost_claims(self, shards: list[int]) -> int:
         """Hand back jobs claimed by this worker under a current fence that
         are nowhere in its memory (a claim whose answer never arrived)."""
-        rows = self.store.my_running_jobs(self.worker_id, shards)
+        rows = self.store.my_claimed_jobs(self.worker_id, shards)
         self.claim_uncertain = False
-        lost = [LostClaim(job_id, fence, rank, shard) for job_id, fence, rank, shard in rows
-                if not self.holds(job_id)]
+        lost = [LostClaim(row["id"], row["fence"], row["status_rank"], row["shard"]) for row in rows
+                if not self.holds(row["id"])]
         if lost:
             logger.warning("%s jobs were claimed by a claim whose answer was lost; handing them back", len(lost))
             self.completer.return_jobs(lost)
@@ -212,19 +229,72 @@ class LostClaim:
     shard: int
 
 
-class Listener:
-    """LISTEN for enqueue and lease notifications; reconnects when the connection drops."""
+def parse_shard(payload: str, shard_count: int) -> int | None:
+    """A NOTIFY payload as a shard number, strictly: ASCII digits of a shard
+    that exists, or None. Any database login can NOTIFY this channel, so the
+    payload is untrusted input ('²'.isdigit() is true, int('²') raises)."""
+    if 0 < len(payload) <= 5 and payload.isascii() and payload.isdigit():
+        shard = int(payload)
+        if shard < shard_count:
+            return shard
+    return None
 
-    def __init__(self, channel: str, leaser, fetcher, stats, alias: str = "default"):
+
+class WakeLimiter:
+    """At most one wake-up per ``interval`` seconds; a wake-up asked for
+    within the interval is delivered once when it ends (``due``), so a flood
+    of NOTIFYs costs a bounded number of statements and none is lost."""
+
+    def __init__(self, interval: float, clock=time.monotonic):
+        self.interval = interval
+        self.clock = clock
+        self.last = -math.inf
+        self.pending = False
+
+    def ask(self) -> bool:
+        """True: wake now. False: suppressed (delivered by ``due`` later)."""
+        now = self.clock()
+        if now - self.last >= self.interval:
+            self.last, self.pending = now, False
+            return True
+        self.pending = True
+        return False
+
+    def due(self) -> bool:
+        """A suppressed wake-up whose interval has ended: deliver it now."""
+        if self.pending and self.clock() - self.last >= self.interval:
+            self.last, self.pending = self.clock(), False
+            return True
+        return False
+
+
+class Listener:
+    """LISTEN for enqueue and lease notifications; reconnects when the connection drops.
+
+    Payloads are parsed strictly (``parse_shard``) and wake-ups are rate
+    limited (``WakeLimiter``): the fetcher at most every FETCH_WAKE_SECONDS
+    per burst, the leaser (one heartbeat each) at most every
+    LEASE_WAKE_SECONDS. Anything else that goes wrong stops the thread with
+    ``failure`` set, and the worker stops loudly.
+    """
+
+    FETCH_WAKE_SECONDS = 0.002
+    LEASE_WAKE_SECONDS = 0.25
+
+    def __init__(self, channel: str, leaser, fetcher, stats, alias: str = "default", shard_count: int = 64):
         self.channel = channel
         self.leaser = leaser
         self.fetcher = fetcher
         self.stats = stats
         self.alias = alias
+        self.shard_count = shard_count
         self.conn: psycopg.Connection | None = None
         self.backend_pid: int | None = None
+        self.fetch_wakes = WakeLimiter(self.FETCH_WAKE_SECONDS)
+        self.lease_wakes = WakeLimiter(self.LEASE_WAKE_SECONDS)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="shardq-listener", daemon=True)
@@ -241,22 +311,45 @@ class Listener:
                 pass
 
     def _run(self) -> None:
+        try:
+            self._listen()
+        except BaseException as exc:
+            self.failure = exc
+            logger.exception("the listener died; the worker stops")
+            raise
+
+    def on_notify(self, channel: str, payload: str) -> None:
+        if channel == LEASE_CHANNEL:
+            if self.lease_wakes.ask():
+                self.leaser.wake()
+            return
+        shard = parse_shard(payload, self.shard_count)
+        if shard is None:
+            self.stats.add("bad_notifies")
+            return
+        if shard in self.leaser.held and self.fetch_wakes.ask():
+            self.fetcher.wake()
+
+    def _listen(self) -> None:
         delay = 0.1
         while not self._stop.is_set():
             try:
                 self.conn = connect(self.alias, application_name="shardq-listener")
-                self.conn.execute(f'LISTEN "{self.channel}"')
-                self.conn.execute(f'LISTEN "{LEASE_CHANNEL}"')
+                self.conn.execute(listen_statement(self.channel))
+                self.conn.execute(listen_statement(LEASE_CHANNEL))
                 self.backend_pid = self.conn.info.backend_pid
                 delay = 0.1
                 # The gap while we were disconnected is covered by the poll.
                 self.fetcher.wake()
                 while not self._stop.is_set():
-                    for note in self.conn.notifies(timeout=0.5):
-                        if note.channel == LEASE_CHANNEL:
-                            self.leaser.wake()
-                        elif note.payload.isdigit() and int(note.payload) in self.leaser.held:
-                            self.fetcher.wake()
+                    # Short waits only while a suppressed wake-up is pending.
+                    pending = self.fetch_wakes.pending or self.lease_wakes.pending
+                    for note in self.conn.notifies(timeout=0.005 if pending else 0.5, stop_after=256):
+                        self.on_notify(note.channel, note.payload)
+                    if self.fetch_wakes.due():
+                        self.fetcher.wake()
+                    if self.lease_wakes.due():
+                        self.leaser.wake()
             except (DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 self.stats.add("db_errors")
                 logger.info("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)

@@ -7,7 +7,10 @@ from datetime import datetime
 
 @dataclass(slots=True)
 class ClaimedJob:
-    """A job this worker claimed (RUNNING in the table under ``fence``)."""
+    """A job this worker claimed: CLAIMED in the table under ``fence`` until an
+    executor starts it (``start_jobs`` makes it RUNNING, counts the attempt and
+    updates ``attempts``, ``status_rank``, ``started_at`` and
+    ``last_attempted_at`` here)."""
 
     id: int
     task_path: str
@@ -31,10 +34,17 @@ class ClaimedJob:
     error_count: int
     backend: str
     payload_bytes: int = 0
+    worker_losses: int = 0
+    # Set by the start write: this worker id was appended to worker_ids.
+    started_by: str | None = None
 
     @classmethod
-    def from_row(cls, row) -> "ClaimedJob":
-        return cls(*row)
+    def from_row(cls, row: dict) -> "ClaimedJob":
+        """From a ``claim_jobs`` row, by name (its ``problem`` column, set on
+        quarantined rows, is not a field)."""
+        fields = dict(row)
+        fields.pop("problem", None)
+        return cls(**fields)
 
     @property
     def key(self) -> str | None:
@@ -50,11 +60,24 @@ class ClaimedJob:
 
     @property
     def worker_ids(self) -> list:
-        return json.loads(self.worker_ids_json)
+        ids = json.loads(self.worker_ids_json)
+        ids = [str(i) for i in ids] if isinstance(ids, list) else []
+        return [*ids, self.started_by] if self.started_by else ids
 
     @property
     def errors(self) -> list:
-        return json.loads(self.errors_json)
+        """The recorded errors; entries that are not Django TaskError fields
+        (a row written by hand) are kept as text, never raised on."""
+        raw = json.loads(self.errors_json)
+        errors = []
+        for entry in raw if isinstance(raw, list) else []:
+            if (isinstance(entry, dict) and set(entry) == {"exception_class_path", "traceback"}
+                    and all(isinstance(v, str) for v in entry.values())):
+                errors.append(entry)
+            else:
+                errors.append({"exception_class_path": "shardq.exceptions.UnreadableJob",
+                               "traceback": f"an unreadable error entry: {json.dumps(entry)[:200]}"})
+        return errors
 
 
 @dataclass(slots=True)

@@ -68,6 +68,7 @@ class Leaser:
         on_gained: Callable[[set[int]], None],
         clock: Callable[[], float] = time.monotonic,
         expected_workers: int = 1,
+        max_worker_losses: int = 3,
     ):
         self.store = store
         self.worker_id = worker_id
@@ -86,6 +87,7 @@ class Leaser:
         # rebalance them one by one.
         self.expected_workers = expected_workers
         self._first_claim_done = False
+        self.max_worker_losses = max_worker_losses
 
         self.held: dict[int, int] = {}  # shard -> claim_version
         self.ownership = RWLock()  # read: a claim in flight; write: dropping shards
@@ -156,6 +158,7 @@ class Leaser:
     def tick(self) -> None:
         try:
             self._renew()
+            self.stats.add("heartbeats")
             live = self.store.heartbeat(self.worker_id, self.stats.snapshot(), self.ttl)
             self.database_ok = True
         except DatabaseUnavailable as exc:
@@ -200,19 +203,22 @@ class Leaser:
         self.trusted_until = sent + self.ttl - self.margin
         if kept:
             # A claim by the previous owner that raced our takeover left jobs
-            # RUNNING under its old version: nobody runs them; put them back.
-            swept = self.store.rescue_stale_claims(self.worker_id, sorted(kept))
+            # CLAIMED under its old version: nobody runs them; put them back.
+            swept = self.store.rescue_jobs({s: held[s] for s in kept}, self.max_worker_losses)
             if swept:
-                self.stats.add("rescued", swept)
-                logger.info("put back %s jobs claimed under a superseded lease", swept)
+                self.stats.add("rescued", len(swept))
+                logger.info("put back %s jobs claimed under a superseded lease", len(swept))
 
     def _claim(self, wanted: int) -> None:
         sent = self.clock()
-        rows = self.store.claim_shards(self.worker_id, wanted, self.ttl, self.shard_count)
+        rows = self.store.claim_shards(self.worker_id, wanted, self.ttl, self.shard_count,
+                                       self.max_worker_losses)
         if not rows:
             return
         gained = set()
-        for shard, version, previous_owner, rescued, _logged in rows:
+        for row in rows:
+            shard, version, previous_owner, rescued = (
+                row["shard"], row["claim_version"], row["previous_owner"], row["rescued"])
             self.held[shard] = version
             gained.add(shard)
             self.stats.add("shard_claims")

@@ -26,6 +26,7 @@ from .executor import Executor
 from .fetcher import Fetcher, Listener
 from .leaser import Leaser
 from .scheduler import Scheduler
+from .starter import Starter
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker")
@@ -57,8 +58,8 @@ class Worker:
                                         # jobs READY (run again: at-least-once); an
                                         # ack, committed synchronously after it in
                                         # the WAL, makes the claim durable too.
-                                        synchronous_commit=name != "fetcher")
-                      for name in ("leaser", "fetcher", "completer")}
+                                        synchronous_commit=name not in ("fetcher", "starter"))
+                      for name in ("leaser", "fetcher", "completer", "starter")}
         self.completer = Completer(self.store["completer"], self.stats,
                                    batch=self.config.completion_batch,
                                    flush_seconds=self.config.completion_flush_seconds)
@@ -71,17 +72,21 @@ class Worker:
             on_lost=self.on_shards_lost,
             on_gained=lambda shards: self.fetcher.wake(),
             expected_workers=int(os.environ.get("SHARDQ_EXPECTED_WORKERS", "1")),
+            max_worker_losses=self.config.max_worker_losses,
         )
         self.fetcher = Fetcher(self.store["fetcher"], self.leaser, self.buffer, self.completer, self.stats,
                                worker_id=self.id, queues=queues,
                                poll_interval_seconds=self.config.poll_interval_seconds,
                                demand=self.demand)
         self.fetcher.holds = lambda job_id: self.buffer.holds(job_id) or self.completer.holds(job_id)
-        self.listener = Listener(self.config.channel, self.leaser, self.fetcher, self.stats, database) if self.config.notify else None
+        self.listener = (Listener(self.config.channel, self.leaser, self.fetcher, self.stats, database,
+                                  shard_count=self.config.shard_count)
+                         if self.config.notify else None)
+        self.starter = Starter(self.store["starter"], self.stats, worker_id=self.id)
         self.scheduler: Scheduler | None = None  # built in run(), once the task modules are imported
         self.executor = Executor(self.buffer, self.completer, self.leaser, self.fetcher, self.stats,
                                  worker_id=self.id, concurrency=concurrency,
-                                 backend_class=ShardqBackend, task_modules=self.config.task_modules)
+                                 backend_class=ShardqBackend, starter=self.starter, task_modules=self.config.task_modules)
 
     # -- callbacks ---------------------------------------------------------------
 
@@ -156,7 +161,7 @@ class Worker:
     def _failed_service(self) -> str | None:
         for name, service in (("leaser", self.leaser), ("fetcher", self.fetcher),
                               ("completer", self.completer), ("executor", self.executor),
-                              ("scheduler", self.scheduler)):
+                              ("scheduler", self.scheduler), ("listener", self.listener)):
             if service is not None and service.failure is not None:
                 return name
         return None

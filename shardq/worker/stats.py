@@ -18,6 +18,13 @@ COUNTERS = (
     "recalled",
     "ticks",
     "db_errors",
+    # Error domains (DESIGN §5)
+    "start_writes",  # group-committed start statements
+    "quarantined",  # unreadable rows failed at claim
+    "outcomes_refused",  # outcomes PostgreSQL refused to store (the job failed instead)
+    "claim_errors",  # claims PostgreSQL refused whole
+    "bad_notifies",  # NOTIFY payloads that name no shard
+    "heartbeats",
 )
 
 

@@ -11,9 +11,9 @@ PostgreSQL, injects one kind of fault, lets the jobs drain, then calls
     dead-lettered one, and that row carries the job's final attempt and fence;
 (c) every extra execution (execution log, written before the work over its
     own autocommit connection) matches a counted rescue or retry: no claim is
-    executed twice, and per job the re-claims are exactly its retries (errors
-    recorded) plus its rescues, whose total is the rescued count the shard
-    history recorded;
+    executed twice, and per job the re-starts are exactly its retries (errors
+    recorded) plus its worker losses (rescues of a started attempt), which the
+    shard history's rescued count covers;
 (d) per shard, the history's claim_version strictly rises with every claim or
     takeover, a release gives back the version its worker claimed, and the
     shard row holds the newest version;
@@ -137,8 +137,14 @@ def check_invariants(query: Query, expected_jobs: int, shard_count: int = 64) ->
         "              THEN 1 ELSE 0 END AS lost"
         "  FROM shardq_job WHERE attempts > 0) j")[0]
     rescued = query("SELECT coalesce(sum(rescued), 0) FROM shardq_shard_event")[0][0]
-    if rescues_needed != rescued:
-        problems.append(f"(c) the jobs' attempts need {rescues_needed} rescues, the shard history counted {rescued}")
+    # A rescue of a started attempt is a worker loss, counted on the job; the
+    # shard history also counts claimed-but-unstarted jobs put back for free.
+    losses = query("SELECT coalesce(sum(worker_losses), 0) FROM shardq_job")[0][0]
+    if rescues_needed != losses:
+        problems.append(f"(c) the jobs' attempts need {rescues_needed} rescues of started attempts, "
+                        f"the jobs counted {losses} worker losses")
+    if losses > rescued:
+        problems.append(f"(c) {losses} worker losses, the shard history counted only {rescued} rescues")
     if extra > rescued + retries:
         problems.append(f"(c) {extra} extra executions, only {rescued} rescues + {retries} retries to explain them")
 

@@ -13,11 +13,11 @@ HUGE = 3 * 1024 * 1024  # over the default SHARDQ["MAX_PAYLOAD_BYTES"] (1 MiB)
 # (task path, args json, kwargs json, what the error must say)
 BAD_ROWS = {
     "object_as_args": ("tests.taskapp.tasks.add", '{"a": 1, "b": 2}', "{}",
-                       "the job's args are a dict in the table, not a list"),
+                       "args {\"a\": 1, \"b\": 2} is not a JSON array"),
     "string_as_args": ("tests.taskapp.tasks.add", '"1, 2"', "{}",
-                       "the job's args are a str in the table, not a list"),
+                       "args \"1, 2\" is not a JSON array"),
     "list_as_kwargs": ("tests.taskapp.tasks.add", "[]", "[1, 2]",
-                       "the job's kwargs are a list in the table, not a dict"),
+                       "kwargs [1, 2] is not a JSON object"),
     "wrong_arity": ("tests.taskapp.tasks.add", "[1]", "{}",
                     "missing 1 required positional argument"),
     "unknown_task": ("tests.taskapp.tasks.deleted_function", "[]", "{}",

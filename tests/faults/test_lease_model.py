@@ -25,6 +25,7 @@ TTL = 30.0  # leases never expire on their own here: the `expire` rule does it
 WORKERS = [str(uuid.UUID(int=1)), str(uuid.UUID(int=2))]
 JOBS = 4
 MAX_ATTEMPTS = 2
+MAX_WORKER_LOSSES = 2  # small, so the model reaches dead-lettering by worker loss
 
 ADMIN_RETRY = (  # what the dead-letter queue's retry action does: one more attempt
     "UPDATE shardq_job SET status = 'READY', status_rank = status_rank + 1, max_attempts = attempts + 1, "
@@ -49,7 +50,7 @@ class LeaseProtocol(RuleBasedStateMachine):
                 "VALUES ('tests.taskapp.tasks.noop', 'default', 'default', 0, clock_timestamp(), %s, %s, false, "
                 "'READY', 0, 0, 0, %s, '[]', '{}', '[]', '[]', clock_timestamp()) RETURNING id",
                 [i % SHARDS, i, MAX_ATTEMPTS]).fetchone()[0]
-            self.jobs[job_id] = {"status": "READY", "rank": 0, "fence": 0, "attempts": 0,
+            self.jobs[job_id] = {"status": "READY", "rank": 0, "fence": 0, "attempts": 0, "losses": 0,
                                  "max_attempts": MAX_ATTEMPTS, "shard": i % SHARDS, "run_after": self.tick()}
         self.claims: list[dict] = []  # every claim ever returned: (job, fence, rank) messages
         self.seen = {job_id: dict(state) for job_id, state in self.jobs.items()}
@@ -69,7 +70,7 @@ class LeaseProtocol(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS), wanted=st.integers(1, SHARDS))
     def claim_shards(self, worker, wanted):
-        rows = self.stores[worker].claim_shards(worker, wanted, TTL, SHARDS)
+        rows = self.stores[worker].claim_shards(worker, wanted, TTL, SHARDS, MAX_WORKER_LOSSES)
         expected = []
         for s in sorted(s for s, sh in self.shards.items() if sh["owner"] is None or sh["expired"])[:wanted]:
             shard = self.shards[s]
@@ -77,14 +78,22 @@ class LeaseProtocol(RuleBasedStateMachine):
             shard.update(owner=worker, version=shard["version"] + 1, expired=False)
             rescued = 0
             for job in self.jobs.values():
-                if job["shard"] == s and job["status"] == "RUNNING" and job["fence"] < shard["version"]:
-                    job["status"] = "FAILED" if job["attempts"] >= job["max_attempts"] else "READY"
+                if job["shard"] == s and job["status"] in ("CLAIMED", "RUNNING") and job["fence"] < shard["version"]:
+                    # Claimed, never started: back for free. Started: a worker
+                    # loss; run again until the losses reach MAX_WORKER_LOSSES.
+                    if job["status"] == "RUNNING":
+                        dead = job["losses"] + 1 >= MAX_WORKER_LOSSES
+                        job["losses"] += 1
+                        job["status"] = "FAILED" if dead else "READY"
+                    else:
+                        job["status"] = "READY"
                     job["rank"] += 1
                     job["fence"] = shard["version"]
                     rescued += 1
             self.held[worker][s] = shard["version"]
             expected.append((s, shard["version"], previous, rescued))
-        got = [(s, v, str(p) if p else None, r) for s, v, p, r, _ in rows]
+        got = [(r["shard"], r["claim_version"], str(r["previous_owner"]) if r["previous_owner"] else None,
+                r["rescued"]) for r in rows]
         assert got == expected, (got, expected)
 
     @rule(worker=st.sampled_from(WORKERS))
@@ -133,14 +142,33 @@ class LeaseProtocol(RuleBasedStateMachine):
                            if job["shard"] == s and job["status"] == "READY")
             for _, job_id in ready[:per_shard]:
                 job = self.jobs[job_id]
-                job.update(status="RUNNING", rank=job["rank"] + 1, fence=shard["version"], attempts=job["attempts"] + 1)
+                job.update(status="CLAIMED", rank=job["rank"] + 1, fence=shard["version"])
                 picked.append(job_id)
                 self.claims.append({"id": job_id, "fence": job["fence"], "rank": job["rank"]})
-        got = {row[0]: (row[12], row[13], row[10]) for row in rows}  # fence, status_rank, attempts
+        got = {row["id"]: (row["fence"], row["status_rank"], row["attempts"]) for row in rows}
         assert set(got) == set(picked), (got, picked)
         for job_id in picked:
             job = self.jobs[job_id]
             assert got[job_id] == (job["fence"], job["rank"], job["attempts"])
+
+    @precondition(lambda self: self.claims)
+    @rule(data=st.data(), latest=st.booleans())
+    def start(self, data, latest):
+        """Start one claim (the start write), the newest or any earlier one."""
+        claim = self.claims[-1] if latest else data.draw(st.sampled_from(self.claims))
+        worker = WORKERS[0]
+        job_ref = type("J", (), {"id": claim["id"], "fence": claim["fence"], "status_rank": claim["rank"]})
+        started, refused = self.stores[worker].start_jobs(worker, [job_ref])
+        assert refused == []
+        job = self.jobs[claim["id"]]
+        shard = self.shards[job["shard"]]
+        applies = (job["status"] == "CLAIMED" and job["fence"] == claim["fence"] and job["rank"] == claim["rank"]
+                   and shard["version"] == job["fence"])
+        assert set(started) == ({claim["id"]} if applies else set()), (claim, job)
+        if applies:
+            job.update(status="RUNNING", rank=job["rank"] + 1, attempts=job["attempts"] + 1)
+            assert started[claim["id"]]["attempts"] == job["attempts"]
+            self.claims.append({"id": claim["id"], "fence": claim["fence"], "rank": job["rank"]})
 
     @precondition(lambda self: self.claims)
     @rule(data=st.data(), status=st.sampled_from(["SUCCESSFUL", "FAILED", "READY"]), latest=st.booleans())
@@ -150,7 +178,8 @@ class LeaseProtocol(RuleBasedStateMachine):
         outcome = Outcome(claim["id"], claim["fence"], claim["rank"] + 1, status,
                           return_value_json="null", error_json=None if status == "SUCCESSFUL" else
                           Outcome.error("builtins.RuntimeError", "RuntimeError: model\n"), delay=0.0)
-        written = self.stores[WORKERS[0]].complete_jobs([outcome])
+        written, refused = self.stores[WORKERS[0]].complete_jobs([outcome])
+        assert refused == []
         job = self.jobs[claim["id"]]
         applies = job["fence"] <= claim["fence"] and job["rank"] < claim["rank"] + 1
         assert written == ({(claim["id"], claim["rank"] + 1)} if applies else set()), (claim, job, status)
@@ -173,11 +202,12 @@ class LeaseProtocol(RuleBasedStateMachine):
 
     @invariant()
     def table_matches_the_model_and_nothing_goes_backwards(self):
-        rows = self.admin.execute("SELECT id, status, status_rank, fence, attempts FROM shardq_job").fetchall()
-        for job_id, status, rank, fence, attempts in rows:
+        rows = self.admin.execute(
+            "SELECT id, status, status_rank, fence, attempts, worker_losses FROM shardq_job").fetchall()
+        for job_id, status, rank, fence, attempts, losses in rows:
             model = self.jobs[job_id]
-            assert (status, rank, fence, attempts) == (model["status"], model["rank"], model["fence"],
-                                                       model["attempts"]), (job_id, model)
+            assert (status, rank, fence, attempts, losses) == (
+                model["status"], model["rank"], model["fence"], model["attempts"], model["losses"]), (job_id, model)
             before = self.seen[job_id]
             assert rank >= before["rank"] and fence >= before["fence"] and attempts >= before["attempts"]
             if before["status"] == "SUCCESSFUL":

@@ -25,10 +25,13 @@ def claimed(transactional_db):
         "VALUES ('tests.taskapp.fault_tasks.tx_ledger', 'default', 'default', 0, now(), 0, 0, false, 'READY', 0, 0, "
         "0, 3, '[]', '{}', '[]', '[]', now()) RETURNING id")
     store = WorkerStore(application_name="shardq-test")
-    store.claim_shards(WORKER, 1, 30.0, 1)
+    store.claim_shards(WORKER, 1, 30.0, 1, 3)
     (row,) = store.claim_jobs(WORKER, [0], None, 1, 1)
+    job = SimpleNamespace(id=row["id"], fence=row["fence"], status_rank=row["status_rank"])
+    started, _ = store.start_jobs(WORKER, [job])
     context = ShardqTaskContext(task_result=SimpleNamespace(id=str(job_id), worker_ids=[WORKER]),
-                                fence=row[12], shard=0, rank=row[13] + 1, completion_state={})
+                                fence=row["fence"], shard=0, rank=started[job_id]["status_rank"] + 1,
+                                completion_state={})
     yield store, context
     store.close()
 
@@ -66,10 +69,10 @@ def test_a_taken_over_shard_raises_fence_lost_and_commits_nothing(claimed):
     query("UPDATE shardq_shard SET lease_expires = clock_timestamp() - interval '1 second' WHERE shard = 0")
     other = WorkerStore(application_name="shardq-test")
     try:
-        (taken,) = other.claim_shards(OTHER, 1, 30.0, 1)
+        (taken,) = other.claim_shards(OTHER, 1, 30.0, 1, 3)
     finally:
         other.close()
-    assert taken[3] == 1, "the takeover rescued the running job"
+    assert taken["rescued"] == 1, "the takeover rescued the running job"
     with pytest.raises(shardq.FenceLost, match="no longer current"), transaction.atomic():
         FaultLedger.objects.create(job_id=1, attempt=1, fence=1, shard_version=1, worker=WORKER)
         shardq.complete_in_transaction(context, return_value=1)

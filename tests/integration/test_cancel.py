@@ -40,7 +40,7 @@ def test_a_running_job_is_cancelled_and_its_attempt_can_no_longer_write():
 
     store = WorkerStore()
     try:
-        assert store.complete_jobs([Outcome(int(result.id), 0, 2, "SUCCESSFUL", return_value_json="3")]) == set()
+        assert store.complete_jobs([Outcome(int(result.id), 0, 2, "SUCCESSFUL", return_value_json="3")]) == (set(), [])
     finally:
         store.close()
     assert job_row(result.id)["status"] == "FAILED"

@@ -110,6 +110,7 @@ def test_the_claim_takes_the_best_jobs_of_each_held_shard(backlog):
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["claim_jobs"], claim_params(backlog, per_shard=3, limit=1000))
         claimed = cursor.fetchall()
+        columns = [c.name for c in cursor.description]
         cursor.execute(
             """
             SELECT shard, array_agg(id ORDER BY priority DESC, run_after, id)
@@ -119,21 +120,24 @@ def test_the_claim_takes_the_best_jobs_of_each_held_shard(backlog):
                   WHERE queue_name = 'default' AND (status = 'READY' OR id = ANY(%s))) ranked
             WHERE n <= 3 GROUP BY shard
             """,
-            [[row[0] for row in claimed]],
+            [[row[0] for row in claimed]],  # id is the first column
         )
         expected = dict(cursor.fetchall())
         cursor.execute("SELECT shard, claim_version FROM shardq_shard WHERE shard < %s", [SHARDS])
         versions = dict(cursor.fetchall())
 
+    claimed = [dict(zip(columns, row)) for row in claimed]
     by_shard = {}
     for row in claimed:
-        by_shard.setdefault(row[5], []).append(row[0])
+        by_shard.setdefault(row["shard"], []).append(row["id"])
     assert len(claimed) == SHARDS * 3
     assert {shard: sorted(ids) for shard, ids in by_shard.items()} == {
         shard: sorted(ids) for shard, ids in expected.items()
     }
-    # Each job carries its shard's claim version as its fence, one attempt, rank 1.
-    assert all(row[12] == versions[row[5]] and row[10] == 1 and row[13] == 1 for row in claimed)
+    # Each job carries its shard's claim version as its fence and rank 1; no
+    # attempt is counted until it starts.
+    assert all(row["fence"] == versions[row["shard"]] and row["attempts"] == 0 and row["status_rank"] == 1
+               and row["problem"] is None for row in claimed)
 
 
 def test_the_claim_takes_nothing_from_shards_the_worker_does_not_hold(backlog):
@@ -143,6 +147,7 @@ def test_the_claim_takes_nothing_from_shards_the_worker_does_not_hold(backlog):
             "UPDATE shardq_shard SET lease_expires = clock_timestamp() - interval '1 second' WHERE shard = 0"
         )
         cursor.execute(QUERIES["claim_jobs"], claim_params(backlog, per_shard=2, limit=1000))
-        shards = {row[5] for row in cursor.fetchall()}
+        shard_column = [c.name for c in cursor.description].index("shard")
+        shards = {row[shard_column] for row in cursor.fetchall()}
 
     assert shards == set(range(1, 32))

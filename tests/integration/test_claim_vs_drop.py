@@ -2,7 +2,7 @@
 
 The claim is the real statement on the real database; the only change is a
 pause after it returns, standing for an answer still on its way while the
-leaser decides to drop a shard whose jobs that claim has just marked RUNNING.
+leaser decides to drop a shard whose jobs that claim has just marked CLAIMED.
 """
 
 import os
@@ -48,7 +48,7 @@ def paused_claim():
     fetch = threading.Thread(target=worker.fetcher.fetch_once)
     fetch.start()
     assert committed.wait(timeout=30), "the claim to commit"
-    shard = sql("SELECT shard FROM shardq_job WHERE status = 'RUNNING' GROUP BY shard ORDER BY count(*) DESC LIMIT 1")[0][0]
+    shard = sql("SELECT shard FROM shardq_job WHERE status = 'CLAIMED' GROUP BY shard ORDER BY count(*) DESC LIMIT 1")[0][0]
     try:
         yield worker, shard, proceed, fetch
     finally:
@@ -79,7 +79,7 @@ def test_a_drain_waits_for_the_claim_in_flight_and_then_hands_back_its_jobs(paus
     # the drop found them: none is left to run here after the release.
     assert worker.buffer.drop_shard(shard) == []
     wait_until(lambda: returned_unrun(shard), message="the drained shard's jobs to go back to READY unrun")
-    others = sql("SELECT count(*) FROM shardq_job WHERE shard <> %s AND status = 'RUNNING'", [shard])[0][0]
+    others = sql("SELECT count(*) FROM shardq_job WHERE shard <> %s AND status = 'CLAIMED'", [shard])[0][0]
     assert others == worker.buffer.buffered > 0
 
 

@@ -35,19 +35,22 @@ def test_a_late_claim_under_a_superseded_version_is_never_acked_and_is_swept_bac
         old_version = sql("SELECT claim_version FROM shardq_shard WHERE shard = %s", [shard])[0][0]
         # A's lease expires and B takes the shard over (version + 1) ...
         sql("UPDATE shardq_shard SET lease_expires = clock_timestamp() - interval '1 second' WHERE shard = %s", [shard])
-        taken = {row[0]: row[1] for row in store_b.claim_shards(b, 64, 30.0, 64)}
+        taken = {row["shard"]: row["claim_version"] for row in store_b.claim_shards(b, 64, 30.0, 64, 3)}
         assert taken[shard] == old_version + 1
         # ... while A's claim, begun before the takeover, commits after it:
-        # the row is RUNNING under the superseded version.
-        sql("UPDATE shardq_job SET status = 'RUNNING', fence = %s, attempts = 1, status_rank = status_rank + 1 "
+        # the row is CLAIMED under the superseded version.
+        sql("UPDATE shardq_job SET status = 'CLAIMED', fence = %s, status_rank = status_rank + 1 "
             "WHERE id = %s", [old_version, int(result.id)])
         rank = sql("SELECT status_rank FROM shardq_job WHERE id = %s", [int(result.id)])[0][0]
         late_ack = Outcome(int(result.id), old_version, rank + 1, "SUCCESSFUL", return_value_json="7", shard=shard)
-        assert store_a.complete_jobs([late_ack]) == set()
-        assert store_b.rescue_stale_claims(b, [shard]) == 1
-        status, fence = sql("SELECT status, fence FROM shardq_job WHERE id = %s", [int(result.id)])[0]
-        assert (status, fence) == ("READY", old_version + 1)
-        assert store_b.rescue_stale_claims(b, [shard]) == 0
+        assert store_a.complete_jobs([late_ack]) == (set(), [])
+        [rescued] = store_b.rescue_jobs({shard: old_version + 1}, 3)
+        assert (rescued["id"], rescued["started"], rescued["dead"]) == (int(result.id), False, False)
+        status, fence, attempts, losses = sql(
+            "SELECT status, fence, attempts, worker_losses FROM shardq_job WHERE id = %s", [int(result.id)])[0]
+        # Never started: back to READY with nothing charged.
+        assert (status, fence, attempts, losses) == ("READY", old_version + 1, 0, 0)
+        assert store_b.rescue_jobs({shard: old_version + 1}, 3) == []
     finally:
         store_a.close()
         store_b.close()

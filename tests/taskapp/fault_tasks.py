@@ -97,14 +97,15 @@ def acked(context, n: int = 0, sleep: float = 0.0) -> int:
     return n
 
 
-@shard_task(takes_context=True, max_attempts=3)
+@shard_task(takes_context=True)
 def poison(context) -> None:
-    """Kills its own worker process on every attempt (after logging it)."""
+    """Kills its own worker process on every attempt (after logging it).
+    Default options, as users keep them: max_attempts=1, on_worker_lost="retry"."""
     log_execution(context)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-@shard_task(takes_context=True, max_attempts=1)
+@shard_task(takes_context=True, max_attempts=1, on_worker_lost="fail")
 def poison_once(context) -> None:
     log_execution(context)
     os.kill(os.getpid(), signal.SIGKILL)
