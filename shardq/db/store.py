@@ -23,7 +23,7 @@ from collections import Counter
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, kwargs_row
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from ..conf import get_config
@@ -170,11 +170,13 @@ class WorkerStore:
         self.synchronous_commit = synchronous_commit
         self.conn: psycopg.Connection | None = None
 
-    def _cursor(self, named: bool = False):
+    def _cursor(self, named: bool = False, row_factory=None):
         if self.conn is None or self.conn.closed:
             self.conn = connect(self.alias, application_name=self.application_name)
             if not self.synchronous_commit:
                 self.conn.execute(QUERIES["async_commit"])
+        if row_factory is not None:
+            return self.conn.cursor(row_factory=row_factory)
         return self.conn.cursor(row_factory=dict_row) if named else self.conn.cursor()
 
     def run(self, name: str, params: dict, fetch: str = "all", binary: bool = False, named: bool = False):
@@ -191,13 +193,13 @@ class WorkerStore:
             return cursor.fetchone()
         return cursor.rowcount
 
-    def guarded(self, what: str, work, named: bool = False):
+    def guarded(self, what: str, work, named: bool = False, row_factory=None):
         """Run ``work(cursor)`` behind the circuit breaker, translating driver
         errors into their domain: ``DatabaseUnavailable`` (connection) or
         ``StatementRejected`` (the statement's data)."""
         self.guard.admit(what)
         try:
-            with self._cursor(named) as cursor:
+            with self._cursor(named, row_factory) as cursor:
                 result = work(cursor)
         except DatabaseUnavailable:
             self.guard.failed()
@@ -303,9 +305,9 @@ class WorkerStore:
     # -- jobs -----------------------------------------------------------------
 
     def claim_jobs(self, worker: str, shards: list[int], queues: list[str] | None, per_shard: int,
-                   limit: int, lookahead: float = 0.0) -> list[dict]:
-        """Claim a batch (rows by name; a row with ``problem`` set was
-        quarantined, not claimed)."""
+                   limit: int, lookahead: float = 0.0, row_factory=None) -> list:
+        """Claim a batch (rows by name: dicts, or ``row_factory(**columns)``;
+        a row with ``problem`` set was quarantined, not claimed)."""
         # Binary results: timestamps and numbers decode without parsing text.
         params = {
             "worker": worker,
@@ -316,7 +318,10 @@ class WorkerStore:
             "limit": limit,
             "lookahead": lookahead,
         }
-        return self.run("claim_jobs", params, binary=True, named=True)
+        if row_factory is None:
+            return self.run("claim_jobs", params, binary=True, named=True)
+        return self.guarded("claim_jobs", lambda cursor: self._execute(
+            cursor, "claim_jobs", params, binary=True), row_factory=kwargs_row(row_factory))
 
     def start_jobs(self, worker: str, jobs: list) -> tuple[dict[int, dict], list]:
         """Record the real start of claimed jobs (objects with id, fence,

@@ -77,6 +77,22 @@ class Buffer:
             self._processing_by_shard[queued.shard] += 1
         return queued.payload
 
+    def pop_more(self, limit: int) -> list[ClaimedJob]:
+        """Up to ``limit`` more ready jobs, without waiting (a batch of short
+        jobs one executor thread starts with one start write)."""
+        jobs = []
+        now = time.time()
+        while len(jobs) < limit:
+            queued = self.queue.pop(now)
+            if queued is None:
+                break
+            jobs.append(queued.payload)
+        if jobs:
+            with self._count_lock:
+                for job in jobs:
+                    self._processing_by_shard[job.shard] += 1
+        return jobs
+
     def done(self, job: ClaimedJob) -> None:
         with self._count_lock:
             left = self._processing_by_shard[job.shard] - 1

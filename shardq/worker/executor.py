@@ -27,7 +27,7 @@ from ..dispatch import SignalGate
 from ..exceptions import FenceLost, ResultTooLarge, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
 from .jobs import ClaimedJob, Outcome
-from .starter import LOST, REJECTED, UNAVAILABLE
+from .starter import LOST, REJECTED, UNAVAILABLE, Starter
 
 logger = logging.getLogger("shardq.worker.executor")
 
@@ -97,7 +97,7 @@ def _class_path(exc: BaseException) -> str:
 
 class Executor:
     def __init__(self, buffer, completer, leaser, fetcher, stats, *, worker_id: str,
-                 concurrency: int, backend_class, starter, task_modules: tuple = ()):
+                 concurrency: int, backend_class, start_store, task_modules: tuple = ()):
         self.buffer = buffer
         self.completer = completer
         self.leaser = leaser
@@ -110,7 +110,6 @@ class Executor:
         config = get_config()
         self.max_payload_bytes = config.max_payload_bytes
         self.max_result_bytes = config.max_result_bytes
-        self.starter = starter
         self._stop = threading.Event()
         self._local = threading.local()
         self.started_gate = SignalGate(task_started, log_task_started)
@@ -122,8 +121,13 @@ class Executor:
         self.loop = asyncio.new_event_loop()
         self._loop_thread: threading.Thread | None = None
         self.failure: BaseException | None = None
+        # Records each job's start before a thread runs it (starter.py).
+        self.starter = Starter(start_store, stats, worker_id=worker_id, buffer=buffer, leaser=leaser,
+                               completer=completer, fetcher=fetcher, concurrency=concurrency,
+                               task_seconds=lambda: self.average_task_seconds, task_modules=task_modules)
 
     def start(self) -> None:
+        self.starter.start()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="shardq-async", daemon=True)
         self._loop_thread.start()
         for n in range(self.concurrency):
@@ -132,7 +136,8 @@ class Executor:
             self._threads.append(thread)
 
     def stop(self, timeout: float) -> bool:
-        """Stop taking jobs; wait up to ``timeout`` for running ones. True if all finished."""
+        """Stop starting jobs; wait up to ``timeout`` for the started ones. True if all finished."""
+        self.starter.stop()
         self._stop.set()
         self.buffer.wake_all()
         for thread in self._threads:
@@ -144,19 +149,16 @@ class Executor:
 
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
-                job = self.buffer.pop(timeout=0.25)
+            while True:
+                job = self.starter.take(timeout=0.25)
                 if job is None:
+                    if self._stop.is_set() and not self.starter.ready:
+                        break  # every started job has run
                     continue
                 try:
-                    if self.leaser.trusts(job.shard, job.fence):
-                        outcome = self.run_job(job)
-                        if outcome is not None:  # None: nothing to write (see run_job)
-                            self.completer.put(outcome)
-                    else:
-                        # The lease is lost or unconfirmed: start nothing; hand
-                        # the claim back (rejected harmlessly if already rescued).
-                        self.completer.return_jobs([job])
+                    outcome = self.run_job(job)
+                    if outcome is not None:  # None: nothing to write (see execute)
+                        self.completer.put(outcome)
                 finally:
                     self.buffer.done(job)
                     self.fetcher.slot_freed()
@@ -198,7 +200,9 @@ class Executor:
             return Outcome(job.id, job.fence, job.status_rank + 1, "FAILED",
                            error_json=Outcome.error("shardq.exceptions.WorkerLost", text),
                            shard=job.shard, attempts=job.attempts)
-        verdict, problem = self.starter.start(job)
+        # The starter recorded the start (Starter.start_jobs) before handing
+        # the job over.
+        verdict, problem = job.start_verdict or (UNAVAILABLE, None)
         if verdict == LOST:
             self.stats.add("fence_rejections")
             return None

@@ -121,7 +121,7 @@ class Fetcher:
             per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
             try:
                 rows = self.store.claim_jobs(self.worker_id, order, self.queues, per_shard, free,
-                                             lookahead=LOOKAHEAD_SECONDS)
+                                             lookahead=LOOKAHEAD_SECONDS, row_factory=ClaimedJob)
             except DatabaseUnavailable as exc:
                 # The claim may have committed with its answer lost: its jobs
                 # would sit CLAIMED under our current fence with nobody running
@@ -159,18 +159,18 @@ class Fetcher:
             return self.poll_interval
         return max(0.0, min(self.poll_interval, due_in - LOOKAHEAD_SECONDS / 2))
 
-    def take(self, rows: list[dict]) -> None:
+    def take(self, rows: list[ClaimedJob]) -> None:
         """Route the jobs of one claim: to the buffer, or back, or straight to
         the completer when this worker already ran them."""
         jobs = []
-        for row in rows:
-            if row["problem"] is not None:
+        for job in rows:
+            if job.problem is not None:
                 # Quarantined by the claim itself (the row domain): FAILED
                 # with an UnreadableJob error; the rest of the claim goes on.
                 self.stats.add("quarantined")
-                logger.error("job %s (%s) quarantined: %s", row["id"], row["task_path"], row["problem"])
+                logger.error("job %s (%s) quarantined: %s", job.id, job.task_path, job.problem)
                 continue
-            jobs.append(ClaimedJob.from_row(row))
+            jobs.append(job)
         self.stats.add("claimed", len(jobs))
         refused = []
         held = self.leaser.held

@@ -37,14 +37,16 @@ class ClaimedJob:
     worker_losses: int = 0
     # Set by the start write: this worker id was appended to worker_ids.
     started_by: str | None = None
+    # The starter's verdict on this job's start write (None: not started:
+    # the executor fails it without running, see Starter._needs_start).
+    start_verdict: tuple | None = None
+    # Set on a row the claim quarantined (what was unreadable): never run.
+    problem: str | None = None
 
     @classmethod
     def from_row(cls, row: dict) -> "ClaimedJob":
-        """From a ``claim_jobs`` row, by name (its ``problem`` column, set on
-        quarantined rows, is not a field)."""
-        fields = dict(row)
-        fields.pop("problem", None)
-        return cls(**fields)
+        """From a ``claim_jobs`` row, by name."""
+        return cls(**row)
 
     @property
     def key(self) -> str | None:

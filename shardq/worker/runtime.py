@@ -26,7 +26,6 @@ from .executor import Executor
 from .fetcher import Fetcher, Listener
 from .leaser import Leaser
 from .scheduler import Scheduler
-from .starter import Starter
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker")
@@ -82,11 +81,10 @@ class Worker:
         self.listener = (Listener(self.config.channel, self.leaser, self.fetcher, self.stats, database,
                                   shard_count=self.config.shard_count)
                          if self.config.notify else None)
-        self.starter = Starter(self.store["starter"], self.stats, worker_id=self.id)
         self.scheduler: Scheduler | None = None  # built in run(), once the task modules are imported
         self.executor = Executor(self.buffer, self.completer, self.leaser, self.fetcher, self.stats,
                                  worker_id=self.id, concurrency=concurrency,
-                                 backend_class=ShardqBackend, starter=self.starter, task_modules=self.config.task_modules)
+                                 backend_class=ShardqBackend, start_store=self.store["starter"], task_modules=self.config.task_modules)
 
     # -- callbacks ---------------------------------------------------------------
 
@@ -161,7 +159,8 @@ class Worker:
     def _failed_service(self) -> str | None:
         for name, service in (("leaser", self.leaser), ("fetcher", self.fetcher),
                               ("completer", self.completer), ("executor", self.executor),
-                              ("scheduler", self.scheduler), ("listener", self.listener)):
+                              ("scheduler", self.scheduler), ("listener", self.listener),
+                              ("starter", self.executor.starter)):
             if service is not None and service.failure is not None:
                 return name
         return None

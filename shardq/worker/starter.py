@@ -1,80 +1,173 @@
-"""The start write: claimed is not started (DESIGN §5, "the lifecycle tells the truth").
+"""The starter: claimed is not started (DESIGN §5, "the lifecycle tells the truth").
 
-A claimed job waits in memory as CLAIMED. When an executor thread really
-starts it, the start write makes it RUNNING, counts the attempt and records
-``started_at``, ``last_attempted_at`` and this worker in ``worker_ids``; only
-then does the task run. So a crash never charges an attempt to a job that
-did not start: the next owner's rescue finds it CLAIMED and puts it back
-READY for free.
+A claimed job waits in the buffer as CLAIMED. The starter thread takes the
+jobs the executors are about to run, in the buffer's order, and records
+their start in one statement (``start_jobs``): the row becomes RUNNING, the
+attempt is counted and ``started_at``, ``last_attempted_at`` and this worker
+in ``worker_ids`` are written. Only then does an executor thread run the
+task. So a crash never charges an attempt to a job that did not start: the
+next owner's rescue finds it CLAIMED and puts it back READY for free.
 
-Group commit: executor threads that start jobs at the same moment share one
-statement. The first thread to arrive becomes the leader and writes every
-start queued so far; threads arriving meanwhile wait for the next batch,
-whose leader is the first of them to wake. One round trip per batch, never
-one per job, and no thread waits for more than the write in flight plus its
-own.
+How far ahead it starts (``wanted``): for tasks that take longer than
+AHEAD_SECONDS, only as many jobs as executor threads are idle, so nothing
+started waits; for shorter tasks, about AHEAD_SECONDS of work (at most
+AHEAD_MAX jobs), so the executors never wait for a round trip and a crash
+costs at most that much work one worker loss each (run again, at-least-once).
 
 The write is fenced like an ack (the claim's fence and rank, the shard not
 handed over since): a job whose claim was superseded (a takeover rescued it)
-is not started here.
+is not run here.
+
+State model of a job in this worker: buffered (CLAIMED) -> ready (RUNNING,
+attempt counted) -> processing (the task runs) -> outcome queued (completer).
 """
 
 import logging
 import threading
+import time
+from collections import deque
 
-from ..exceptions import DatabaseUnavailable, StatementRejected
+from ..exceptions import DatabaseUnavailable, StatementRejected, UnknownTask
+from ..tasks import resolve
 
 logger = logging.getLogger("shardq.worker.starter")
 
 STARTED, LOST, REJECTED, UNAVAILABLE = "started", "lost", "rejected", "unavailable"
 
-
-class _Entry:
-    __slots__ = ("job", "verdict", "error")
-
-    def __init__(self, job):
-        self.job = job
-        self.verdict: str | None = None
-        self.error: Exception | None = None
+AHEAD_SECONDS = 0.005
+AHEAD_MAX = 128
 
 
 class Starter:
-    def __init__(self, store, stats, *, worker_id: str):
+    def __init__(self, store, stats, *, worker_id: str, buffer, leaser, completer, fetcher,
+                 concurrency: int, task_seconds, task_modules: tuple = ()):
         self.store = store
         self.stats = stats
         self.worker_id = worker_id
-        self._cond = threading.Condition()
-        self._queued: list[_Entry] = []
-        self._writing = False
+        self.buffer = buffer
+        self.leaser = leaser
+        self.completer = completer
+        self.fetcher = fetcher
+        self.concurrency = concurrency
+        self.task_seconds = task_seconds  # () -> the executors' average task time
+        self.task_modules = task_modules
+        # One lock, two conditions: executors wait for jobs, the starter for
+        # room (so a take() wakes the starter only, never the other threads).
+        self._lock = threading.Lock()
+        self._jobs = threading.Condition(self._lock)
+        self._room = threading.Condition(self._lock)
+        self._ready: deque = deque()
+        self._idle = 0
+        self._low_water = 0  # refill once the ready jobs fall to this
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
+        self._fails_on_loss: dict[str, bool] = {}  # task path -> on_worker_lost == "fail"
 
-    def start(self, job) -> tuple[str, Exception | None]:
-        """Record ``job``'s start; returns (verdict, error).
+    # -- executor side -------------------------------------------------------------
 
-        STARTED: the row is RUNNING under this claim and ``job`` carries its
-        new attempts, status_rank and times: run it. LOST: the claim is no
-        longer current: do not run it, write nothing. REJECTED: PostgreSQL
-        refused this row (the error says why): fail the job. UNAVAILABLE: the
-        database did not answer: hand the job back, do not run it."""
-        entry = _Entry(job)
-        with self._cond:
-            self._queued.append(entry)
-            while entry.verdict is None:
-                if self._writing:
-                    self._cond.wait()
-                    continue
-                self._writing = True
-                batch, self._queued = self._queued, []
-                self._cond.release()
+    def take(self, timeout: float):
+        """The next job to run (its start recorded, see ``verdict_of``), or None."""
+        with self._lock:
+            ready = self._ready
+            if not ready:
+                self._idle += 1
+                self._room.notify()
                 try:
-                    self._write(batch)
+                    self._jobs.wait(timeout)
                 finally:
-                    self._cond.acquire()
-                    self._writing = False
-                    self._cond.notify_all()
-        return entry.verdict, entry.error
+                    self._idle -= 1
+                if not ready:
+                    return None
+            job = ready.popleft()
+            if len(ready) <= self._low_water:
+                self._room.notify()
+            return job
 
-    def _write(self, batch: list[_Entry]) -> None:
-        jobs = [entry.job for entry in batch]
+    @property
+    def ready(self) -> int:
+        return len(self._ready)
+
+    def wanted(self) -> int:
+        """How many started jobs to keep ready for the executors."""
+        seconds = self.task_seconds()
+        if seconds >= AHEAD_SECONDS:
+            return self._idle
+        return min(AHEAD_MAX, max(self.concurrency, int(AHEAD_SECONDS / max(seconds, 1e-6))))
+
+    # -- the thread ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="shardq-starter", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Start nothing more (jobs already started stay ready to run)."""
+        self._stop.set()
+        with self._lock:
+            self._room.notify_all()
+            self._jobs.notify_all()
+        self.buffer.wake_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    wanted = self.wanted()
+                    # Refill once half is used, not job by job: one start
+                    # write for many jobs.
+                    self._low_water = wanted // 2
+                    if len(self._ready) > self._low_water or wanted <= 0:
+                        self._room.wait(0.1)
+                        continue
+                    room = wanted - len(self._ready)
+                job = self.buffer.pop(timeout=0.1)
+                if job is None:
+                    continue
+                jobs = [job, *self.buffer.pop_more(room - 1)] if room > 1 else [job]
+                self.start_jobs(jobs)
+        except BaseException as exc:
+            self.failure = exc
+            logger.exception("the starter died; the worker stops")
+            raise
+
+    def start_jobs(self, jobs: list) -> None:
+        """Record the start of ``jobs`` (popped from the buffer) and make them
+        ready, each with its verdict (``job.start_verdict``)."""
+        startable, ready = [], []
+        for job in jobs:
+            if not self.leaser.trusts(job.shard, job.fence):
+                # The lease is lost or unconfirmed: start nothing; hand the
+                # claim back (rejected harmlessly if already rescued).
+                self.completer.return_jobs([job])
+                self.buffer.done(job)
+                self.fetcher.slot_freed()
+                continue
+            ready.append(job)
+            if self._needs_start(job):
+                startable.append(job)
+        if startable:
+            for job, verdict in zip(startable, self._write(startable)):
+                job.start_verdict = verdict
+        with self._lock:
+            self._ready.extend(ready)
+            self._jobs.notify(len(ready))
+
+    def _needs_start(self, job) -> bool:
+        """False for a job the executor fails without running: an unknown
+        task, or an interrupted attempt of an on_worker_lost='fail' task."""
+        fails_on_loss = self._fails_on_loss.get(job.task_path)
+        if fails_on_loss is None:
+            try:
+                task = resolve(job.task_path, self.task_modules)
+            except UnknownTask:
+                return False  # not remembered: the module may yet be deployed
+            fails_on_loss = self._fails_on_loss[job.task_path] = getattr(task, "on_worker_lost", "retry") == "fail"
+        return not (job.worker_losses and fails_on_loss)
+
+    def _write(self, jobs: list) -> list[tuple]:
         try:
             started, rejected = self.store.start_jobs(self.worker_id, jobs)
         except DatabaseUnavailable as exc:
@@ -82,17 +175,12 @@ class Starter:
             # RUNNING with an attempt counted yet never runs, and the next
             # owner's rescue counts it as a worker loss (at-least-once holds).
             self.stats.add("db_errors")
-            logger.warning("start write failed; handing %s jobs back: %s", len(batch), exc)
-            for entry in batch:
-                entry.verdict, entry.error = UNAVAILABLE, exc
-            return
-        except BaseException as exc:  # a bug here must not leave waiters parked
-            for entry in batch:
-                entry.verdict, entry.error = UNAVAILABLE, exc if isinstance(exc, Exception) else None
-            raise
+            logger.warning("start write failed; handing %s jobs back: %s", len(jobs), exc)
+            time.sleep(0.05)  # do not spin while the database is away
+            return [(UNAVAILABLE, exc)] * len(jobs)
         refused: dict[int, StatementRejected] = {job.id: error for job, error in rejected}
-        for entry in batch:
-            job = entry.job
+        verdicts = []
+        for job in jobs:
             row = started.get(job.id)
             if row is not None:
                 job.attempts = row["attempts"]
@@ -100,9 +188,10 @@ class Starter:
                 job.started_at = row["started_at"]
                 job.last_attempted_at = row["last_attempted_at"]
                 job.started_by = self.worker_id
-                entry.verdict = STARTED
+                verdicts.append((STARTED, None))
             elif job.id in refused:
-                entry.verdict, entry.error = REJECTED, refused[job.id]
+                verdicts.append((REJECTED, refused[job.id]))
             else:
-                entry.verdict = LOST
+                verdicts.append((LOST, None))
         self.stats.add("start_writes")
+        return verdicts
