@@ -157,7 +157,9 @@ UPDATE shardq_worker SET state = 'STOPPED', heartbeat_at = clock_timestamp(), st
 WHERE id = %(worker)s;
 
 -- name: claim_jobs
--- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds: per shard an index range walk (LIMIT :per_shard, SKIP LOCKED), :limit in all; mark them CLAIMED under each shard's current claim version. Nothing is counted: the attempt is counted when the job really starts (start_jobs). A row whose values cannot be read (problem IS NOT NULL) is quarantined: FAILED with an UnreadableJob error naming the value, no arithmetic on it.
+-- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds: per shard an index range walk (LIMIT :per_shard, SKIP LOCKED), :limit in all, under each shard's current claim version.
+-- The first :start jobs (priority order) that are due, unordered and never lost a worker are started at once (RUNNING, the attempt counted, started_at, last_attempted_at, worker_ids: as start_jobs does): they are what this worker's threads run next, so a separate start write would only add a statement per job. The rest are CLAIMED; nothing is counted for them until start_jobs.
+-- A row whose values cannot be read (problem IS NOT NULL) is quarantined: FAILED with an UnreadableJob error naming the value, no arithmetic on it.
 WITH held AS MATERIALIZED (
     -- No lock on the shard rows (a FOR SHARE here costs a WAL record per
     -- shard per claim): a claim that races a takeover leaves its rows CLAIMED
@@ -168,11 +170,12 @@ WITH held AS MATERIALIZED (
     FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
     JOIN shardq_shard AS s ON s.shard = h.shard
     WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
-), picked AS MATERIALIZED (
-    SELECT j.id, j.problem, held.claim_version
+), candidates AS MATERIALIZED (
+    SELECT j.id, j.problem, j.priority, j.run_after, j.ordered, j.worker_losses,
+           j.last_attempted_at, held.claim_version
     FROM (SELECT * FROM held ORDER BY ord) AS held
     CROSS JOIN LATERAL (
-        SELECT id,
+        SELECT id, priority, run_after, ordered, worker_losses, last_attempted_at,
                CASE
                    WHEN status_rank NOT BETWEEN 0 AND 2147483000 THEN format('status_rank %%s is out of range', status_rank)
                    WHEN attempts NOT BETWEEN 0 AND 2147483000 THEN format('attempts %%s is out of range', attempts)
@@ -195,11 +198,24 @@ WITH held AS MATERIALIZED (
         FOR UPDATE SKIP LOCKED
     ) AS j
     LIMIT %(limit)s
+), picked AS MATERIALIZED (
+    SELECT c.id, c.problem, c.claim_version, c.last_attempted_at AS previous_attempt_at,
+           c.problem IS NULL AND c.place <= %(start)s AND NOT c.ordered AND c.worker_losses = 0
+               AND c.run_after <= clock_timestamp() AS start_now
+    FROM (SELECT candidates.*,
+                 row_number() OVER (ORDER BY priority DESC, run_after, id) AS place
+          FROM candidates) AS c
 )
 UPDATE shardq_job AS job
-SET status = CASE WHEN picked.problem IS NULL THEN 'CLAIMED' ELSE 'FAILED' END,
+SET status = CASE WHEN picked.problem IS NOT NULL THEN 'FAILED'
+                  WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
     status_rank = LEAST(job.status_rank, 2147483646) + 1,
     fence = picked.claim_version,
+    attempts = job.attempts + picked.start_now::int,
+    started_at = CASE WHEN picked.start_now THEN COALESCE(job.started_at, clock_timestamp()) ELSE job.started_at END,
+    last_attempted_at = CASE WHEN picked.start_now THEN clock_timestamp() ELSE job.last_attempted_at END,
+    worker_ids = CASE WHEN picked.start_now THEN job.worker_ids || jsonb_build_array(%(worker)s::text)
+                      ELSE job.worker_ids END,
     finished_at = CASE WHEN picked.problem IS NULL THEN job.finished_at ELSE clock_timestamp() END,
     errors = CASE WHEN picked.problem IS NULL THEN job.errors
         ELSE (CASE WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors ELSE '[]'::jsonb END)
@@ -210,11 +226,13 @@ SET status = CASE WHEN picked.problem IS NULL THEN 'CLAIMED' ELSE 'FAILED' END,
                                      job.id, picked.problem)))
         END
 FROM picked WHERE job.id = picked.id
-RETURNING job.id, picked.problem, job.task_path, job.queue_name, job.priority,
+-- Columns in the order of ClaimedJob's fields (shardq/worker/jobs.py): the
+-- worker builds each row positionally once the names are checked to match.
+RETURNING job.id, job.task_path, job.queue_name, job.priority,
           CASE WHEN picked.problem IS NULL THEN extract(epoch FROM job.run_after)::float8 END AS run_after,
           job.shard, job.shard_key, job.ordered,
           job.args::text AS args_json, job.kwargs::text AS kwargs_json, job.attempts, job.max_attempts,
-          job.worker_losses, job.fence, job.status_rank,
+          job.fence, job.status_rank,
           CASE WHEN picked.problem IS NULL THEN job.enqueued_at END AS enqueued_at,
           CASE WHEN picked.problem IS NULL THEN job.started_at END AS started_at,
           CASE WHEN picked.problem IS NULL THEN job.last_attempted_at END AS last_attempted_at,
@@ -224,7 +242,9 @@ RETURNING job.id, picked.problem, job.task_path, job.queue_name, job.priority,
           job.backend,
           -- JSON size of the arguments: enqueue refuses calls over MAX_PAYLOAD_BYTES,
           -- the executor fails rows written some other way.
-          octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes;
+          octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes,
+          job.worker_losses, picked.problem, picked.start_now AS started,
+          CASE WHEN picked.problem IS NULL THEN picked.previous_attempt_at END AS previous_attempt_at;
 
 -- name: start_jobs
 -- Record the real start of claimed jobs, group-committed (one statement per executor pass): RUNNING, the attempt counted, started_at (first start), last_attempted_at and this worker in worker_ids. Fenced like an ack: the claim's fence and rank, and the shard not handed over since. Returns the jobs started.
@@ -234,7 +254,12 @@ SET status = 'RUNNING', status_rank = job.status_rank + 1, attempts = job.attemp
     worker_ids = job.worker_ids || jsonb_build_array(%(worker)s::text)
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank),
      shardq_shard AS s
-WHERE job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank AND job.status = 'CLAIMED'
+-- No status test: the claim's own (fence, rank) pins the row as the claim
+-- left it, CLAIMED (every later write moves the rank). A status = 'CLAIMED'
+-- term lets the planner walk shardq_job_inflight_idx, whose statistics see
+-- few CLAIMED rows, and loop over the ids for each entry: 72 ms instead of
+-- 14 ms for 300 jobs, measured.
+WHERE job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank
   AND s.shard = job.shard AND s.claim_version = job.fence
 RETURNING job.id, job.attempts, job.status_rank, job.started_at, job.last_attempted_at;
 
@@ -286,11 +311,21 @@ JOIN unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, 
   ON job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank;
 
 -- name: return_jobs
--- Put claimed jobs that never started back to READY (nothing was counted), fenced like an ack.
+-- Put claimed jobs that never ran here back to READY, fenced like an ack. A CLAIMED job had nothing counted. A job the claim started (:started) but this worker never ran has its start taken back: the attempt, its worker id, and the times the claim wrote (:previous_attempt_at is the last_attempted_at before it).
 UPDATE shardq_job AS job
-SET status = 'READY', status_rank = a.rank
-FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank)
-WHERE job.id = a.id AND job.fence <= a.fence AND job.status_rank < a.rank AND job.status = 'CLAIMED'
+SET status = 'READY', status_rank = a.rank,
+    attempts = job.attempts - a.started::int,
+    worker_ids = CASE WHEN a.started THEN job.worker_ids - (jsonb_array_length(job.worker_ids) - 1)
+                      ELSE job.worker_ids END,
+    started_at = CASE WHEN a.started AND job.attempts = 1 THEN NULL ELSE job.started_at END,
+    -- No earlier time known (a claim whose answer was lost): keep the one written.
+    last_attempted_at = CASE WHEN NOT a.started THEN job.last_attempted_at
+                             WHEN job.attempts = 1 THEN NULL
+                             ELSE COALESCE(a.previous_attempt_at, job.last_attempted_at) END
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[], %(started)s::bool[],
+            %(previous_attempt_at)s::timestamptz[]) AS a(id, fence, rank, started, previous_attempt_at)
+WHERE job.id = a.id AND job.fence <= a.fence AND job.status_rank < a.rank
+  AND job.status = CASE WHEN a.started THEN 'RUNNING' ELSE 'CLAIMED' END
 RETURNING job.id, job.shard;
 
 -- name: seconds_until_due
@@ -355,11 +390,11 @@ COPY shardq_job (id, task_path, backend, queue_name, priority, run_after, shard,
 SELECT pg_notify(%(channel)s, s::text) FROM unnest(%(shards)s::int[]) AS s;
 
 -- name: my_claimed_jobs
--- CLAIMED jobs of these shards under the shard's current version, held by this worker (only the owner claims under the current version): finds claims whose answer never arrived.
-SELECT j.id, j.fence, j.status_rank, j.shard
+-- CLAIMED (or started by the claim: RUNNING) jobs of these shards under the shard's current version, held by this worker (only the owner claims under the current version): finds claims whose answer never arrived. The caller keeps those it holds in memory.
+SELECT j.id, j.fence, j.status_rank, j.shard, j.status = 'RUNNING' AS started
 FROM shardq_job AS j
 JOIN shardq_shard AS s ON s.shard = j.shard AND s.claim_version = j.fence AND s.owner = %(worker)s
-WHERE j.shard = ANY(%(shards)s::int[]) AND j.status = 'CLAIMED';
+WHERE j.shard = ANY(%(shards)s::int[]) AND j.status IN ('CLAIMED', 'RUNNING');
 
 -- name: prune_jobs
 -- Delete the finished jobs (status in :statuses, finished before :cutoff) among the next :batch ids after :after (a primary-key range walk, no scan of the table); returns the last id looked at, how many were looked at and how many deleted.

@@ -15,6 +15,7 @@ domain (DESIGN §5):
   row's job fails.
 """
 
+import dataclasses
 import json
 import logging
 import threading
@@ -23,7 +24,7 @@ from collections import Counter
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row, kwargs_row
+from psycopg.rows import dict_row
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from ..conf import get_config
@@ -305,9 +306,10 @@ class WorkerStore:
     # -- jobs -----------------------------------------------------------------
 
     def claim_jobs(self, worker: str, shards: list[int], queues: list[str] | None, per_shard: int,
-                   limit: int, lookahead: float = 0.0, row_factory=None) -> list:
+                   limit: int, lookahead: float = 0.0, row_factory=None, start: int = 0) -> list:
         """Claim a batch (rows by name: dicts, or ``row_factory(**columns)``;
-        a row with ``problem`` set was quarantined, not claimed)."""
+        a row with ``problem`` set was quarantined, not claimed; one with
+        ``started`` true was started by the claim, see queries.sql)."""
         # Binary results: timestamps and numbers decode without parsing text.
         params = {
             "worker": worker,
@@ -317,11 +319,12 @@ class WorkerStore:
             "per_shard": per_shard,
             "limit": limit,
             "lookahead": lookahead,
+            "start": start,
         }
         if row_factory is None:
             return self.run("claim_jobs", params, binary=True, named=True)
         return self.guarded("claim_jobs", lambda cursor: self._execute(
-            cursor, "claim_jobs", params, binary=True), row_factory=kwargs_row(row_factory))
+            cursor, "claim_jobs", params, binary=True), row_factory=fields_row(row_factory))
 
     def start_jobs(self, worker: str, jobs: list) -> tuple[dict[int, dict], list]:
         """Record the real start of claimed jobs (objects with id, fence,
@@ -378,9 +381,38 @@ class WorkerStore:
         return {(job_id, rank) for job_id, rank in rows}
 
     def return_jobs(self, jobs: list) -> set[int]:
-        """Put claimed-but-unstarted jobs back to READY (objects with id, fence, status_rank)."""
-        rows = self.run(
-            "return_jobs",
-            {"ids": [j.id for j in jobs], "fences": [j.fence for j in jobs], "ranks": [j.status_rank + 1 for j in jobs]},
-        )
+        """Put claimed jobs that never ran here back to READY (objects with id,
+        fence, status_rank, and ``started``/``previous_attempt_at`` when the
+        claim started them)."""
+        rows = self.run("return_jobs", {
+            "ids": [j.id for j in jobs], "fences": [j.fence for j in jobs],
+            "ranks": [j.status_rank + 1 for j in jobs],
+            "started": [bool(getattr(j, "started", False)) for j in jobs],
+            "previous_attempt_at": [getattr(j, "previous_attempt_at", None) for j in jobs]})
         return {row[0] for row in rows}
+
+
+def fields_row(cls):
+    """A psycopg row factory building the dataclass ``cls`` from a row by
+    name, at the cost of a positional call: the columns are matched to the
+    fields once per result (a missing or unknown column raises), then each
+    row is ``cls(*values)`` when they line up, else reordered. The claim's
+    hundreds of rows per statement made ``kwargs_row``'s dict per row a
+    measurable share of the worker's CPU."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+
+    def factory(cursor):
+        names = [column.name for column in cursor.description or ()]
+        unknown = set(names) - set(fields)
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no field for column(s) {sorted(unknown)}")
+        if names == fields[: len(names)]:
+            return lambda values: cls(*values)
+        order = [names.index(name) for name in fields if name in names]
+        trailing = [name for name in fields if name not in names]
+        if any(fields.index(name) < len(order) for name in trailing):
+            # A field without a column before the last column: by keyword.
+            return lambda values: cls(**dict(zip(names, values)))
+        return lambda values: cls(*[values[i] for i in order])
+
+    return factory

@@ -115,8 +115,9 @@ class Executor:
         self.started_gate = SignalGate(task_started, log_task_started)
         self.finished_gate = SignalGate(task_finished, log_task_finished)
         # Moving average of task run time (seconds), read by Worker.demand();
-        # starts at 10 ms until measured.
+        # starts at 10 ms until measured, then at the first task's time.
         self.average_task_seconds = 0.01
+        self.task_measured = False
         self._threads: list[threading.Thread] = []
         self.loop = asyncio.new_event_loop()
         self._loop_thread: threading.Thread | None = None
@@ -124,7 +125,11 @@ class Executor:
         # Records each job's start before a thread runs it (starter.py).
         self.starter = Starter(start_store, stats, worker_id=worker_id, buffer=buffer, leaser=leaser,
                                completer=completer, fetcher=fetcher, concurrency=concurrency,
-                               task_seconds=lambda: self.average_task_seconds, task_modules=task_modules)
+                               task_seconds=self.measured_task_seconds, task_modules=task_modules)
+
+    def measured_task_seconds(self) -> float | None:
+        """The average task time, or None before any task has finished."""
+        return self.average_task_seconds if self.task_measured else None
 
     def start(self) -> None:
         self.starter.start()
@@ -286,7 +291,10 @@ class Executor:
         # connection may be unusable); otherwise at most once a second, since
         # the check costs more than a no-op task.
         now = time.monotonic()
-        self.average_task_seconds += 0.05 * ((now - began) - self.average_task_seconds)
+        if self.task_measured:
+            self.average_task_seconds += 0.05 * ((now - began) - self.average_task_seconds)
+        else:
+            self.average_task_seconds, self.task_measured = now - began, True
         if failed or now >= getattr(self._local, "next_connection_check", 0.0):
             close_old_connections()
             self._local.next_connection_check = now + 1.0

@@ -20,7 +20,7 @@ import psycopg
 
 from ..db.store import connect, listen_statement
 from ..exceptions import DatabaseUnavailable, StatementRejected
-from .jobs import ClaimedJob, Outcome
+from .jobs import STARTED_BY_CLAIM, ClaimedJob, Outcome
 from .leaser import LEASE_CHANNEL
 
 logger = logging.getLogger("shardq.worker.fetcher")
@@ -32,7 +32,7 @@ LOOKAHEAD_SECONDS = 0.5
 
 class Fetcher:
     def __init__(self, store, leaser, buffer, completer, stats, *, worker_id: str,
-                 queues: list[str] | None, poll_interval_seconds: float, demand):
+                 queues: list[str] | None, poll_interval_seconds: float, demand, start_now=None):
         self.store = store
         self.leaser = leaser
         self.buffer = buffer
@@ -41,6 +41,9 @@ class Fetcher:
         self.queues = queues
         self.poll_interval = poll_interval_seconds
         self.demand = demand  # () -> (jobs wanted now, smallest batch worth a claim)
+        # () -> how many of a claim's jobs to start in the claim itself: the
+        # ones the threads run next (see claim_jobs in queries.sql).
+        self.start_now = start_now or (lambda: 0)
         self.completer = completer  # claimed jobs this worker will not run go back through it
         self.waiting_for_slots = False
         self._wake = threading.Event()
@@ -121,7 +124,8 @@ class Fetcher:
             per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
             try:
                 rows = self.store.claim_jobs(self.worker_id, order, self.queues, per_shard, free,
-                                             lookahead=LOOKAHEAD_SECONDS, row_factory=ClaimedJob)
+                                             lookahead=LOOKAHEAD_SECONDS, row_factory=ClaimedJob,
+                                             start=self.start_now())
             except DatabaseUnavailable as exc:
                 # The claim may have committed with its answer lost: its jobs
                 # would sit CLAIMED under our current fence with nobody running
@@ -170,6 +174,9 @@ class Fetcher:
                 self.stats.add("quarantined")
                 logger.error("job %s (%s) quarantined: %s", job.id, job.task_path, job.problem)
                 continue
+            if job.started:
+                job.started_by = self.worker_id
+                job.start_verdict = STARTED_BY_CLAIM
             jobs.append(job)
         self.stats.add("claimed", len(jobs))
         refused = []
@@ -185,7 +192,7 @@ class Fetcher:
         # an operator's retry (attempts reset to 0) of a job cancelled mid-run
         # asks for a new run.
         remembered = {job.id: remembered[job.id] for job in jobs
-                      if job.id in remembered and job.attempts == remembered[job.id].attempts}
+                      if job.id in remembered and job.attempts - job.started == remembered[job.id].attempts}
         if remembered:
             # Finished here under an earlier claim whose write was rejected
             # (the lease lapsed, the job was rescued and is claimed again):
@@ -211,8 +218,8 @@ class Fetcher:
         are nowhere in its memory (a claim whose answer never arrived)."""
         rows = self.store.my_claimed_jobs(self.worker_id, shards)
         self.claim_uncertain = False
-        lost = [LostClaim(row["id"], row["fence"], row["status_rank"], row["shard"]) for row in rows
-                if not self.holds(row["id"])]
+        lost = [LostClaim(row["id"], row["fence"], row["status_rank"], row["shard"], row["started"])
+                for row in rows if not self.holds(row["id"])]
         if lost:
             logger.warning("%s jobs were claimed by a claim whose answer was lost; handing them back", len(lost))
             self.completer.return_jobs(lost)
@@ -227,6 +234,8 @@ class LostClaim:
     fence: int
     status_rank: int
     shard: int
+    started: bool = False  # started by that claim: the start is taken back too
+    previous_attempt_at: None = None  # not known: return_jobs keeps the time written
 
 
 def parse_shard(payload: str, shard_count: int) -> int | None:

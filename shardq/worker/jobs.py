@@ -5,6 +5,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 
+# The start verdict of a job the claim started (see claim_jobs): as the
+# starter's own ("started", None).
+STARTED_BY_CLAIM = ("started", None)
+
+
 @dataclass(slots=True)
 class ClaimedJob:
     """A job this worker claimed: CLAIMED in the table under ``fence`` until an
@@ -35,13 +40,18 @@ class ClaimedJob:
     backend: str
     payload_bytes: int = 0
     worker_losses: int = 0
+    # Set on a row the claim quarantined (what was unreadable): never run.
+    problem: str | None = None
+    # Started by the claim itself (RUNNING, attempt counted): no start write.
+    # ``previous_attempt_at`` lets a hand-back take that start back.
+    started: bool = False
+    previous_attempt_at: datetime | None = None
+    # -- not columns: set in this worker --
     # Set by the start write: this worker id was appended to worker_ids.
     started_by: str | None = None
     # The starter's verdict on this job's start write (None: not started:
     # the executor fails it without running, see Starter._needs_start).
     start_verdict: tuple | None = None
-    # Set on a row the claim quarantined (what was unreadable): never run.
-    problem: str | None = None
 
     @classmethod
     def from_row(cls, row: dict) -> "ClaimedJob":

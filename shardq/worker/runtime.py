@@ -76,7 +76,7 @@ class Worker:
         self.fetcher = Fetcher(self.store["fetcher"], self.leaser, self.buffer, self.completer, self.stats,
                                worker_id=self.id, queues=queues,
                                poll_interval_seconds=self.config.poll_interval_seconds,
-                               demand=self.demand)
+                               demand=self.demand, start_now=self.start_now)
         self.fetcher.holds = lambda job_id: self.buffer.holds(job_id) or self.completer.holds(job_id)
         self.listener = (Listener(self.config.channel, self.leaser, self.fetcher, self.stats, database,
                                   shard_count=self.config.shard_count)
@@ -104,8 +104,19 @@ class Worker:
         average = max(self.executor.average_task_seconds, 1e-6)
         lookahead = int(self.concurrency * LOOKAHEAD_SECONDS / average)
         target = self.concurrency + min(self.max_prefetch, max(self.concurrency, lookahead))
-        wanted = min(target - self.buffer.buffered - self.buffer.processing, self.buffer.free)
+        # Jobs the starter holds ready (started, not yet taken by a thread)
+        # are a pipeline stage of their own: counting them here would make
+        # the claim wait for the start write and the start for the claim.
+        running = self.buffer.processing - self.executor.starter.ready
+        wanted = min(target - self.buffer.buffered - running, self.buffer.free)
         return wanted, max(1, target // 4)
+
+    def start_now(self) -> int:
+        """How many jobs the next claim starts itself: the starter's want
+        (about AHEAD_SECONDS of work, or the idle threads for long tasks) less
+        what is already waiting ahead of them, ready or buffered."""
+        starter = self.executor.starter
+        return max(0, starter.wanted() - starter.ready - self.buffer.buffered)
 
     def on_shards_lost(self, shards: set[int]) -> None:
         """Self-fence or drain: forget the buffered jobs of these shards."""

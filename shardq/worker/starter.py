@@ -10,9 +10,12 @@ next owner's rescue finds it CLAIMED and puts it back READY for free.
 
 How far ahead it starts (``wanted``): for tasks that take longer than
 AHEAD_SECONDS, only as many jobs as executor threads are idle, so nothing
-started waits; for shorter tasks, about AHEAD_SECONDS of work (at most
-AHEAD_MAX jobs), so the executors never wait for a round trip and a crash
-costs at most that much work one worker loss each (run again, at-least-once).
+started waits; for shorter tasks, about AHEAD_SECONDS of the threads' work
+(wall time, at most AHEAD_MAX jobs), so the executors never wait for a round
+trip and a crash costs at most that much work one worker loss each (run
+again, at-least-once). When those are the jobs a claim brings, the claim
+starts them itself (``Worker.start_now``, ``claim_jobs``' ``start``): they
+arrive started (``job.started``) and pass through here without a write.
 
 The write is fenced like an ack (the claim's fence and rank, the shard not
 handed over since): a job whose claim was superseded (a takeover rescued it)
@@ -34,8 +37,8 @@ logger = logging.getLogger("shardq.worker.starter")
 
 STARTED, LOST, REJECTED, UNAVAILABLE = "started", "lost", "rejected", "unavailable"
 
-AHEAD_SECONDS = 0.005
-AHEAD_MAX = 128
+AHEAD_SECONDS = 0.02
+AHEAD_MAX = 1024
 
 
 class Starter:
@@ -49,7 +52,7 @@ class Starter:
         self.completer = completer
         self.fetcher = fetcher
         self.concurrency = concurrency
-        self.task_seconds = task_seconds  # () -> the executors' average task time
+        self.task_seconds = task_seconds  # () -> the executors' average task time (None: none yet)
         self.task_modules = task_modules
         # One lock, two conditions: executors wait for jobs, the starter for
         # room (so a take() wakes the starter only, never the other threads).
@@ -91,9 +94,11 @@ class Starter:
     def wanted(self) -> int:
         """How many started jobs to keep ready for the executors."""
         seconds = self.task_seconds()
-        if seconds >= AHEAD_SECONDS:
+        if seconds is None or seconds >= AHEAD_SECONDS:
+            # Long tasks, or none measured yet (a first claim of three
+            # one-second tasks must not show all three RUNNING).
             return self._idle
-        return min(AHEAD_MAX, max(self.concurrency, int(AHEAD_SECONDS / max(seconds, 1e-6))))
+        return min(AHEAD_MAX, max(self.concurrency, int(self.concurrency * AHEAD_SECONDS / max(seconds, 1e-6))))
 
     # -- the thread ----------------------------------------------------------------
 
@@ -146,7 +151,7 @@ class Starter:
                 self.fetcher.slot_freed()
                 continue
             ready.append(job)
-            if self._needs_start(job):
+            if not job.started and self._needs_start(job):
                 startable.append(job)
         if startable:
             for job, verdict in zip(startable, self._write(startable)):

@@ -52,6 +52,7 @@ def claim_params(worker, *, per_shard=16, limit=256) -> dict:
         "per_shard": per_shard,
         "limit": limit,
         "lookahead": 0.0,
+        "start": 0,
         "worker_id": str(worker),
     }
 

@@ -55,7 +55,10 @@ def test_a_sigkill_costs_no_job_that_had_not_started_with_default_max_attempts(w
     results = shardq.enqueue_many(t.started, [((), {"n": i, "sleep": 0.02}) for i in range(300)])
     wait_until(lambda: scalar("SELECT count(*) FROM taskapp_execution") >= 20, timeout=60,
                message="worker A to start 20 jobs")
-    claimed = scalar("SELECT count(*) FROM shardq_job WHERE status = 'CLAIMED'")
+    # Kill while some jobs are claimed but not started (the buffer holds a
+    # few at a time: catch a moment it does).
+    claimed = wait_until(lambda: scalar("SELECT count(*) FROM shardq_job WHERE status = 'CLAIMED'"),
+                         timeout=30, interval=0.005, message="a claimed, unstarted job")
     a.send_signal(signal.SIGKILL)
     a.wait(timeout=10)
     b = workers.start("--concurrency", "4", "--processes", "1")

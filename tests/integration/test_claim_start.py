@@ -1,0 +1,168 @@
+"""A claim starts the jobs the worker's threads run next (``start``), and a
+hand-back takes such a start back: the row reads as if never claimed."""
+
+import json
+import uuid
+
+import pytest
+from django.db import connection
+
+from shardq.db.store import WorkerStore, fields_row
+from shardq.worker.jobs import ClaimedJob
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def sql(query, params=None):
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall() if cursor.description else None
+
+
+@pytest.fixture
+def shard0():
+    """Shard 0 held by a fresh worker id; five READY jobs there: priorities
+    50, 40, 30 (one of them ordered), 20 (delayed 0.2 s) and 10 (lost a worker
+    once, last attempted an hour ago)."""
+    from shardq.db.store import ensure_shards
+
+    ensure_shards()
+    worker = str(uuid.uuid4())
+    sql("UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1, "
+        "lease_expires = clock_timestamp() + interval '1 minute' WHERE shard = 0", [worker])
+    ids = {}
+    for name, priority, ordered, delay, losses in [("p50", 50, False, 0, 0), ("p40", 40, False, 0, 0),
+                                                   ("p30_ordered", 30, True, 0, 0), ("p20_delayed", 20, False, 0.2, 0),
+                                                   ("p10_lost", 10, False, 0, 1)]:
+        [(ids[name],)] = sql(
+            "INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, "
+            "shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, "
+            "worker_ids, enqueued_at, worker_losses, last_attempted_at) "
+            "VALUES ('tests.taskapp.tasks.noop', 'default', 'default', %s, "
+            "clock_timestamp() + make_interval(secs => %s), 0, 0, CASE WHEN %s THEN 'k' END, %s, 'READY', 0, 0, "
+            "0, 1, '[]', '{}', '[]', '[]', clock_timestamp(), %s, "
+            "CASE WHEN %s > 0 THEN clock_timestamp() - interval '1 hour' END) RETURNING id",
+            [priority, delay, ordered, ordered, losses, losses])
+    yield worker, ids
+    sql("DELETE FROM shardq_job WHERE id = ANY(%s)", [list(ids.values())])
+
+
+def claim(worker, start):
+    store = WorkerStore(application_name="test-claim-start")
+    try:
+        return store, store.claim_jobs(worker, [0], None, 10, 10, lookahead=1.0, row_factory=ClaimedJob, start=start)
+    except BaseException:
+        store.close()
+        raise
+
+
+def row(job_id):
+    [(status, attempts, worker_ids, started, last)] = sql(
+        "SELECT status, attempts, worker_ids::text, started_at IS NOT NULL, last_attempted_at "
+        "FROM shardq_job WHERE id = %s", [job_id])
+    return status, attempts, json.loads(worker_ids), started, last
+
+
+def test_the_claim_starts_only_due_unordered_jobs_that_never_lost_a_worker_in_priority_order(shard0):
+    worker, ids = shard0
+    store, jobs = claim(worker, start=2)
+    store.close()
+    started = {job.id for job in jobs if job.started}
+    assert started == {ids["p50"], ids["p40"]}
+    for name in ("p50", "p40"):
+        status, attempts, worker_ids, has_started_at, _ = row(ids[name])
+        assert (status, attempts, worker_ids, has_started_at) == ("RUNNING", 1, [worker], True)
+    for name in ("p30_ordered", "p20_delayed", "p10_lost"):
+        status, attempts, worker_ids, has_started_at, _ = row(ids[name])
+        assert (status, attempts, worker_ids) == ("CLAIMED", 0, []), name
+
+
+def test_a_large_start_still_skips_ordered_delayed_and_lost_jobs(shard0):
+    worker, ids = shard0
+    store, jobs = claim(worker, start=100)
+    store.close()
+    assert {job.id for job in jobs if job.started} == {ids["p50"], ids["p40"]}
+    assert {job.id for job in jobs if not job.started} == {ids["p30_ordered"], ids["p20_delayed"], ids["p10_lost"]}
+
+
+def test_start_zero_starts_nothing(shard0):
+    worker, ids = shard0
+    store, jobs = claim(worker, start=0)
+    store.close()
+    assert not any(job.started for job in jobs)
+    assert {row(i)[0] for i in ids.values()} == {"CLAIMED"}
+
+
+def test_handing_back_a_job_the_claim_started_takes_the_start_back(shard0):
+    worker, ids = shard0
+    before = row(ids["p10_lost"])[4]
+    # Let p10 (lost a worker once, attempted an hour ago) be startable: the
+    # hand-back must restore that earlier last_attempted_at.
+    sql("UPDATE shardq_job SET worker_losses = 0, attempts = 1, worker_ids = '[\"old\"]', "
+        "started_at = last_attempted_at WHERE id = %s", [ids["p10_lost"]])
+    store, jobs = claim(worker, start=100)
+    try:
+        by_id = {job.id: job for job in jobs}
+        assert by_id[ids["p10_lost"]].started and by_id[ids["p50"]].started
+        assert row(ids["p10_lost"])[:3] == ("RUNNING", 2, ["old", worker])
+        returned = store.return_jobs(jobs)
+    finally:
+        store.close()
+    assert returned == set(ids.values())
+    assert row(ids["p50"]) == ("READY", 0, [], False, None)
+    assert row(ids["p10_lost"]) == ("READY", 1, ["old"], True, before)
+    assert row(ids["p30_ordered"])[:3] == ("READY", 0, [])
+
+
+def test_a_hand_back_does_not_touch_a_job_that_moved_on(shard0):
+    worker, ids = shard0
+    store, jobs = claim(worker, start=1)
+    try:
+        [job] = [job for job in jobs if job.started]
+        # Another write moved the row on (as an ack would): the hand-back,
+        # fenced on the claim's rank, must leave it alone.
+        sql("UPDATE shardq_job SET status = 'SUCCESSFUL', status_rank = status_rank + 1 WHERE id = %s", [job.id])
+        returned = store.return_jobs([job])
+    finally:
+        store.close()
+    assert returned == set()
+    assert row(job.id)[:3] == ("SUCCESSFUL", 1, [worker])
+
+
+class _Cursor:
+    def __init__(self, names):
+        self.description = [type("Column", (), {"name": name})() for name in names]
+
+
+def test_fields_row_builds_by_name_whatever_the_column_order():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Point:
+        x: int
+        y: int
+        label: str = "?"
+
+    assert fields_row(Point)(_Cursor(["x", "y"]))((1, 2)) == Point(1, 2)
+    assert fields_row(Point)(_Cursor(["y", "x"]))((2, 1)) == Point(1, 2)
+    assert fields_row(Point)(_Cursor(["label", "x", "y"]))(("a", 1, 2)) == Point(1, 2, "a")
+    with pytest.raises(TypeError, match="no field for column"):
+        fields_row(Point)(_Cursor(["x", "z"]))
+
+
+def test_the_claim_columns_line_up_with_claimed_job_fields(shard0):
+    worker, _ = shard0
+    store = WorkerStore(application_name="test-claim-start")
+    try:
+        cursor = store._cursor()
+        from shardq.db.queries import QUERIES
+
+        cursor.execute(QUERIES["claim_jobs"], {"worker": worker, "shards": [0], "queues": [], "all_queues": True,
+                                               "per_shard": 1, "limit": 1, "lookahead": 0.0, "start": 0})
+        names = [column.name for column in cursor.description]
+    finally:
+        store.close()
+    import dataclasses
+
+    fields = [f.name for f in dataclasses.fields(ClaimedJob)]
+    assert names == fields[: len(names)], "claim_jobs RETURNING must follow ClaimedJob's field order (fast path)"
