@@ -1,4 +1,6 @@
-"""``manage.py shardq_demo`` (what ``make demo`` runs).
+"""``manage.py shardq_demo`` (what ``make demo`` runs): a command of the
+example project's ``demo`` app, not of shardq — it needs gunicorn, requests
+and rich (``pip install -e '.[example]'``).
 
 Starts the example project under gunicorn and a 2-process shardq worker,
 drives orders through HTTP (each view enqueues a ``send_receipt`` task in the
