@@ -1,0 +1,159 @@
+"""The wheel is the library.
+
+Builds shardq's wheel from a copy of the checkout, installs it into a fresh
+virtualenv (its declared dependencies only: no rich, no django-environ, no
+binary psycopg) beside a new ``django-admin startproject`` project that adds
+``shardq`` to ``INSTALLED_APPS`` and uses shardq's backend, then runs that
+project's ``manage.py``: it offers exactly shardq's commands, each of them
+runs, and ``shardq_status`` answers from a database of its own.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+import psycopg
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+COMMANDS = {"shardq_worker", "shardq_status", "shardq_prune"}
+# What `shardq/` imports, and nothing else, is required unconditionally.
+REQUIRED = {"django", "psycopg", "mmh3", "sortedcontainers", "croniter"}
+# Never copied into the build: the local environment and build leftovers
+# (a stale build/lib would put removed modules back into the wheel).
+IGNORE = shutil.ignore_patterns(".git", ".venv", ".pgdata", ".demo", "build", "dist", "*.egg-info",
+                                "__pycache__", "*.pyc", "results", ".pytest_cache", ".hypothesis")
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def run(*args, cwd=None, env=None, check=True) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, args))} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def server_settings() -> dict:
+    """The test server's connection settings (DATABASE_URL, or the embedded one)."""
+    from django.db import connections
+
+    s = connections["default"].settings_dict
+    return {"USER": s["USER"], "PASSWORD": s["PASSWORD"], "HOST": s["HOST"], "PORT": s["PORT"]}
+
+
+def admin_connection(server: dict) -> psycopg.Connection:
+    params = {"dbname": "postgres", "user": server["USER"], "password": server["PASSWORD"],
+              "host": server["HOST"], "port": server["PORT"]}
+    return psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    source = tmp_path_factory.mktemp("source") / "shardq"
+    shutil.copytree(REPO, source, ignore=IGNORE)
+    out = tmp_path_factory.mktemp("dist")
+    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", out, source)
+    (built,) = out.glob("shardq-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def database():
+    server = server_settings()
+    name = f"shardq_wheel_{os.getpid()}"
+    with admin_connection(server) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield {**server, "NAME": name}
+    with admin_connection(server) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def project(wheel, database, tmp_path_factory):
+    """A fresh venv with the wheel installed, and a new project that uses it."""
+    root = tmp_path_factory.mktemp("user")
+    env_dir = root / "venv"
+    run(sys.executable, "-m", "venv", "--without-pip", env_dir)
+    python = env_dir / "bin" / "python"
+    run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", wheel)
+    run(env_dir / "bin" / "django-admin", "startproject", "mysite", root / "mysite")
+    settings = root / "mysite" / "mysite" / "settings.py"
+    db = {"ENGINE": "django.db.backends.postgresql", **database}
+    settings.write_text(settings.read_text() + (
+        "\nINSTALLED_APPS += ['shardq']\n"
+        "TASKS = {'default': {'BACKEND': 'shardq.backend.ShardqBackend'}}\n"
+        f"DATABASES = {{'default': {db!r}}}\n"
+    ))
+    # Nothing of the checkout or the test run may leak into the user's project.
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"DJANGO_SETTINGS_MODULE", "PYTHONPATH", "DATABASE_URL", "VIRTUAL_ENV", "SHARDQ_PGDATA"}}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+
+    def manage(*args, check=True):
+        return run(python, "manage.py", *args, cwd=root / "mysite", env=env, check=check)
+
+    manage.python, manage.root, manage.env = python, root, env
+    return manage
+
+
+def test_the_wheel_holds_only_the_library_and_its_type_marker(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"
+    assert {name.split("/")[0] for name in names} == {"shardq", dist_info}
+    assert "shardq/py.typed" in names
+    assert "shardq/db/queries.sql" in names
+    assert not [n for n in names if n.startswith(("example_project/", "bench/", "tests/"))]
+    assert not [n for n in names if "shardq_demo" in n or "shardq_bench" in n]
+
+
+def test_the_wheel_requires_only_what_shardq_imports(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = Parser().parsestr(zf.read(meta).decode())
+    unconditional = set()
+    for requirement in metadata.get_all("Requires-Dist"):
+        if "extra ==" not in requirement:
+            unconditional.add(requirement.split(";")[0].split("[")[0].split(">")[0].split("<")[0].strip().lower())
+            assert "[binary]" not in requirement, requirement
+    assert unconditional == REQUIRED
+    assert "rich" in metadata.get_all("Provides-Extra")
+    assert metadata["License-Expression"] == "BSD-3-Clause"
+
+
+def test_manage_py_help_lists_exactly_shardqs_commands(project):
+    out = project("help").stdout
+    section = out.split("[shardq]", 1)[1].split("\n\n", 1)[0]
+    assert {line.strip() for line in section.splitlines() if line.strip()} == COMMANDS
+    assert "shardq_demo" not in out and "shardq_bench" not in out
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_each_command_answers_help(project, command):
+    assert "usage:" in project(command, "--help").stdout
+
+
+def test_status_and_prune_run_against_a_real_database_without_rich(project):
+    no_rich = run(project.python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('rich') is not None)",
+                  env=project.env, check=False)
+    assert no_rich.returncode == 0, "rich is installed in the user's venv: the plain-text fallback goes untested"
+    project("migrate", "shardq", "--verbosity", "0")
+    status = json.loads(project("shardq_status", "--json").stdout)
+    assert status["jobs"] == {} and status["workers"] == []
+    assert "would delete" in project("shardq_prune", "--dry-run").stdout
+    assert "deleted 0 jobs" in project("shardq_prune").stdout
+
+
+def test_the_embedded_data_dir_is_the_projects_not_site_packages(project):
+    code = "from shardq import embedded; print(embedded.data_dir())"
+    path = project("shell", "-c", code).stdout.strip()
+    assert "site-packages" not in path
+    assert path == str(project.root / "mysite" / ".pgdata") or "shardq-pg-" in path
+    bare = run(project.python, "-c", code, env=project.env, check=False)
+    assert bare.returncode != 0 and "SHARDQ_PGDATA" in bare.stderr
