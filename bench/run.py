@@ -49,33 +49,38 @@ def main(argv: list[str] | None = None) -> None:
     if latency_seconds <= 0:
         sys.exit(f"--latency-seconds must be a number > 0, not {args.latency_seconds!r}.")
 
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
+    # `python bench/run.py` puts bench/ first on sys.path; the checkout is
+    # what the imports need (`bench.e2e`, `tests.settings`).
+    sys.path[:] = [str(REPO), *(p for p in sys.path if Path(p or ".").resolve() != REPO / "bench")]
+    from django.core.management.base import CommandError
+
+    from shardq.management.flags import whole_number as count
+
+    try:
+        sizes = {"jobs": count("jobs", args.jobs, 100), "reps": count("reps", args.reps),
+                 "repeat": count("repeat", args.repeat), "concurrency": count("concurrency", args.concurrency)}
+    except CommandError as exc:
+        sys.exit(str(exc))
+
     os.chdir(REPO)  # children run `manage.py` and bench/ scripts from the checkout
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     import django
 
     django.setup()
-    from django.core.management.base import CommandError
-
     from bench import e2e
-    from shardq.management.flags import whole_number as count
 
     try:
         url = e2e.bench_database(args.database)
-        options = e2e.Options(
-            database_url=url,
-            jobs=count("jobs", args.jobs, 100),
-            reps=count("reps", args.reps),
-            repeat=count("repeat", args.repeat),
-            backlog=1_000_000 if args.full else 200_000,
-            latency_seconds=latency_seconds,
-            concurrency=count("concurrency", args.concurrency),
-            phases=phases,
-            write_docs=not args.no_docs,
-        )
-    except (RuntimeError, CommandError) as exc:
+    except RuntimeError as exc:
         sys.exit(str(exc))
+    options = e2e.Options(
+        database_url=url,
+        backlog=1_000_000 if args.full else 200_000,
+        latency_seconds=latency_seconds,
+        phases=phases,
+        write_docs=not args.no_docs,
+        **sizes,
+    )
     e2e.run(options)
 
 
