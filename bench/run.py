@@ -20,18 +20,25 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bench/run.py",
         description="Benchmark shardq against a bare psycopg loop (enqueue, drain, pickup latency, memory, "
-                    "claim cost vs backlog); prints one table, writes bench/results/ and docs/benchmarks.md.")
+        "claim cost vs backlog); prints one table, writes bench/results/ and docs/benchmarks.md.",
+    )
     p.add_argument("--repeat", default="1", help="Runs of each shardq drain (median shown). Default 1.")
     p.add_argument("--reps", default="3", help="Runs of each cheap figure: enqueue, limit drains. Default 3.")
     p.add_argument("--full", action="store_true", help="Claim cost at 1,000,000 READY rows (default 200,000).")
     p.add_argument("--jobs", default="20000", help="Jobs per drain run. Default 20000.")
     p.add_argument("--latency-seconds", default="10", help="Length of each pickup-latency run. Default 10.")
     p.add_argument("--concurrency", default="4", help="shardq_worker --concurrency. Default 4.")
-    p.add_argument("--only", default="", help=f"Comma-separated phases to run: {', '.join(PHASES)} "
-                   "(a partial run does not update docs/benchmarks.md).")
-    p.add_argument("--database", default="shardq_bench",
-                   help="Name of the bench's own database on DATABASE_URL's server (created and "
-                        "migrated; its shardq tables are emptied). Default shardq_bench.")
+    p.add_argument(
+        "--only",
+        default="",
+        help=f"Comma-separated phases to run: {', '.join(PHASES)} (a partial run does not update docs/benchmarks.md).",
+    )
+    p.add_argument(
+        "--database",
+        default="shardq_bench",
+        help="Name of the bench's own database on DATABASE_URL's server (created and "
+        "migrated; its shardq tables are emptied). Default shardq_bench.",
+    )
     p.add_argument("--no-docs", action="store_true", help="Do not rewrite docs/benchmarks.md and the plot.")
     return p
 
@@ -57,8 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     from shardq.management.flags import whole_number as count
 
     try:
-        sizes = {"jobs": count("jobs", args.jobs, 100), "reps": count("reps", args.reps),
-                 "repeat": count("repeat", args.repeat), "concurrency": count("concurrency", args.concurrency)}
+        sizes = {
+            "jobs": count("jobs", args.jobs, 100),
+            "reps": count("reps", args.reps),
+            "repeat": count("repeat", args.repeat),
+            "concurrency": count("concurrency", args.concurrency),
+        }
     except CommandError as exc:
         sys.exit(str(exc))
 

@@ -50,8 +50,15 @@ except ImportError:
     class Progress:  # type: ignore[no-redef]
         """Plain-text progress: ``text: completed/total`` lines on stderr."""
 
-        def __init__(self, *columns: Any, transient: bool = False, disable: bool = False,
-                     file: TextIO | None = None, interval: float = 2.0, **_: Any) -> None:
+        def __init__(
+            self,
+            *columns: Any,
+            transient: bool = False,
+            disable: bool = False,
+            file: TextIO | None = None,
+            interval: float = 2.0,
+            **_: Any,
+        ) -> None:
             self.columns = columns
             self.disable = disable
             self.file = file or sys.stderr
@@ -72,8 +79,16 @@ except ImportError:
         def advance(self, task_id: int, advance: float = 1) -> None:
             self.update(task_id, advance=advance)
 
-        def update(self, task_id: int, *, total: float | None = None, completed: float | None = None,
-                   advance: float | None = None, description: str | None = None, **_: Any) -> None:
+        def update(
+            self,
+            task_id: int,
+            *,
+            total: float | None = None,
+            completed: float | None = None,
+            advance: float | None = None,
+            description: str | None = None,
+            **_: Any,
+        ) -> None:
             task = self.tasks[task_id]
             if total is not None:
                 task.total = total

@@ -29,8 +29,20 @@ COMMANDS = {"shardq_worker", "shardq_status", "shardq_prune"}
 REQUIRED = {"django", "psycopg", "mmh3", "sortedcontainers", "croniter"}
 # Never copied into the build: the local environment and build leftovers
 # (a stale build/lib would put removed modules back into the wheel).
-IGNORE = shutil.ignore_patterns(".git", ".venv", ".pgdata", ".demo", "build", "dist", "*.egg-info",
-                                "__pycache__", "*.pyc", "results", ".pytest_cache", ".hypothesis")
+IGNORE = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    ".pgdata",
+    ".demo",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    "*.pyc",
+    "results",
+    ".pytest_cache",
+    ".hypothesis",
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -51,8 +63,13 @@ def server_settings() -> dict:
 
 
 def admin_connection(server: dict) -> psycopg.Connection:
-    params = {"dbname": "postgres", "user": server["USER"], "password": server["PASSWORD"],
-              "host": server["HOST"], "port": server["PORT"]}
+    params = {
+        "dbname": "postgres",
+        "user": server["USER"],
+        "password": server["PASSWORD"],
+        "host": server["HOST"],
+        "port": server["PORT"],
+    }
     return psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True)
 
 
@@ -93,8 +110,9 @@ def wheel(tmp_path_factory) -> Path:
     shutil.copytree(REPO, source, ignore=IGNORE)
     out = tmp_path_factory.mktemp("dist")
     # The dev environment's setuptools: an isolated build would install it afresh.
-    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-        "--wheel-dir", out, source)
+    run(
+        sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", out, source
+    )
     (built,) = out.glob("shardq-*.whl")
     return built
 
@@ -137,14 +155,20 @@ def project(wheel, database, tmp_path_factory):
     run(python, "-m", "django", "startproject", "mysite", root / "mysite")
     settings = root / "mysite" / "mysite" / "settings.py"
     db = {"ENGINE": "django.db.backends.postgresql", **database}
-    settings.write_text(settings.read_text() + (
-        "\nINSTALLED_APPS += ['shardq']\n"
-        "TASKS = {'default': {'BACKEND': 'shardq.backend.ShardqBackend'}}\n"
-        f"DATABASES = {{'default': {db!r}}}\n"
-    ))
+    settings.write_text(
+        settings.read_text()
+        + (
+            "\nINSTALLED_APPS += ['shardq']\n"
+            "TASKS = {'default': {'BACKEND': 'shardq.backend.ShardqBackend'}}\n"
+            f"DATABASES = {{'default': {db!r}}}\n"
+        )
+    )
     # Nothing of the checkout or the test run may leak into the user's project.
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"DJANGO_SETTINGS_MODULE", "PYTHONPATH", "DATABASE_URL", "VIRTUAL_ENV", "SHARDQ_PGDATA"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DJANGO_SETTINGS_MODULE", "PYTHONPATH", "DATABASE_URL", "VIRTUAL_ENV", "SHARDQ_PGDATA"}
+    }
 
     def manage(*args, check=True):
         return run(python, "manage.py", *args, cwd=root / "mysite", env=env, check=check)
@@ -188,8 +212,8 @@ def test_each_command_answers_help(project, command):
 
 
 def test_status_and_prune_run_against_a_real_database_without_rich(project):
-    no_rich = run(project.python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('rich') is not None)",
-                  env=project.env, check=False)
+    has_rich = "import importlib.util, sys; sys.exit(importlib.util.find_spec('rich') is not None)"
+    no_rich = run(project.python, "-c", has_rich, env=project.env, check=False)
     assert no_rich.returncode == 0, "rich is installed in the user's venv: the plain-text fallback goes untested"
     project("migrate", "shardq", "--verbosity", "0")
     status = json.loads(project("shardq_status", "--json").stdout)
