@@ -9,7 +9,7 @@ progress without a terminal.
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Self, TextIO
 
 __all__ = ["HAS_RICH", "BarColumn", "MofNCompleteColumn", "Progress", "TextColumn", "TimeRemainingColumn"]
 
@@ -65,7 +65,7 @@ except ImportError:
             self.interval = interval
             self.tasks: list[_Task] = []
 
-        def __enter__(self) -> "Progress":
+        def __enter__(self) -> Self:
             return self
 
         def __exit__(self, *exc: object) -> None:
