@@ -11,6 +11,7 @@ runs, and ``shardq_status`` answers from a database of its own.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -22,6 +23,8 @@ import psycopg
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = {"shardq_worker", "shardq_status", "shardq_prune"}
@@ -62,9 +65,9 @@ def server_settings() -> dict:
     return {"USER": s["USER"], "PASSWORD": s["PASSWORD"], "HOST": s["HOST"], "PORT": s["PORT"]}
 
 
-def admin_connection(server: dict) -> psycopg.Connection:
+def admin_connection(server: dict, dbname: str = "postgres") -> psycopg.Connection:
     params = {
-        "dbname": "postgres",
+        "dbname": dbname,
         "user": server["USER"],
         "password": server["PASSWORD"],
         "host": server["HOST"],
@@ -173,7 +176,8 @@ def project(wheel, database, tmp_path_factory):
     def manage(*args, check=True):
         return run(python, "manage.py", *args, cwd=root / "mysite", env=env, check=check)
 
-    manage.python, manage.root, manage.env = python, root, env
+    manage.python, manage.root, manage.env, manage.database = python, root, env, database
+    manage("migrate", "shardq", "--verbosity", "0")
     return manage
 
 
@@ -183,6 +187,7 @@ def test_the_wheel_holds_only_the_library_and_its_type_marker(wheel):
     assert {name.split("/")[0] for name in names} == {"shardq", dist_info}
     assert "shardq/py.typed" in names
     assert "shardq/db/queries.sql" in names
+    assert "shardq/templates/admin/shardq/dashboard.html" in names and "shardq/static/shardq/admin.css" in names
     assert not [n for n in names if n.startswith(("example_project/", "bench/", "tests/"))]
     assert not [n for n in names if "shardq_demo" in n or "shardq_bench" in n]
 
@@ -215,7 +220,6 @@ def test_status_and_prune_run_against_a_real_database_without_rich(project):
     has_rich = "import importlib.util, sys; sys.exit(importlib.util.find_spec('rich') is not None)"
     no_rich = run(project.python, "-c", has_rich, env=project.env, check=False)
     assert no_rich.returncode == 0, "rich is installed in the user's venv: the plain-text fallback goes untested"
-    project("migrate", "shardq", "--verbosity", "0")
     status = json.loads(project("shardq_status", "--json").stdout)
     assert status["jobs"] == {} and status["workers"] == []
     assert "would delete" in project("shardq_prune", "--dry-run").stdout
@@ -229,3 +233,33 @@ def test_the_embedded_data_dir_is_the_projects_not_site_packages(project):
     assert path == str(project.root / "mysite" / ".pgdata") or "shardq-pg-" in path
     bare = run(project.python, "-c", code, env=project.env, check=False)
     assert bare.returncode != 0 and "SHARDQ_PGDATA" in bare.stderr
+
+
+def test_the_worker_starts_holds_shards_and_stops_on_sigterm(project):
+    log_path = project.root / "worker.log"
+    with open(log_path, "w") as log:
+        worker = subprocess.Popen(
+            [project.python, "manage.py", "shardq_worker", "--concurrency", "1", "--grace", "5"],
+            cwd=project.root / "mysite",
+            env=project.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        with admin_connection(project.database, project.database["NAME"]) as conn:
+
+            def holds_a_shard() -> bool:
+                assert worker.poll() is None, f"shardq_worker exited {worker.returncode}:\n{log_path.read_text()}"
+                return conn.execute(
+                    "SELECT count(*) FROM shardq_shard s JOIN shardq_worker w ON w.id = s.owner "
+                    "WHERE w.state = 'RUNNING' AND s.lease_expires > clock_timestamp()"
+                ).fetchone()[0]
+
+            wait_until(holds_a_shard, timeout=90, interval=0.2, message="shardq_worker to take a shard")
+        os.killpg(worker.pid, signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0, log_path.read_text()
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
