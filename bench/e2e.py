@@ -1,6 +1,6 @@
 """End-to-end benchmark: shardq against the physical limit, side by side in one run.
 
-``make bench`` / ``manage.py shardq_bench`` runs ``run(options)``. Every
+``make bench`` (``bench/run.py``) runs ``run(options)``. Every
 figure is measured twice in the same run: once by a bare psycopg loop doing
 the SQL a worker needs (``bench/limit.py``), once through shardq's public API
 and real ``manage.py shardq_worker`` processes. The table shows both and
@@ -648,7 +648,7 @@ def section(rows: list[Row], info: dict, o: Options, when: str, plotted: bool) -
     parts = [
         SECTION,
         "",
-        "Written by `make bench` (`manage.py shardq_bench`, code in `bench/e2e.py` and `bench/limit.py`); "
+        "Written by `make bench` (`bench/run.py`, code in `bench/e2e.py` and `bench/limit.py`); "
         "every number below comes from one run on the machine named here. **limit** is a bare psycopg loop "
         "running the SQL a worker needs (`insert_job`, COPY, `claim_jobs` per shard with SKIP LOCKED, a no-op "
         "call per job, one fenced `complete_jobs` per batch of 256); **shardq** is the same work through the "
@@ -674,7 +674,7 @@ def section(rows: list[Row], info: dict, o: Options, when: str, plotted: bool) -
     if plotted:
         parts += [f"![drain throughput vs processes]({PLOT.name})", ""]
     parts += [
-        "Run it: `make bench` (about 4 minutes on 2 cores), or `manage.py shardq_bench --help` "
+        "Run it: `make bench` (about 4 minutes on 2 cores), or `.venv/bin/python bench/run.py --help` "
         "(`--repeat`, `--reps`, `--full`, `--only drain,latency`, `--no-docs`). It uses a database of "
         "its own, `shardq_bench` on the server of `DATABASE_URL` (the embedded server when unset), and "
         "empties its shardq tables between phases. Raw runs: `bench/results/e2e-latest.json`.",

@@ -1,7 +1,8 @@
 """Settings of the example project: everything comes from the environment.
 
 ``DATABASE_URL`` picks the PostgreSQL server; when it is unset an embedded
-server (``pgserver``) is started under ``.pgdata/`` and its URL exported, so
+server (``pgserver``) is started under ``BASE_DIR/.pgdata/`` (or
+``$SHARDQ_PGDATA``) and its URL exported, so
 child processes (gunicorn, workers) join the same server.
 ``SHARDQ_*`` variables tune shardq (see docs/configuration.md).
 """
@@ -17,7 +18,7 @@ env = environ.Env()
 if not os.environ.get("DATABASE_URL"):
     from shardq import embedded
 
-    os.environ["DATABASE_URL"] = embedded.start()
+    os.environ["DATABASE_URL"] = embedded.start(embedded.data_dir(BASE_DIR))
     # Child processes inherit the URL; this marks who started the server.
     os.environ["SHARDQ_EMBEDDED_STARTED_BY"] = str(os.getpid())
 

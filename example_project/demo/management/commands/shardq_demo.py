@@ -1,4 +1,6 @@
-"""``manage.py shardq_demo`` (what ``make demo`` runs).
+"""``manage.py shardq_demo`` (what ``make demo`` runs): a command of the
+example project's ``demo`` app, not of shardq — it needs gunicorn, requests
+and rich (``pip install -e '.[example]'``).
 
 Starts the example project under gunicorn and a 2-process shardq worker,
 drives orders through HTTP (each view enqueues a ``send_receipt`` task in the
@@ -49,8 +51,10 @@ class Command(BaseCommand):
         console = Console()
         root = Path(settings.BASE_DIR)
         console.rule("[bold]shardq demo")
-        console.print(f"database: {connection.settings_dict['NAME']} "
-                      f"({'embedded pgserver' if os.environ.get('SHARDQ_EMBEDDED_STARTED_BY') else 'DATABASE_URL'})")
+        console.print(
+            f"database: {connection.settings_dict['NAME']} "
+            f"({'embedded pgserver' if os.environ.get('SHARDQ_EMBEDDED_STARTED_BY') else 'DATABASE_URL'})"
+        )
         call_command("migrate", verbosity=0)
         self._clear_previous_run()
 
@@ -60,22 +64,52 @@ class Command(BaseCommand):
         log_dir.mkdir(exist_ok=True)
         started: list[subprocess.Popen] = []
         try:
-            web = subprocess.Popen(
-                [sys.executable, "-m", "gunicorn", "example_project.wsgi:application", "--workers", "2", "--threads", "4",
-                 "--bind", f"127.0.0.1:{port}", "--log-level", "warning"],
-                cwd=root, env=env, stdout=open(log_dir / "gunicorn.log", "w"), stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            # Each child writes to its own copy of the log's descriptor.
+            with open(log_dir / "gunicorn.log", "w") as log:
+                web = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "gunicorn",
+                        "example_project.wsgi:application",
+                        "--workers",
+                        "2",
+                        "--threads",
+                        "4",
+                        "--bind",
+                        f"127.0.0.1:{port}",
+                        "--log-level",
+                        "warning",
+                    ],
+                    cwd=root,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             started.append(web)
-            workers = subprocess.Popen(
-                [sys.executable, "manage.py", "shardq_worker", "--processes", str(options["processes"]),
-                 "--concurrency", str(options["concurrency"])],
-                cwd=root, env=env, stdout=open(log_dir / "workers.log", "w"), stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            with open(log_dir / "workers.log", "w") as log:
+                workers = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "manage.py",
+                        "shardq_worker",
+                        "--processes",
+                        str(options["processes"]),
+                        "--concurrency",
+                        str(options["concurrency"]),
+                    ],
+                    cwd=root,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             started.append(workers)
-            console.print(f"gunicorn on http://127.0.0.1:{port}/ (pid {web.pid}); "
-                          f"shardq_worker --processes {options['processes']} (pid {workers.pid}); logs in .demo/")
+            console.print(
+                f"gunicorn on http://127.0.0.1:{port}/ (pid {web.pid}); "
+                f"shardq_worker --processes {options['processes']} (pid {workers.pid}); logs in .demo/"
+            )
             self._wait_http(port, web)
 
             n = options["orders"]
@@ -93,7 +127,9 @@ class Command(BaseCommand):
                     if done >= n:
                         break
                     if time.monotonic() > deadline:
-                        raise CommandError(f"the queue did not drain in {options['timeout']}s ({done}/{n} done); see .demo/workers.log")
+                        raise CommandError(
+                            f"the queue did not drain in {options['timeout']}s ({done}/{n} done); see .demo/workers.log"
+                        )
                     if workers.poll() is not None:
                         raise CommandError("the worker supervisor exited early; see .demo/workers.log")
                     time.sleep(0.1)
@@ -146,8 +182,9 @@ class Command(BaseCommand):
             with requests.Session() as session:
                 for i in range(start, n, 4):
                     body = {"customer_id": i % 500, "total_cents": 100 + i}
-                    response = session.post(url, data=json.dumps(body), timeout=30,
-                                            headers={"Content-Type": "application/json"})
+                    response = session.post(
+                        url, data=json.dumps(body), timeout=30, headers={"Content-Type": "application/json"}
+                    )
                     if response.status_code != 201:
                         raise CommandError(f"POST /orders/ answered {response.status_code}: {response.text[:200]}")
                     advance()
@@ -158,8 +195,10 @@ class Command(BaseCommand):
 
     def _finished(self) -> int:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM shardq_job WHERE task_path = ANY(%s) AND status IN ('SUCCESSFUL', 'FAILED')",
-                           [list(DEMO_TASKS)])
+            cursor.execute(
+                "SELECT count(*) FROM shardq_job WHERE task_path = ANY(%s) AND status IN ('SUCCESSFUL', 'FAILED')",
+                [list(DEMO_TASKS)],
+            )
             return cursor.fetchone()[0]
 
     def _report(self, console, Table, n, post_seconds, drain_seconds):
@@ -175,7 +214,9 @@ class Command(BaseCommand):
                 [list(DEMO_TASKS)],
             )
             rows = cursor.fetchall()
-            cursor.execute("SELECT status, count(*) FROM shardq_job WHERE task_path = ANY(%s) GROUP BY 1", [list(DEMO_TASKS)])
+            cursor.execute(
+                "SELECT status, count(*) FROM shardq_job WHERE task_path = ANY(%s) GROUP BY 1", [list(DEMO_TASKS)]
+            )
             statuses = dict(cursor.fetchall())
             cursor.execute("SELECT count(*) FROM demo_receipt")
             receipts = cursor.fetchone()[0]
@@ -186,5 +227,7 @@ class Command(BaseCommand):
             table.add_row(worker_id[:8], str(pid), str(done), str(shards), str(rejections))
         console.print(table)
         console.print(f"jobs: {statuses}; receipts written: {receipts} (one per order: {receipts == n})")
-        console.print(f"HTTP: {n} orders in {post_seconds:.1f}s ({n / post_seconds:.0f}/s); "
-                      f"enqueue → all done in {drain_seconds:.1f}s ({n / drain_seconds:.0f} jobs/s end to end)")
+        console.print(
+            f"HTTP: {n} orders in {post_seconds:.1f}s ({n / post_seconds:.0f}/s); "
+            f"enqueue → all done in {drain_seconds:.1f}s ({n / drain_seconds:.0f} jobs/s end to end)"
+        )
