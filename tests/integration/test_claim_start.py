@@ -69,6 +69,8 @@ def test_the_claim_starts_only_due_unordered_jobs_that_never_lost_a_worker_in_pr
     store.close()
     started = {job.id for job in jobs if job.started}
     assert started == {ids["p50"], ids["p40"]}
+    # What the task's context will show: one start, by this worker.
+    assert all(job.worker_ids == [worker] and job.attempts == 1 for job in jobs if job.started)
     for name in ("p50", "p40"):
         status, attempts, worker_ids, has_started_at, _ = row(ids[name])
         assert (status, attempts, worker_ids, has_started_at) == ("RUNNING", 1, [worker], True)
