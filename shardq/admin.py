@@ -168,7 +168,7 @@ EXCERPT_CHARS = 10 * 1024
 # redaction needs them parsed, and a page must stay small.
 ARGUMENTS_MAX_BYTES = 64 * 1024
 # Errors shown of a job: the oldest and the newest this many each.
-ERRORS_SHOWN_EACH_END = 50
+ERRORS_SHOWN_EACH_END = 10
 
 
 def excerpt(text: str, total_bytes: int | None = None, limit: int = EXCERPT_CHARS) -> str:
