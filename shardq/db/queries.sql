@@ -477,12 +477,14 @@ WITH now AS MATERIALIZED (
            max(l.s) FILTER (WHERE j.finished_at >= now.since) AS max
     FROM shardq_job AS j
     CROSS JOIN now
-    CROSS JOIN LATERAL (SELECT extract(epoch FROM j.last_attempted_at - j.run_after)::float8 AS s) AS l
+    -- Epoch differences, not timestamp subtraction: a row with an infinite
+    -- timestamp gives ±Infinity (or NaN), not "cannot subtract infinite timestamps".
+    CROSS JOIN LATERAL (SELECT (extract(epoch FROM j.last_attempted_at) - extract(epoch FROM j.run_after))::float8 AS s) AS l
     WHERE j.status IN ('SUCCESSFUL', 'FAILED')
     GROUP BY GROUPING SETS ((j.shard), ())
 )
 SELECT s.shard, s.owner, w.host, w.pid,
-       extract(epoch FROM s.lease_expires - now.t)::float8,
+       (extract(epoch FROM s.lease_expires) - extract(epoch FROM now.t))::float8,
        COALESCE(f.finished, 0), COALESCE(f.failed, 0), COALESCE(f.dead, 0), f.p50, f.p99, f.mean, f.max,
        r.depth, r.due, r.oldest, (SELECT count(*) FROM shardq_job AS x WHERE x.shard = s.shard AND x.status = 'RUNNING')
 FROM shardq_shard AS s
@@ -493,7 +495,7 @@ LEFT JOIN LATERAL (
     -- The shard's slice of shardq_job_ready_idx, once.
     SELECT count(*) AS depth,
            count(*) FILTER (WHERE x.run_after <= now.t) AS due,
-           extract(epoch FROM now.t - min(x.run_after) FILTER (WHERE x.run_after <= now.t))::float8 AS oldest
+           (extract(epoch FROM now.t) - extract(epoch FROM min(x.run_after) FILTER (WHERE x.run_after <= now.t)))::float8 AS oldest
     FROM shardq_job AS x WHERE x.shard = s.shard AND x.status = 'READY'
 ) AS r ON true
 UNION ALL
