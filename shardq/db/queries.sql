@@ -254,12 +254,12 @@ SET status = 'RUNNING', status_rank = job.status_rank + 1, attempts = job.attemp
     worker_ids = job.worker_ids || jsonb_build_array(%(worker)s::text)
 FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank),
      shardq_shard AS s
--- No status test: the claim's own (fence, rank) pins the row as the claim
--- left it, CLAIMED (every later write moves the rank). A status = 'CLAIMED'
--- term lets the planner walk shardq_job_inflight_idx, whose statistics see
--- few CLAIMED rows, and loop over the ids for each entry: 72 ms instead of
--- 14 ms for 300 jobs, measured.
-WHERE job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank
+-- The status test is written "(...) IS TRUE" so that it cannot prove the
+-- predicate of shardq_job_inflight_idx: with a plain status = 'CLAIMED' the
+-- planner walks that index (its statistics see few CLAIMED rows) and loops
+-- over the ids for each entry: 72 ms instead of 14 ms for 300 jobs, measured.
+-- Driven from the ids, each row is one primary-key probe.
+WHERE job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank AND (job.status = 'CLAIMED') IS TRUE
   AND s.shard = job.shard AND s.claim_version = job.fence
 RETURNING job.id, job.attempts, job.status_rank, job.started_at, job.last_attempted_at;
 
