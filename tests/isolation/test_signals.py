@@ -87,6 +87,11 @@ def assert_stopped_gracefully(workers, proc, running: set[int]) -> None:
 ], ids=["supervisor-SIGTERM", "supervisor-SIGINT", "supervisor-SIGHUP", "single-SIGHUP"])
 def test_a_group_stop_signal_finishes_running_jobs_releases_leases_and_exits_0(workers, processes, signum):
     proc, running = start_running(workers, processes, sleep=1.5)
+    # Group signals reach the supervisor only (each child leads a group of
+    # its own): it passes them on, once. Were the children in its group, each
+    # would get the signal twice and, unless the two happened to coalesce
+    # into one delivery, take the second for "exit now".
+    assert all(os.getpgid(pid) == pid for pid in workers.children(proc))
     os.killpg(proc.pid, signum)
     proc.wait(timeout=30)
     assert_stopped_gracefully(workers, proc, running)
