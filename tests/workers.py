@@ -75,6 +75,11 @@ class WorkerPool:
         )
         proc.log_path = log.name
         self.procs.append(proc)
+        # Returned once it handles SIGTERM (its stop rule is installed), as a
+        # service manager would see it started: a test that signals it at
+        # once then tests the rule, not Python's default action (exit -15).
+        wait_until(lambda: proc.poll() is not None or handles(proc.pid, signal.SIGTERM), timeout=60,
+                   interval=0.02, message=f"worker pid {proc.pid} to install its signal handlers")
         return proc
 
     def stop_all(self) -> None:
@@ -116,6 +121,18 @@ def children_of(pid: int) -> list[int]:
     except OSError:
         pass
     return found
+
+
+def handles(pid: int, signum: int) -> bool:
+    """Has ``pid`` a handler for ``signum`` (Linux /proc: SigCgt)?"""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        pass
+    return False
 
 
 def alive(pid: int) -> bool:
