@@ -26,6 +26,12 @@ class Command(BaseCommand):
         parser.add_argument("--prefetch", default="0", help="Most jobs buffered ahead per process; how many are used follows the measured task time (default 512).")
 
     def handle(self, *args, **options):
+        # The stop rule first (shardq/worker/shutdown.py): a SIGTERM that comes
+        # while the worker is still being built is a graceful stop, applied
+        # once it exists, not the default action (killed, exit -15).
+        from shardq.worker import shutdown
+
+        shutdown.install()
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
         known = set(settings.TASKS.get("default", {}).get("QUEUES", ["default"]))
         unknown = [q for q in queues if q not in known]
