@@ -683,38 +683,64 @@ def dump_arguments(task, args, kwargs) -> str:
     """The positional arguments as JSON text (raises InvalidTask naming the bad one)."""
     if not args:
         return "[]"
-    for position, value in enumerate(args):
-        _check_value(task, f"positional argument {position}", value)
+    named = [(f"positional argument {position}", value) for position, value in enumerate(args)]
     try:
-        return _dumps(list(args))
+        text = _dumps(list(args))
     except (TypeError, ValueError, RecursionError):
-        for position, value in enumerate(args):
-            _check_json(task, f"positional argument {position}", value)
+        _find_bad_argument(task, named)
         raise
+    _check_dumped(task, text, named)
+    return text
 
 
 def dump_keyword_arguments(task, kwargs) -> str:
     """The keyword arguments as JSON text (raises InvalidTask naming the bad one)."""
     if not kwargs:
         return "{}"
-    for name, value in kwargs.items():
-        _check_value(task, f"keyword argument {name!r}", value)
+    named = [(f"keyword argument {name!r}", value) for name, value in kwargs.items()]
     try:
-        return _dumps(kwargs)
+        text = _dumps(kwargs)
     except (TypeError, ValueError, RecursionError):
-        for name, value in kwargs.items():
-            _check_json(task, f"keyword argument {name!r}", value)
+        _find_bad_argument(task, named)
         raise
+    _check_dumped(task, text, named)
+    return text
 
 
-def _check_value(task, what, value) -> None:
+def _check_dumped(task, text, named) -> None:
+    """Cheap tests on the JSON text json.dumps made: it escapes every NUL as
+    \\u0000 and every surrogate as \\udXXX, and a value cannot nest deeper
+    than its brackets. Only a hit walks the arguments to name the bad one (a
+    hit may be a false alarm: a literal backslash, a valid surrogate pair, a
+    wide but shallow value)."""
+    strings = "\\u0000" in text or "\\ud" in text
+    if strings or text.count("[") + text.count("{") > MAX_ARGUMENT_DEPTH:
+        for what, value in named:
+            _check_value(task, what, value, strings=strings)
+
+
+def _find_bad_argument(task, named) -> None:
+    """Raise InvalidTask for the first bad argument among (name, value) pairs
+    (json.dumps refused them); return when none is bad."""
+    for what, value in named:
+        _check_value(task, what, value)
+    for what, value in named:
+        _check_json(task, what, value)
+
+
+_CONTAINERS = (list, tuple, dict)
+
+
+def _check_value(task, what, value, *, strings=True) -> None:
     """Walk one argument without recursion: refuse nesting deeper than
-    MAX_ARGUMENT_DEPTH and strings (values or dict keys, at any depth) that
-    PostgreSQL cannot store. Types are left to json.dumps (``_check_json``)."""
+    MAX_ARGUMENT_DEPTH and (``strings``) str values or dict keys, at any
+    depth, that PostgreSQL cannot store. Types are left to json.dumps
+    (``_check_json``)."""
     if isinstance(value, str):
-        _check_string(task, what, value)
+        if strings:
+            _check_string(task, what, value)
         return
-    if not isinstance(value, (list, tuple, dict)):
+    if not isinstance(value, _CONTAINERS):
         return
     # (container, its depth, its path as a (parent path, step) chain)
     stack = [(value, 1, None)]
@@ -727,17 +753,16 @@ def _check_value(task, what, value) -> None:
                 f"dicts deep (at {_path_text(path)}). Pass a flatter value, or store the data "
                 "elsewhere (a model, a file) and pass its id."
             )
-        if isinstance(container, dict):
-            items = container.items()
-        else:
-            items = enumerate(container)
+        items = container.items() if isinstance(container, dict) else enumerate(container)
         for step, item in items:
-            if isinstance(step, str):
-                _check_string(task, what, step, path, key=True)
-            if isinstance(item, str):
-                if "\x00" in item or not item.isascii():
-                    _check_string(task, what, item, (path, step))
-            elif isinstance(item, (list, tuple, dict)):
+            if strings:
+                if isinstance(step, str) and ("\x00" in step or not step.isascii()):
+                    _check_string(task, what, step, path, key=True)
+                if isinstance(item, str):
+                    if "\x00" in item or not item.isascii():
+                        _check_string(task, what, item, (path, step))
+                    continue
+            if isinstance(item, _CONTAINERS):
                 push((item, depth + 1, (path, step)))
 
 
@@ -748,7 +773,7 @@ def _check_string(task, what, text, path=None, key=False) -> None:
     if path is not None:
         where = f"{what} at {_path_text(path)}"
     if key:
-        where = f"a dict key in {where}" if path is not None else f"a dict key in {what}"
+        where = f"a dict key in {where}"
     check_text(text, f"{task.module_path}: {where}")
 
 

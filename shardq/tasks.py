@@ -400,7 +400,68 @@ def bind_arguments(task: Task, args: tuple, kwargs: dict) -> None:
     number of arguments, an unknown or repeated keyword) with InvalidTask, at
     enqueue, instead of a TypeError in the worker that spends the job's
     attempts. Every kind of task: plain ``@task`` ones too."""
-    _bind(task, args, kwargs, apply_defaults=False)
+    shape = _shapes.get(task.func)
+    if shape is None:
+        shape = _shapes[task.func] = _Shape.of(_signature(task))
+    if not shape.fits(len(args) + (1 if task.takes_context else 0), kwargs):
+        _bind(task, args, kwargs, apply_defaults=False)  # raises with Python's own words
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What a call must look like to bind to a signature without positional-only
+    parameters, checked with set operations (Signature.bind costs more than
+    the rest of job_row); anything else is left to Signature.bind."""
+
+    simple: bool
+    positional: tuple = ()
+    positional_set: frozenset = frozenset()
+    required_positional: tuple = ()
+    keyword_only: frozenset = frozenset()
+    required_keyword_only: frozenset = frozenset()
+    var_positional: bool = False
+    var_keyword: bool = False
+
+    @classmethod
+    def of(cls, sig: inspect.Signature) -> "_Shape":
+        params = list(sig.parameters.values())
+        if any(p.kind is p.POSITIONAL_ONLY for p in params):
+            return cls(simple=False)
+        positional = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
+        return cls(
+            simple=True,
+            positional=positional,
+            positional_set=frozenset(positional),
+            required_positional=tuple(
+                p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty
+            ),
+            keyword_only=frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY),
+            required_keyword_only=frozenset(
+                p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+            ),
+            var_positional=any(p.kind is p.VAR_POSITIONAL for p in params),
+            var_keyword=any(p.kind is p.VAR_KEYWORD for p in params),
+        )
+
+    def fits(self, count: int, kwargs: dict) -> bool:
+        """Whether ``count`` positional values and ``kwargs`` bind (False: maybe not)."""
+        if not self.simple:
+            return False
+        if count > len(self.positional) and not self.var_positional:
+            return False
+        taken = self.positional[:count]
+        for name in kwargs:
+            if name in taken:
+                return False
+            if not self.var_keyword and name not in self.positional_set and name not in self.keyword_only:
+                return False
+        for name in self.required_positional:
+            if name not in kwargs and name not in taken:
+                return False
+        return all(name in kwargs for name in self.required_keyword_only)
+
+
+_shapes: dict[Callable, _Shape] = {}
 
 
 # A unique key longer than this (bytes of UTF-8) keeps its task path and

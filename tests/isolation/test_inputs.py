@@ -377,3 +377,39 @@ def test_get_result_shows_a_stored_priority_out_of_range():
     result = add.enqueue(1, 2)
     execute("UPDATE shardq_job SET priority = 500, queue_name = 'nowhere' WHERE id = %s", [int(result.id)])
     assert add.get_backend().get_result(result.id).id == result.id
+
+
+# -- the fast paths agree with the exact checks ----------------------------------------------
+
+
+def test_the_fast_signature_check_never_accepts_a_call_bind_refuses():
+    import inspect
+    import itertools
+
+    from shardq.tasks import _Shape
+
+    def f1(a, b=1): ...
+    def f2(a, *args, c, d=2, **kw): ...
+    def f3(*, x): ...
+    def f4(a, /, b): ...
+    def f5(context, a, b=2): ...
+
+    calls = [(n, kw) for n in range(4) for kw in ({}, {"a": 1}, {"b": 1}, {"c": 1}, {"x": 1}, {"z": 1},
+                                                      {"a": 1, "c": 1}, {"b": 1, "c": 1, "d": 1})]
+    for func, (count, kwargs) in itertools.product((f1, f2, f3, f4, f5), calls):
+        sig = inspect.signature(func)
+        try:
+            sig.bind(*range(count), **kwargs)
+            binds = True
+        except TypeError:
+            binds = False
+        if _Shape.of(sig).fits(count, kwargs):
+            assert binds, (func.__name__, count, kwargs)
+        elif _Shape.of(sig).simple:
+            assert not binds, (func.__name__, count, kwargs)
+
+
+def test_astral_characters_and_backslashes_are_stored_as_they_are():
+    value = {"emoji 😀": ["😀", "\\ud800", "\\u0000", "é"]}
+    result = echo.enqueue(value)
+    assert job_row(result.id)["args"] == [value]
