@@ -413,3 +413,18 @@ def test_astral_characters_and_backslashes_are_stored_as_they_are():
     value = {"emoji 😀": ["😀", "\\ud800", "\\u0000", "é"]}
     result = echo.enqueue(value)
     assert job_row(result.id)["args"] == [value]
+
+
+# -- periodic schedules: the same checks at definition --------------------------------------
+
+
+def test_a_schedule_whose_arguments_enqueue_would_refuse_fails_at_definition(monkeypatch):
+    from shardq import cron
+    from shardq.cron import periodic
+
+    monkeypatch.setattr(cron, "_schedules", {})
+    with pytest.raises(InvalidTask, match=r"add: the arguments do not match .*missing a required argument"):
+        periodic("* * * * *")(add)
+    with pytest.raises(InvalidTask, match=r"keyword argument 'b' holds a NUL character"):
+        periodic("* * * * *", kwargs={"a": 1, "b": "\x00"})(add)
+    assert cron.schedules() == []
