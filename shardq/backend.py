@@ -153,11 +153,16 @@ class ShardqBackend(BaseTaskBackend):
         key = compute_shard_key(task, args, kwargs)  # checked text (tasks.key_to_str)
         if key is None:
             key_hash = random.getrandbits(32) - 2**31
-        elif isinstance(task, ShardTask) and task.salt:
-            # A hot key: one of its sub-keys at random (the row keeps the key).
-            key_hash = salted_key_hash(key, random.randrange(task.salt))
         else:
-            key_hash = shard_key_hash(key)
+            try:
+                if isinstance(task, ShardTask) and task.salt:
+                    # A hot key: one of its sub-keys at random (the row keeps the key).
+                    key_hash = salted_key_hash(key, random.randrange(task.salt))
+                else:
+                    key_hash = shard_key_hash(key)
+            except UnicodeEncodeError:  # key_to_str refuses these; a key set some other way
+                check_text(key, f"{task.module_path}: the shard key")
+                raise
         return {
             "shard": key_hash & (self.config.shard_count - 1),
             "key_hash": key_hash,
@@ -703,6 +708,9 @@ def dump_keyword_arguments(task, kwargs) -> str:
     except (TypeError, ValueError, RecursionError):
         _find_bad_argument(task, named)
         raise
+    if "\\u0000" in text or "\\ud" in text:
+        for name in kwargs:  # **{"a\x00": 1} is a valid Python call
+            check_text(name, f"{task.module_path}: the name of keyword argument {name!r}")
     _check_dumped(task, text, named)
     return text
 

@@ -428,3 +428,17 @@ def test_a_schedule_whose_arguments_enqueue_would_refuse_fails_at_definition(mon
     with pytest.raises(InvalidTask, match=r"keyword argument 'b' holds a NUL character"):
         periodic("* * * * *", kwargs={"a": 1, "b": "\x00"})(add)
     assert cron.schedules() == []
+
+
+def test_a_keyword_argument_name_with_a_nul_or_a_lone_surrogate_is_refused(nothing_stored):
+    with pytest.raises(InvalidTask, match=r"the name of keyword argument 'a\\x00' holds a NUL character"):
+        echo.enqueue(**{"a\x00": 1})
+    with pytest.raises(InvalidTask, match=r"the name of keyword argument .* holds a lone surrogate"):
+        shardq.enqueue_many(echo, [((), {SURROGATE: 1})])
+
+
+def test_a_shard_key_set_without_using_is_refused_before_it_is_hashed(nothing_stored):
+    from dataclasses import replace
+
+    with pytest.raises(InvalidTask, match=r"keyed: the shard key holds a lone surrogate"):
+        replace(keyed, shard_key=SURROGATE).enqueue(user_id=1)
