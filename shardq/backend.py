@@ -688,7 +688,9 @@ def dump_arguments(task, args, kwargs) -> str:
     """The positional arguments as JSON text (raises InvalidTask naming the bad one)."""
     if not args:
         return "[]"
-    named = [(f"positional argument {position}", value) for position, value in enumerate(args)]
+    def named():
+        return [(f"positional argument {position}", value) for position, value in enumerate(args)]
+
     try:
         text = _dumps(list(args))
     except (TypeError, ValueError, RecursionError):
@@ -702,7 +704,9 @@ def dump_keyword_arguments(task, kwargs) -> str:
     """The keyword arguments as JSON text (raises InvalidTask naming the bad one)."""
     if not kwargs:
         return "{}"
-    named = [(f"keyword argument {name!r}", value) for name, value in kwargs.items()]
+    def named():
+        return [(f"keyword argument {name!r}", value) for name, value in kwargs.items()]
+
     try:
         text = _dumps(kwargs)
     except (TypeError, ValueError, RecursionError):
@@ -723,16 +727,17 @@ def _check_dumped(task, text, named) -> None:
     wide but shallow value)."""
     strings = "\\u0000" in text or "\\ud" in text
     if strings or text.count("[") + text.count("{") > MAX_ARGUMENT_DEPTH:
-        for what, value in named:
+        for what, value in named():
             _check_value(task, what, value, strings=strings)
 
 
 def _find_bad_argument(task, named) -> None:
-    """Raise InvalidTask for the first bad argument among (name, value) pairs
-    (json.dumps refused them); return when none is bad."""
-    for what, value in named:
+    """Raise InvalidTask for the first bad argument among the (name, value)
+    pairs ``named()`` returns (json.dumps refused them); return when none is bad."""
+    pairs = named()
+    for what, value in pairs:
         _check_value(task, what, value)
-    for what, value in named:
+    for what, value in pairs:
         _check_json(task, what, value)
 
 
