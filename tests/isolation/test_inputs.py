@@ -18,8 +18,13 @@ from shardq.db.store import connect, listen_statement
 from shardq.exceptions import ArgumentNotJSON
 from shardq.tasks import compute_unique_key
 from tests.conftest import wait_until
-from tests.integration.conftest import execute, job_count, job_row, reset_task_backends
-from tests.integration.conftest import shardq_settings  # noqa: F401 (a fixture)
+from tests.integration.conftest import (
+    execute,
+    job_count,
+    job_row,
+    reset_task_backends,
+    shardq_settings,  # noqa: F401 (a fixture)
+)
 from tests.taskapp.tasks import add, echo, flaky, keyed, unique_per_account, unique_report
 
 pytestmark = pytest.mark.django_db
@@ -116,7 +121,8 @@ def test_a_lone_surrogate_deep_in_an_argument_is_refused_with_its_path(nothing_s
 
 
 def test_a_lone_surrogate_in_a_dict_key_is_refused(nothing_stored):
-    with pytest.raises(InvalidTask, match=r"a dict key in keyword argument 'payload' at \['a'\] holds a lone surrogate"):
+    with pytest.raises(InvalidTask,
+                       match=r"a dict key in keyword argument 'payload' at \['a'\] holds a lone surrogate"):
         echo.enqueue(payload={"a": {SURROGATE: 1}})
     with pytest.raises(InvalidTask, match=r"a dict key in positional argument 0 holds a lone surrogate"):
         echo.enqueue({SURROGATE: 1})
@@ -312,7 +318,7 @@ def test_a_usable_channel_passes_the_check(channel):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_enqueue_notifies_the_channel_the_worker_listens_on_exactly(shardq_settings):
+def test_enqueue_notifies_the_channel_the_worker_listens_on_exactly(shardq_settings):  # noqa: F811
     # pg_notify() takes the channel as a value, LISTEN as a quoted identifier:
     # case, spaces and quotes survive both, so they meet.
     channel = 'Shard Q-ü"x"'
