@@ -77,10 +77,15 @@ DELETE FROM shardq_unique WHERE key = %(unique_key)s AND job_id = %(job_id)s
   AND NOT EXISTS (SELECT 1 FROM shardq_job WHERE id = %(job_id)s);
 
 -- name: get_job
--- One job by id, every column a TaskResult needs.
-SELECT id, task_path, backend, queue_name, priority, run_after, status, args, kwargs,
-       return_value, errors, worker_ids, enqueued_at, started_at, finished_at,
-       last_attempted_at, attempts, max_attempts, shard, fence, status_rank
+-- One job by id, every column a TaskResult needs. Times Python cannot hold (±infinity, beyond year 9999: rows written by hand) come back clamped to 9999-12-31 when late, NULL when early.
+SELECT id, task_path, backend, queue_name, priority,
+       CASE WHEN run_after > '9999-12-31+00' THEN '9999-12-31+00' WHEN run_after < '0001-01-03+00' THEN NULL ELSE run_after END AS run_after,
+       status, args, kwargs, return_value, errors, worker_ids,
+       CASE WHEN enqueued_at > '9999-12-31+00' THEN '9999-12-31+00' WHEN enqueued_at < '0001-01-03+00' THEN NULL ELSE enqueued_at END AS enqueued_at,
+       CASE WHEN started_at > '9999-12-31+00' THEN '9999-12-31+00' WHEN started_at < '0001-01-03+00' THEN NULL ELSE started_at END AS started_at,
+       CASE WHEN finished_at > '9999-12-31+00' THEN '9999-12-31+00' WHEN finished_at < '0001-01-03+00' THEN NULL ELSE finished_at END AS finished_at,
+       CASE WHEN last_attempted_at > '9999-12-31+00' THEN '9999-12-31+00' WHEN last_attempted_at < '0001-01-03+00' THEN NULL ELSE last_attempted_at END AS last_attempted_at,
+       attempts, max_attempts, shard, fence, status_rank
 FROM shardq_job WHERE id = %(id)s;
 
 -- name: ensure_shards
