@@ -89,8 +89,6 @@ from .tasks import (
     validate_shard_options,
 )
 
-
-FINISHED_RESULTS_CACHED = 1024
 # Default of OPTIONS["UNIQUE_CACHE_SIZE"]: recently seen unique keys kept (0: none).
 UNIQUE_KEYS_CACHED = 1024
 # A cached unique key is trusted until this long before the database's expiry
@@ -111,9 +109,9 @@ class ShardqBackend(BaseTaskBackend):
         self.database_alias = self.options.get("DATABASE", DEFAULT_DB_ALIAS)
         self.prepared_statements = bool(self.options.get("PREPARED_STATEMENTS", True))
         self.config = get_config()
-        # SUCCESSFUL results never change again, so a cached one is always
-        # right; other states are read from the table every time.
-        self._finished = make_lru(FINISHED_RESULTS_CACHED)
+        # get_result keeps no cache of its own: a SUCCESSFUL result does not
+        # change, but its row can go (shardq_prune, a DELETE), and Django's
+        # contract is TaskResultDoesNotExist then, in every process.
         # Guards every LRU of this backend (they are not thread-safe, and
         # even a get reorders).
         self._finished_lock = threading.Lock()
@@ -453,20 +451,12 @@ class ShardqBackend(BaseTaskBackend):
         job_id = parse_job_id(result_id)
         if job_id is None:
             raise TaskResultDoesNotExist(f"No shardq job has the id {result_id!r}.")
-        with self._finished_lock:
-            cached = self._finished.get(job_id)
-        if cached is not None:
-            return _copy_result(cached)
         with connections[self.database_alias].cursor() as cursor:
             cursor.execute(QUERIES["get_job"], {"id": job_id})
             row = cursor.fetchone()
         if row is None:
             raise TaskResultDoesNotExist(f"No shardq job has the id {result_id!r}.")
-        result = self.result_from_row(row)
-        if result.status == TaskResultStatus.SUCCESSFUL:
-            with self._finished_lock:
-                self._finished.set(job_id, _copy_result(result))
-        return result
+        return self.result_from_row(row)
 
     def cancel(self, result_ids, reason: str = "") -> list[str]:
         """Cancel jobs that have not finished (see ``shardq.cancel``); returns

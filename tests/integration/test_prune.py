@@ -77,8 +77,10 @@ def test_prune_deletes_expired_unique_keys_old_workers_and_history_but_not_owner
     sql("INSERT INTO shardq_unique (key, job_id, expires_at) VALUES "
         "('t:old', 1, clock_timestamp() - interval '3 days'), ('t:live', 2, clock_timestamp() + interval '1 hour')")
     sql("INSERT INTO shardq_worker (id, host, pid, queues, started_at, heartbeat_at, state, stats) VALUES "
-        "('00000000-0000-0000-0000-000000000001', 'h', 1, '[]', now() - interval '9 days', now() - interval '8 days', 'STOPPED', '{}'), "
-        "('00000000-0000-0000-0000-000000000002', 'h', 2, '[]', now() - interval '9 days', now() - interval '8 days', 'RUNNING', '{}'), "
+        "('00000000-0000-0000-0000-000000000001', 'h', 1, '[]', "
+        "now() - interval '9 days', now() - interval '8 days', 'STOPPED', '{}'), "
+        "('00000000-0000-0000-0000-000000000002', 'h', 2, '[]', "
+        "now() - interval '9 days', now() - interval '8 days', 'RUNNING', '{}'), "
         "('00000000-0000-0000-0000-000000000003', 'h', 3, '[]', now(), now(), 'RUNNING', '{}')")
     # Worker 2 is long dead but still named as a shard's owner: kept.
     sql("UPDATE shardq_shard SET owner = '00000000-0000-0000-0000-000000000002' WHERE shard = 5")
@@ -101,3 +103,16 @@ def test_a_bad_older_than_is_refused_with_the_accepted_form(value):
 def test_a_bad_batch_is_refused():
     with pytest.raises(CommandError, match="--batch must be a whole number"):
         prune("--batch", "0")
+
+
+def test_get_result_of_a_pruned_job_raises_does_not_exist_in_the_process_that_read_it():
+    # Django: "If the result does not exist, TaskResultDoesNotExist is raised."
+    # A SUCCESSFUL result read before the prune must not outlive its row.
+    from django.tasks.exceptions import TaskResultDoesNotExist
+
+    [job_id] = jobs_in("SUCCESSFUL", 48)
+    assert tasks.add.get_result(str(job_id)).status == "SUCCESSFUL"
+    prune("--older-than", "1d")
+    assert remaining({job_id}) == set()
+    with pytest.raises(TaskResultDoesNotExist):
+        tasks.add.get_result(str(job_id))
