@@ -147,6 +147,8 @@ class Worker(models.Model):
     # Counters (jobs_done, fence_rejections, self_fences, rescued, ...), written
     # at every heartbeat and at shutdown.
     stats = models.JSONField(default=dict)
+    # A readable name (shardq_worker --worker-id), "" when none was given.
+    name = models.CharField(max_length=100, blank=True, default="", db_default="")
 
     class Meta:
         db_table = "shardq_worker"

@@ -95,10 +95,10 @@ SELECT g, NULL, NULL, 0, NULL FROM generate_series(0, %(count)s - 1) AS g
 ON CONFLICT (shard) DO NOTHING;
 
 -- name: register_worker
--- Register a worker incarnation (a fresh UUID every start).
-INSERT INTO shardq_worker (id, host, pid, queues, started_at, heartbeat_at, state, stats)
+-- Register a worker incarnation (a fresh UUID every start) and its readable name (--worker-id, '' for none).
+INSERT INTO shardq_worker (id, host, pid, queues, started_at, heartbeat_at, state, stats, name)
 VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s::jsonb, clock_timestamp(), clock_timestamp(),
-        'RUNNING', '{}'::jsonb);
+        'RUNNING', '{}'::jsonb, %(name)s);
 
 -- name: heartbeat
 -- Record this worker's heartbeat and counters; list the live workers (heartbeat within the TTL, this one included) in a stable order, each with the database time.
@@ -163,6 +163,7 @@ WHERE id = %(worker)s;
 
 -- name: claim_jobs
 -- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds: per shard an index range walk (LIMIT :per_shard, SKIP LOCKED), :limit in all, under each shard's current claim version.
+-- Only jobs of the worker's queues (:queues, or every queue but :exclude_queues when :all_queues) and of its backend alias (:backend, or any when :any_backend); these are filters on the walk, not index columns.
 -- The first :start jobs (priority order) that are due, unordered and never lost a worker are started at once (RUNNING, the attempt counted, started_at, last_attempted_at, worker_ids: as start_jobs does): they are what this worker's threads run next, so a separate start write would only add a statement per job. The rest are CLAIMED; nothing is counted for them until start_jobs.
 -- A row whose values cannot be read (problem IS NOT NULL) is quarantined: FAILED with an UnreadableJob error naming the value, no arithmetic on it.
 WITH held AS MATERIALIZED (
@@ -198,6 +199,8 @@ WITH held AS MATERIALIZED (
         WHERE shard = held.shard AND status = 'READY'
           AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
           AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
+          AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
+          AND (backend = %(backend)s OR %(any_backend)s)
         ORDER BY priority DESC, run_after, id
         LIMIT %(per_shard)s
         FOR UPDATE SKIP LOCKED

@@ -246,8 +246,9 @@ class WorkerStore:
 
     # -- leases ---------------------------------------------------------------
 
-    def register_worker(self, worker: str, host: str, pid: int, queues: list[str]) -> None:
-        self.run("register_worker", {"worker": worker, "host": host, "pid": pid, "queues": dumps(queues)}, fetch="none")
+    def register_worker(self, worker: str, host: str, pid: int, queues: list[str], name: str | None = None) -> None:
+        self.run("register_worker", {"worker": worker, "host": host, "pid": pid, "queues": dumps(queues),
+                                     "name": name or ""}, fetch="none")
 
     def heartbeat(self, worker: str, stats: dict, ttl: float) -> list[str]:
         rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl})
@@ -306,7 +307,8 @@ class WorkerStore:
     # -- jobs -----------------------------------------------------------------
 
     def claim_jobs(self, worker: str, shards: list[int], queues: list[str] | None, per_shard: int,
-                   limit: int, lookahead: float = 0.0, row_factory=None, start: int = 0) -> list:
+                   limit: int, lookahead: float = 0.0, row_factory=None, start: int = 0,
+                   exclude_queues: list[str] | None = None, backend: str | None = None) -> list:
         """Claim a batch (rows by name: dicts, or ``row_factory(**columns)``;
         a row with ``problem`` set was quarantined, not claimed; one with
         ``started`` true was started by the claim, see queries.sql)."""
@@ -316,6 +318,11 @@ class WorkerStore:
             "shards": shards,
             "queues": queues or [],
             "all_queues": not queues,
+            # Served when not named here (--exclude-queues).
+            "exclude_queues": exclude_queues or [],
+            # Only this alias's jobs (--backend); None: any alias's.
+            "backend": backend or "",
+            "any_backend": backend is None,
             "per_shard": per_shard,
             "limit": limit,
             "lookahead": lookahead,

@@ -32,13 +32,16 @@ LOOKAHEAD_SECONDS = 0.5
 
 class Fetcher:
     def __init__(self, store, leaser, buffer, completer, stats, *, worker_id: str,
-                 queues: list[str] | None, poll_interval_seconds: float, demand, start_now=None):
+                 queues: list[str] | None, poll_interval_seconds: float, demand, start_now=None,
+                 exclude_queues: list[str] | None = None, backend: str | None = None):
         self.store = store
         self.leaser = leaser
         self.buffer = buffer
         self.stats = stats
         self.worker_id = worker_id
         self.queues = queues
+        self.exclude_queues = exclude_queues  # every queue but these (with queues None)
+        self.backend = backend  # claim only this TASKS alias's jobs (None: any)
         self.poll_interval = poll_interval_seconds
         self.demand = demand  # () -> (jobs wanted now, smallest batch worth a claim)
         # () -> how many of a claim's jobs to start in the claim itself: the
@@ -125,7 +128,8 @@ class Fetcher:
             try:
                 rows = self.store.claim_jobs(self.worker_id, order, self.queues, per_shard, free,
                                              lookahead=LOOKAHEAD_SECONDS, row_factory=ClaimedJob,
-                                             start=self.start_now())
+                                             start=self.start_now(), exclude_queues=self.exclude_queues,
+                                             backend=self.backend)
             except DatabaseUnavailable as exc:
                 # The claim may have committed with its answer lost: its jobs
                 # would sit CLAIMED under our current fence with nobody running

@@ -40,10 +40,17 @@ LOOKAHEAD_SECONDS = 0.05
 
 class Worker:
     def __init__(self, *, queues: list[str] | None = None, concurrency: int = 4, grace: float = 30.0,
-                 prefetch: int | None = None, database: str = "default"):
+                 prefetch: int | None = None, database: str = "default",
+                 exclude_queues: list[str] | None = None, backend: str | None = None,
+                 max_tasks: int | None = None, name: str | None = None):
         self.config = get_config()
         self.id = str(uuid.uuid4())
+        self.name = name  # --worker-id: shown next to the id in logs and shardq_status
         self.queues = queues
+        self.exclude_queues = exclude_queues
+        # --max-tasks: stop gracefully once this many jobs finished here, and
+        # never claim more than are left (see demand()).
+        self.max_tasks = max_tasks
         self.concurrency = concurrency
         self.grace = grace
         self.database = database
@@ -79,7 +86,7 @@ class Worker:
             max_worker_losses=self.config.max_worker_losses,
         )
         self.fetcher = Fetcher(self.store["fetcher"], self.leaser, self.buffer, self.completer, self.stats,
-                               worker_id=self.id, queues=queues,
+                               worker_id=self.id, queues=queues, exclude_queues=exclude_queues, backend=backend,
                                poll_interval_seconds=self.config.poll_interval_seconds,
                                demand=self.demand, start_now=self.start_now)
         self.fetcher.holds = lambda job_id: self.buffer.holds(job_id) or self.completer.holds(job_id)
@@ -114,7 +121,17 @@ class Worker:
         # the claim wait for the start write and the start for the claim.
         running = self.buffer.processing - self.executor.starter.ready
         wanted = min(target - self.buffer.buffered - running, self.buffer.free)
+        if self.max_tasks is not None:
+            # Jobs in flight (buffered, processing, or with an outcome not yet
+            # written) will finish here too: claim only what is left after them.
+            left = self.max_tasks - self.finished_jobs() - self.buffer.buffered - self.buffer.processing \
+                - self.completer.pending
+            wanted = min(wanted, left)
         return wanted, max(1, target // 4)
+
+    def finished_jobs(self) -> int:
+        """Attempts finished here whose outcome was written (--max-tasks counts these)."""
+        return self.stats["succeeded"] + self.stats["failed"] + self.stats["retried"]
 
     def start_now(self) -> int:
         """How many jobs the next claim starts itself: the starter's want
@@ -171,14 +188,21 @@ class Worker:
                      "the start write landed, else back to READY for free)")
         return text
 
+    @property
+    def label(self) -> str:
+        """The id, with the --worker-id name when one was given: ``name (uuid)``."""
+        return f"{self.name} ({self.id})" if self.name else self.id
+
     def request_stop(self) -> None:
         self._stop.set()
 
     def run(self) -> int:
         autodiscover(self.config.task_modules)
-        self.store["leaser"].register_worker(self.id, socket.gethostname(), os.getpid(), self.queues or [])
+        self.store["leaser"].register_worker(self.id, socket.gethostname(), os.getpid(), self.queues or [],
+                                             name=self.name)
         logger.info("worker %s started (pid %s, concurrency %s, queues %s)",
-                    self.id, os.getpid(), self.concurrency, self.queues or "all")
+                    self.label, os.getpid(), self.concurrency,
+                    self.queues or (f"all but {', '.join(self.exclude_queues)}" if self.exclude_queues else "all"))
         self.completer.start()
         self.executor.start()
         self.leaser.start()
@@ -191,10 +215,14 @@ class Worker:
             self.scheduler = Scheduler(schedules(), self.stats)
             self.scheduler.start()
         failed = None
-        while not self._stop.wait(0.5):
+        while not self._stop.wait(0.5 if self.max_tasks is None else 0.05):
             failed = self._failed_service()
             if failed:
                 logger.error("%s stopped unexpectedly: shutting down", failed)
+                break
+            if self.max_tasks is not None and self.finished_jobs() >= self.max_tasks:
+                logger.info("worker %s finished %s jobs (--max-tasks %s): stopping", self.label,
+                            self.finished_jobs(), self.max_tasks)
                 break
         self.shutdown()
         return 1 if failed or self.grace_expired else 0
@@ -231,7 +259,7 @@ class Worker:
         try:
             released = self.leaser.release_all(keep=still_running)
             self.store["leaser"].stop_worker(self.id, self.stats.snapshot())
-            logger.info("worker %s stopped: released %s shards; %s", self.id, released, self.stats.snapshot())
+            logger.info("worker %s stopped: released %s shards; %s", self.label, released, self.stats.snapshot())
         except Exception as exc:  # the database may be gone: leases then expire
             logger.warning("could not release leases at shutdown (%s); they will expire", exc)
         for store in self.store.values():

@@ -49,6 +49,10 @@ def claim_params(worker, *, per_shard=16, limit=256) -> dict:
         "worker": worker,
         "queues": ["default"],
         "all_queues": False,
+        # The --exclude-queues and --backend filters are on, as a worker sends them.
+        "exclude_queues": ["reports"],
+        "backend": "default",
+        "any_backend": False,
         "per_shard": per_shard,
         "limit": limit,
         "lookahead": 0.0,

@@ -4,8 +4,10 @@ import os
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.tasks.base import DEFAULT_TASK_QUEUE_NAME
+from django.utils.module_loading import import_string
 
-from shardq.management.flags import seconds, whole_number
+from shardq.management.flags import printable, seconds, whole_number
 
 # The range of each numeric flag (shardq.management.flags): a value out of
 # it is a CommandError naming the flag, before anything starts.
@@ -13,17 +15,33 @@ MAX_PROCESSES = 256
 MAX_CONCURRENCY = 1024
 MAX_GRACE_SECONDS = 86400.0
 MAX_PREFETCH = 100_000
+MAX_TASKS = 1_000_000_000
+# --worker-id: the length of shardq_worker.name.
+MAX_WORKER_ID_LENGTH = 100
 
 
 class Command(BaseCommand):
     help = "Run a shardq worker: claim shards, run their jobs, write fenced outcomes."
 
     def add_arguments(self, parser):
+        parser.add_argument("--backend", default="default",
+                            help="The TASKS alias to serve: only its jobs are claimed (default 'default').")
         parser.add_argument("--queues", default="", help="Comma-separated queue names (default: every queue).")
+        parser.add_argument("--exclude-queues", default="",
+                            help="Comma-separated queue names to leave alone: serve every other queue.")
         parser.add_argument("--concurrency", default="4", help="Threads for sync tasks per process (default 4).")
-        parser.add_argument("--processes", default="1", help="Worker processes: a number or 'auto' (one per core). Default 1.")
-        parser.add_argument("--grace", default="30", help="Seconds to let running jobs finish on SIGTERM (default 30).")
-        parser.add_argument("--prefetch", default="0", help="Most jobs buffered ahead per process; how many are used follows the measured task time (default 512).")
+        parser.add_argument("--processes", default="1",
+                            help="Worker processes: a number or 'auto' (one per core). Default 1.")
+        parser.add_argument("--grace", default="30",
+                            help="Seconds to let running jobs finish on SIGTERM (default 30).")
+        parser.add_argument("--prefetch", default="0",
+                            help="Most jobs buffered ahead per process; how many are used follows the "
+                                 "measured task time (default 512).")
+        parser.add_argument("--max-tasks", default=None,
+                            help="Stop gracefully (exit 0) once this many jobs finished here; with "
+                                 "--processes, per process (default: no limit).")
+        parser.add_argument("--worker-id", default=None,
+                            help="A readable name shown in the logs and shardq_status next to the worker's uuid.")
 
     def handle(self, *args, **options):
         # The stop rule first (shardq/worker/shutdown.py): a SIGTERM that comes
@@ -32,14 +50,9 @@ class Command(BaseCommand):
         from shardq.worker import shutdown
 
         shutdown.install()
-        queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
-        known = set(settings.TASKS.get("default", {}).get("QUEUES", ["default"]))
-        unknown = [q for q in queues if q not in known]
-        if unknown:
-            raise CommandError(
-                f"--queues names unknown queue(s) {', '.join(unknown)}; the configured queues are "
-                f"{', '.join(sorted(known))} (TASKS['default']['QUEUES'])."
-            )
+        alias = options["backend"]
+        config = shardq_backend_config(alias)
+        queues, exclude_queues = served_queues(alias, config, options["queues"], options["exclude_queues"])
         concurrency = whole_number("concurrency", options["concurrency"], maximum=MAX_CONCURRENCY)
         if options["processes"] == "auto":
             processes = os.cpu_count() or 1
@@ -48,11 +61,18 @@ class Command(BaseCommand):
             processes = whole_number("processes", options["processes"], maximum=MAX_PROCESSES)
         grace = seconds("grace", options["grace"], 0, MAX_GRACE_SECONDS)
         prefetch = whole_number("prefetch", options["prefetch"], minimum=0, maximum=MAX_PREFETCH)
+        max_tasks = None
+        if options["max_tasks"] is not None:
+            max_tasks = whole_number("max-tasks", options["max_tasks"], maximum=MAX_TASKS)
+        name = worker_name(options["worker_id"])
+        database = (config.get("OPTIONS") or {}).get("DATABASE", "default")
 
         def run_worker() -> int:
             from shardq.worker.runtime import Worker
 
-            worker = Worker(queues=queues or None, concurrency=concurrency, grace=grace, prefetch=prefetch or None)
+            worker = Worker(queues=queues or None, concurrency=concurrency, grace=grace, prefetch=prefetch or None,
+                            database=database, backend=alias, exclude_queues=exclude_queues or None,
+                            max_tasks=max_tasks, name=name)
             worker.install_signal_handlers()
             return worker.run()
 
@@ -64,3 +84,57 @@ class Command(BaseCommand):
             code = run_worker()
         if code:
             raise SystemExit(code)
+
+
+def shardq_backend_config(alias: str) -> dict:
+    """``TASKS[alias]``, or a CommandError when it is missing or not a shardq backend."""
+    from shardq.backend import ShardqBackend
+
+    tasks = getattr(settings, "TASKS", {}) or {}
+    config = tasks.get(alias)
+    if not isinstance(config, dict):
+        raise CommandError(f"--backend {printable(alias)!r} names no backend in TASKS "
+                           f"(the aliases are {', '.join(map(printable, sorted(tasks))) or 'none'}).")
+    path = config.get("BACKEND", "")
+    try:
+        backend_class = import_string(path)
+    except ImportError:
+        backend_class = None
+    if not (isinstance(backend_class, type) and issubclass(backend_class, ShardqBackend)):
+        raise CommandError(f"--backend {printable(alias)!r}: TASKS[{printable(alias)!r}]['BACKEND'] is "
+                           f"{printable(path)!r}, not a shardq backend (shardq.backend.ShardqBackend).")
+    return config
+
+
+def served_queues(alias: str, config: dict, queues_text: str, exclude_text: str) -> tuple[list[str], list[str]]:
+    """(--queues, --exclude-queues) as lists, each name checked against
+    ``TASKS[alias]["QUEUES"]``; an empty QUEUES allows any name, as Django's
+    backend does (BaseTaskBackend.validate_task)."""
+    queues = [q.strip() for q in queues_text.split(",") if q.strip()]
+    excluded = [q.strip() for q in exclude_text.split(",") if q.strip()]
+    if queues and excluded:
+        raise CommandError("--queues and --exclude-queues cannot be used together: "
+                           "name the queues to serve, or the ones to leave alone.")
+    configured = set(config.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME]))
+    if configured:
+        flag = "--queues" if queues else "--exclude-queues"
+        unknown = [q for q in queues or excluded if q not in configured]
+        if unknown:
+            raise CommandError(
+                f"{flag} names unknown queue(s) {', '.join(map(printable, unknown))}; the configured queues are "
+                f"{', '.join(map(printable, sorted(configured)))} (TASKS[{printable(alias)!r}]['QUEUES'])."
+            )
+        if excluded and configured <= set(excluded):
+            raise CommandError(f"--exclude-queues leaves no queue to serve (TASKS[{printable(alias)!r}]['QUEUES'] "
+                               f"is {', '.join(map(printable, sorted(configured)))}).")
+    return queues, excluded
+
+
+def worker_name(value: str | None) -> str | None:
+    """--worker-id: 1 to MAX_WORKER_ID_LENGTH printable characters, or a CommandError."""
+    if value is None:
+        return None
+    if not (0 < len(value) <= MAX_WORKER_ID_LENGTH and value.isprintable()):
+        raise CommandError(f"--worker-id must be 1 to {MAX_WORKER_ID_LENGTH} printable characters "
+                           f"(no control characters), not {printable(value)!r}.")
+    return value
