@@ -155,7 +155,8 @@ class Drainer:
     def claim(self, per_shard: int, limit: int | None = None) -> list[tuple]:
         return self.conn.execute(QUERIES["claim_jobs"], {
             "worker": self.worker, "worker_id": self.worker, "shards": self.shards,
-            "queues": [], "all_queues": True, "per_shard": per_shard,
+            "queues": [], "all_queues": True, "exclude_queues": [], "backend": "", "any_backend": True,
+            "per_shard": per_shard,
             "limit": self.batch if limit is None else limit, "lookahead": 0.0,
         }, prepare=True, binary=True).fetchall()
 
@@ -170,8 +171,8 @@ class Drainer:
             # Arguments come back as JSON text (the worker's claim): decode, call.
             noop(*json.loads(row[8]), **json.loads(row[9]))
             ids.append(row[0])
-            acks.append('{"id":%d,"fence":%d,"rank":%d,"status":"SUCCESSFUL","delay":0.0,"return_value":null}'
-                        % (row[0], row[12], row[13] + 1))
+            acks.append(f'{{"id":{row[0]:d},"fence":{row[12]:d},"rank":{row[13] + 1:d},'
+                        '"status":"SUCCESSFUL","delay":0.0,"return_value":null}')
         self.conn.execute(QUERIES["complete_jobs"], {"ids": ids, "batch": "[" + ",".join(acks) + "]"},
                           prepare=True).fetchall()
         self.done += len(rows)

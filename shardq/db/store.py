@@ -23,9 +23,9 @@ import time
 from collections import Counter
 
 import psycopg
+from django.db import DEFAULT_DB_ALIAS, connections
 from psycopg import sql
 from psycopg.rows import dict_row
-from django.db import DEFAULT_DB_ALIAS, connections
 
 from ..conf import get_config
 from ..core.breaker import CircuitBreaker
@@ -121,7 +121,8 @@ class DatabaseGuard:
             if self.breaker.allow(now):
                 return
             retry_in = self.breaker.retry_in(now)
-        raise DatabaseUnavailable(f"database unavailable (circuit open; next probe in {retry_in:.1f}s): {what} not sent")
+        raise DatabaseUnavailable(
+            f"database unavailable (circuit open; next probe in {retry_in:.1f}s): {what} not sent")
 
     def succeeded(self) -> None:
         with self.lock:
@@ -150,8 +151,8 @@ def outcome_batch_json(outcomes: list) -> str:
             extra += ',"return_value":' + o.return_value_json
         if o.error_json is not None:
             extra += ',"error":' + o.error_json
-        parts.append('{"id":%d,"fence":%d,"rank":%d,"status":"%s","delay":%r%s}'
-                     % (o.id, o.fence, o.rank, o.status, float(o.delay), extra))
+        parts.append(f'{{"id":{o.id:d},"fence":{o.fence:d},"rank":{o.rank:d},"status":"{o.status}",'
+                     f'"delay":{float(o.delay)!r}{extra}}}')
     return "[" + ",".join(parts) + "]"
 
 
@@ -383,7 +384,8 @@ class WorkerStore:
     def outcomes_applied(self, outcomes: list) -> set[tuple[int, int]]:
         rows = self.run(
             "outcomes_applied",
-            {"ids": [o.id for o in outcomes], "fences": [o.fence for o in outcomes], "ranks": [o.rank for o in outcomes]},
+            {"ids": [o.id for o in outcomes], "fences": [o.fence for o in outcomes],
+             "ranks": [o.rank for o in outcomes]},
         )
         return {(job_id, rank) for job_id, rank in rows}
 
@@ -419,7 +421,7 @@ def fields_row(cls):
         trailing = [name for name in fields if name not in names]
         if any(fields.index(name) < len(order) for name in trailing):
             # A field without a column before the last column: by keyword.
-            return lambda values: cls(**dict(zip(names, values)))
+            return lambda values: cls(**dict(zip(names, values, strict=True)))
         return lambda values: cls(*[values[i] for i in order])
 
     return factory

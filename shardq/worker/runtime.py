@@ -20,16 +20,16 @@ import uuid
 
 from ..backend import ShardqBackend
 from ..conf import get_config
-from ..db.store import DatabaseGuard, WorkerStore
 from ..cron import schedules
+from ..db.store import DatabaseGuard, WorkerStore
 from ..tasks import autodiscover
+from . import shutdown as shutdown_signals
 from .buffer import Buffer
 from .completer import Completer
 from .executor import Executor
 from .fetcher import Fetcher, Listener
 from .leaser import Leaser
 from .scheduler import Scheduler
-from . import shutdown as shutdown_signals
 from .shutdown import signal_name
 from .stats import Stats
 
@@ -96,7 +96,8 @@ class Worker:
         self.scheduler: Scheduler | None = None  # built in run(), once the task modules are imported
         self.executor = Executor(self.buffer, self.completer, self.leaser, self.fetcher, self.stats,
                                  worker_id=self.id, concurrency=concurrency,
-                                 backend_class=ShardqBackend, start_store=self.store["starter"], task_modules=self.config.task_modules)
+                                 backend_class=ShardqBackend, start_store=self.store["starter"],
+                                 task_modules=self.config.task_modules)
 
     # -- callbacks ---------------------------------------------------------------
 
@@ -169,7 +170,7 @@ class Worker:
         logger.warning("%s: exiting now without waiting for running jobs; %s; leases expire after %gs "
                        "and are taken over", signal_name(signum), self._abandoned(*self.abandoned_jobs()),
                        self.config.lease_ttl_seconds)
-        for handler in logging.getLogger().handlers + [logging.lastResort]:
+        for handler in [*logging.getLogger().handlers, logging.lastResort]:
             try:
                 handler.flush()
             except Exception:
