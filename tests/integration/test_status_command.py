@@ -24,3 +24,21 @@ def test_status_prints_a_table_for_people():
     out = StringIO()
     call_command("shardq_status", stdout=out)
     assert "unowned shards:" in out.getvalue() and "no READY job is due" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_status_shows_a_workers_readable_name_next_to_its_uuid():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO shardq_worker (id, host, pid, queues, started_at, heartbeat_at, state, stats, name) "
+            "VALUES ('00000000-0000-0000-0000-0000000000aa', 'h', 1, '[]', now(), now(), 'RUNNING', '{}', "
+            "'billing-1')")
+    out = StringIO()
+    call_command("shardq_status", stdout=out)
+    assert "00000000-0000-0000-0000-0000000000aa (billing-1)" in out.getvalue()
+    out = StringIO()
+    call_command("shardq_status", "--json", stdout=out)
+    [worker] = json.loads(out.getvalue())["workers"]
+    assert worker["name"] == "billing-1"

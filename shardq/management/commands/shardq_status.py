@@ -41,17 +41,17 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT w.id::text, w.host, w.pid, w.state, "
+                "SELECT w.id::text, w.name, w.host, w.pid, w.state, "
                 "(extract(epoch FROM clock_timestamp()) - extract(epoch FROM w.heartbeat_at))::float8, "
                 "w.stats::text, "
                 "(SELECT count(*) FROM shardq_shard s WHERE s.owner = w.id AND s.lease_expires > clock_timestamp()) "
                 "FROM shardq_worker w WHERE w.state <> 'STOPPED' ORDER BY w.started_at"
             )
             workers = [
-                {"id": wid, "host": host, "pid": pid, "state": state,
+                {"id": wid, "name": name, "host": host, "pid": pid, "state": state,
                  "heartbeat_age_seconds": _number(round(age, 1) if age is not None else None),
                  "shards": shards, "stats": json.loads(stats) if stats is not None else None}
-                for wid, host, pid, state, age, stats, shards in cursor.fetchall()
+                for wid, name, host, pid, state, age, stats, shards in cursor.fetchall()
             ]
             cursor.execute("SELECT status, count(*) FROM shardq_job GROUP BY 1 ORDER BY 1")
             jobs = dict(cursor.fetchall())
@@ -60,7 +60,9 @@ class Command(BaseCommand):
                 "FROM shardq_job WHERE status = 'READY' AND run_after <= clock_timestamp()"
             )
             lag = cursor.fetchone()[0]
-            cursor.execute("SELECT count(*) FROM shardq_shard WHERE owner IS NULL OR lease_expires <= clock_timestamp()")
+            cursor.execute(
+                "SELECT count(*) FROM shardq_shard WHERE owner IS NULL OR lease_expires <= clock_timestamp()"
+            )
             unowned = cursor.fetchone()[0]
         if options["json"]:
             # json.dumps escapes control characters (and, by default, all non-ASCII).
@@ -75,8 +77,10 @@ class Command(BaseCommand):
             else:  # an odd row: the raw value
                 counters = json.dumps(stats, ensure_ascii=False)
             age = w["heartbeat_age_seconds"]
+            # The --worker-id name, when one was given, next to the uuid.
+            label = printable(w["id"]) + (f" ({printable(w['name'])})" if w["name"] else "")
             self.stdout.write(
-                f"{printable(w['id']):38} {printable(w['host']) + ':' + str(w['pid']):24} {printable(w['state']):9} "
+                f"{label:38} {printable(w['host']) + ':' + str(w['pid']):24} {printable(w['state']):9} "
                 f"{w['shards']:>6} {printable(age):>8}s  {printable(counters)}"
             )
         self.stdout.write(f"unowned shards: {unowned}")
