@@ -125,9 +125,12 @@ class Worker:
         if self.max_tasks is not None:
             # Jobs in flight (buffered, processing, or with an outcome not yet
             # written) will finish here too: claim only what is left after them.
-            left = self.max_tasks - self.finished_jobs() - self.buffer.buffered - self.buffer.processing \
-                - self.completer.pending
-            wanted = min(wanted, left)
+            # Read in the order a job moves through them, each counted in the
+            # next before it leaves the last, so none is missed between reads.
+            in_flight = self.buffer.buffered
+            in_flight += self.buffer.processing
+            in_flight += self.completer.pending
+            wanted = min(wanted, self.max_tasks - in_flight - self.finished_jobs())
         return wanted, max(1, target // 4)
 
     def finished_jobs(self) -> int:
