@@ -27,6 +27,20 @@ def test_max_tasks_exits_0_after_finishing_exactly_that_many_jobs(workers):
     assert "(--max-tasks 120): stopping" in workers.log(proc)
 
 
+def test_max_tasks_with_processes_counts_per_process_and_the_supervisor_exits_0(workers):
+    # Each child stops after its own N; a child that stopped cleanly is not
+    # replaced, so the supervisor exits 0 once both did: 2 x 25 jobs.
+    shardq.enqueue_many(tasks.noop, [((), {}) for _ in range(100)])
+    proc = workers.start("--processes", "2", "--max-tasks", "25")
+    try:
+        code = proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the supervisor did not stop:\n{workers.log(proc)}") from None
+    assert code == 0, workers.log(proc)
+    assert status_counts() == {"SUCCESSFUL": 50, "READY": 50}
+    assert workers.log(proc).count("(--max-tasks 25): stopping") == 2
+
+
 def test_exclude_queues_runs_every_other_queue_only(workers):
     # QUEUES of the test settings: default, emails, reports (tasks.add is "reports").
     reports = shardq.enqueue_many(tasks.add, [((i, 1), {}) for i in range(20)])
