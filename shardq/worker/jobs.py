@@ -71,6 +71,11 @@ class ClaimedJob:
         return {} if self.kwargs_json == "{}" else json.loads(self.kwargs_json)
 
     @property
+    def is_started(self) -> bool:
+        """Is its start recorded (by the claim, or by the starter's write)?"""
+        return self.started or self.started_by is not None
+
+    @property
     def worker_ids(self) -> list:
         ids = json.loads(self.worker_ids_json)
         ids = [str(i) for i in ids] if isinstance(ids, list) else []

@@ -145,8 +145,8 @@ class Worker:
         """Jobs not finished here: (started: RUNNING in the table under this
         worker's claim; being started: a start write may be in flight)."""
         jobs = self.buffer.processing_jobs()
-        return (sorted(job.id for job in jobs if job.started_by),
-                sorted(job.id for job in jobs if not job.started_by))
+        return (sorted(job.id for job in jobs if job.is_started),
+                sorted(job.id for job in jobs if not job.is_started))
 
     def _exit_now(self, signum: int) -> None:
         logger.warning("%s: exiting now without waiting for running jobs; %s; leases expire after %gs "
