@@ -257,6 +257,10 @@ class OrderedDictLRU[K: Hashable, V]:
 FastestLRU = OrderedDictLRU
 
 
-def make_lru[K: Hashable, V](capacity: int) -> FastestLRU[K, V]:
-    """A new LRU map of the measured-fastest kind."""
+def make_lru(capacity: int) -> FastestLRU[Any, Any]:
+    """A new LRU map of the measured-fastest kind.
+
+    Untyped entries, so an unannotated attribute may hold it; annotate the
+    attribute (``FastestLRU[K, V]``) for checked keys and values.
+    """
     return FastestLRU(capacity)
