@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import psycopg
@@ -451,7 +451,7 @@ class WorkerStore:
         rows, rejected = self.run_split(outcomes, batch)
         return {(job_id, rank) for job_id, rank in rows}, rejected
 
-    def outcomes_applied(self, outcomes: list[OutcomeRef]) -> set[tuple[int, int]]:
+    def outcomes_applied(self, outcomes: Sequence[OutcomeRef]) -> set[tuple[int, int]]:
         rows = self.run(
             "outcomes_applied",
             {"ids": [o.id for o in outcomes], "fences": [o.fence for o in outcomes],
@@ -459,7 +459,7 @@ class WorkerStore:
         )
         return {(job_id, rank) for job_id, rank in rows}
 
-    def return_jobs(self, jobs: list[JobRef]) -> set[int]:
+    def return_jobs(self, jobs: Sequence[JobRef]) -> set[int]:
         """Put claimed jobs that never ran here back to READY (objects with id,
         fence, status_rank, and ``started``/``previous_attempt_at`` when the
         claim started them)."""

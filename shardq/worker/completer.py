@@ -24,10 +24,13 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 
 from ..core.fifoset import FifoSet
-from ..exceptions import DatabaseUnavailable
+from ..db.store import WorkerStore
+from ..exceptions import DatabaseUnavailable, StatementRejected
 from .jobs import ClaimedJob, Outcome
+from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.completer")
 
@@ -40,19 +43,19 @@ REMEMBERED_RESULT_BYTES = 16384
 
 
 class Completer:
-    def __init__(self, store, stats, *, batch: int, flush_seconds: float):
+    def __init__(self, store: WorkerStore, stats: Stats, *, batch: int, flush_seconds: float) -> None:
         self.store = store
         self.stats = stats
         self.batch = batch
         self.flush_seconds = flush_seconds
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
         self._returns: list[ClaimedJob] = []
         self._returns_lock = threading.Lock()
         self._pending_by_shard: Counter[int] = Counter()
         # Counted: a recalled outcome can be queued while the rejected one
         # it replaces is still being written.
         self._pending_ids: Counter[int] = Counter()
-        self._finished_ids = FifoSet(REMEMBERED_OUTCOMES)
+        self._finished_ids: FifoSet[int] = FifoSet(REMEMBERED_OUTCOMES)
         self._finished_outcomes: dict[int, Outcome] = {}
         self._pending_lock = threading.Lock()
         self._stop = threading.Event()
@@ -72,7 +75,7 @@ class Completer:
                 self._finished_outcomes[outcome.id] = outcome
         self._queue.put(outcome)
 
-    def recall(self, job_ids) -> dict[int, Outcome]:
+    def recall(self, job_ids: Iterable[int]) -> dict[int, Outcome]:
         """The remembered SUCCESSFUL outcomes of these jobs: finished here, the
         write not (yet) known to have landed."""
         with self._pending_lock:
@@ -158,7 +161,7 @@ class Completer:
         if returns:
             self._write_returns(returns, deadline)
 
-    def _retrying(self, call, what: str, deadline: float | None):
+    def _retrying[R](self, call: Callable[[], R], what: str, deadline: float | None) -> tuple[R, bool]:
         """Run ``call`` until it succeeds; returns (result, whether a try failed)."""
         delay, failed = 0.05, False
         while True:
@@ -218,7 +221,9 @@ class Completer:
                 )
         self._settle(outcomes)
 
-    def _write_batch(self, outcomes: list[Outcome], deadline: float | None):
+    def _write_batch(
+        self, outcomes: list[Outcome], deadline: float | None
+    ) -> tuple[set[tuple[int, int]], bool, list[tuple[Outcome, StatementRejected]]]:
         """(applied pairs, whether a try failed, [(outcome, StatementRejected)])."""
         (applied, refused), uncertain = self._retrying(
             lambda: self.store.complete_jobs(outcomes), "ack", deadline)
