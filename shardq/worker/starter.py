@@ -167,7 +167,7 @@ class Starter:
             if not job.started and self._needs_start(job):
                 startable.append(job)
         if startable:
-            for job, verdict in zip(startable, self._write(startable)):
+            for job, verdict in zip(startable, self._write(startable), strict=False):
                 job.start_verdict = verdict
         with self._lock:
             self._ready.extend(ready)
