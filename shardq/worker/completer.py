@@ -24,12 +24,13 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from ..core.fifoset import FifoSet
-from ..db.store import WorkerStore
+from ..db.store import JobRef, WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected
-from .jobs import ClaimedJob, Outcome
+from .jobs import Outcome
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.completer")
@@ -42,6 +43,13 @@ REMEMBERED_OUTCOMES = 8192
 REMEMBERED_RESULT_BYTES = 16384
 
 
+class ReturnedJob(JobRef, Protocol):
+    """A claimed job handed back (a ``ClaimedJob``, or the fetcher's ``LostClaim``)."""
+
+    @property
+    def shard(self) -> int: ...
+
+
 class Completer:
     def __init__(self, store: WorkerStore, stats: Stats, *, batch: int, flush_seconds: float) -> None:
         self.store = store
@@ -49,7 +57,7 @@ class Completer:
         self.batch = batch
         self.flush_seconds = flush_seconds
         self._queue: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
-        self._returns: list[ClaimedJob] = []
+        self._returns: list[ReturnedJob] = []
         self._returns_lock = threading.Lock()
         self._pending_by_shard: Counter[int] = Counter()
         # Counted: a recalled outcome can be queued while the rejected one
@@ -82,7 +90,7 @@ class Completer:
             remembered = self._finished_outcomes
             return {job_id: remembered[job_id] for job_id in job_ids if job_id in remembered}
 
-    def return_jobs(self, jobs: list[ClaimedJob]) -> None:
+    def return_jobs(self, jobs: Sequence[ReturnedJob]) -> None:
         """Claimed jobs that will not start here: back to READY (fenced).
 
         Counted as pending in their shards until written: a shard is released
@@ -245,7 +253,7 @@ class Completer:
                        error_json=Outcome.error("shardq.exceptions.OutcomeRejected", text),
                        shard=outcome.shard, attempts=outcome.attempts)
 
-    def _settle(self, outcomes: list[Outcome] | list[ClaimedJob], *, returns: bool = False) -> None:
+    def _settle(self, outcomes: Sequence[Outcome] | Sequence[ReturnedJob], *, returns: bool = False) -> None:
         with self._pending_lock:
             for outcome in outcomes:
                 if not returns:  # returns are counted per shard only
@@ -260,7 +268,7 @@ class Completer:
                 else:
                     del self._pending_by_shard[outcome.shard]
 
-    def _write_returns(self, jobs: list[ClaimedJob], deadline: float | None) -> None:
+    def _write_returns(self, jobs: list[ReturnedJob], deadline: float | None) -> None:
         try:
             returned, _ = self._retrying(lambda: self.store.return_jobs(jobs), "return", deadline)
         except DatabaseUnavailable:
