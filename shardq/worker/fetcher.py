@@ -4,10 +4,11 @@ Demand-driven: the fetcher asks for at most ``demand()`` jobs — the worker's
 in-flight target (its concurrency plus a look-ahead sized from the measured
 task duration, see ``Worker.demand``) minus what is buffered or processing —,
 in one statement over every fetchable shard (a per-shard index range walk,
-see ``claim_jobs`` in queries.sql), rotating the shard order so no shard starves when demand is small. It sleeps until woken
-by a NOTIFY for a shard this worker holds, by free slots appearing after the
-buffer was full, or by the poll interval (the fallback that covers a lost
-LISTEN connection or a dropped notification).
+see ``claim_jobs`` in queries.sql), rotating the shard order so no shard
+starves when demand is small. It sleeps until woken by a NOTIFY for a shard
+this worker holds, by free slots appearing after the buffer was full, or by
+the poll interval (the fallback that covers a lost LISTEN connection or a
+dropped notification).
 """
 
 import logging
