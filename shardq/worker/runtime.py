@@ -131,7 +131,7 @@ class Worker:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
 
-    def _on_signal(self, signum, frame) -> None:
+    def _on_signal(self, signum: int, frame: object) -> None:
         self._signals += 1
         if self._signals > 1:
             logger.warning("second signal: exiting now; leases will expire and be taken over")

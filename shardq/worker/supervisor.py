@@ -15,6 +15,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 logger = logging.getLogger("shardq.worker.supervisor")
 
@@ -35,7 +36,7 @@ def _die_with_parent() -> None:
 class ForkedChild:
     """One worker process forked from the supervisor (Popen-like: poll, send_signal)."""
 
-    def __init__(self, run_child, env: dict[str, str]):
+    def __init__(self, run_child: Callable[[], int], env: dict[str, str]) -> None:
         from django.db import connections
 
         connections.close_all()  # a connection must never be shared across a fork
@@ -75,7 +76,7 @@ class ForkedChild:
 
 
 class Supervisor:
-    def __init__(self, run_child, processes: int):
+    def __init__(self, run_child: Callable[[], int], processes: int) -> None:
         """``run_child()`` runs one worker in the child and returns its exit code."""
         self.run_child = run_child
         self.processes = processes
@@ -88,7 +89,7 @@ class Supervisor:
         self.children[slot] = ForkedChild(self.run_child, env)
         logger.info("started worker process %s (pid %s)", slot, self.children[slot].pid)
 
-    def _forward(self, signum, frame) -> None:
+    def _forward(self, signum: int, frame: object) -> None:
         self.stopping = True
         for child in self.children.values():
             if child.poll() is None:
