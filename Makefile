@@ -42,9 +42,10 @@ chromium:
 	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y --no-install-recommends chromium && \
 	test -x $(CHROMIUM) || { echo "apt-get installed chromium but $(CHROMIUM) does not exist"; exit 1; }
 
-# Full fault sizes; -s shows each test's [faults] figures line (docs/reliability.md).
+# Full fault sizes (the fault suite and the randomized failure-domain run);
+# -s shows each test's [faults] figures line (docs/reliability.md).
 faults: $(STAMP)
-	SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q -s tests/faults
+	SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q -s tests/faults tests/isolation/test_randomized.py
 
 # bench/run.py --help for its flags (--only, --repeat, --no-docs, ...).
 bench: $(STAMP)

@@ -19,21 +19,28 @@ process cannot resolve has every argument hidden.
 """
 
 import json
+import math
 import statistics
-from functools import cache, lru_cache
+from functools import cache
 
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import ActionLocation, helpers
+from django.contrib.admin.utils import display_for_value
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection, transaction
-from django.db.models import Case, Count, F, FloatField, Func, IntegerField, Min, OuterRef, Q, Subquery, Value, When
+from django.db.models import (
+    Case, Count, DateTimeField, F, FloatField, Func, IntegerField, JSONField, Min, OuterRef, Q, Subquery, TextField,
+    Value, When,
+)
+from django.db.models.constants import LOOKUP_SEP
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html, format_html_join
 
 from .conf import get_config
@@ -53,19 +60,67 @@ class ClockTimestamp(Func):
 
 
 class SecondsUntil(Func):
-    """Seconds from the database's clock to a timestamp (negative: past)."""
+    """Seconds from the database's clock to a timestamp (negative: past).
 
-    template = "extract(epoch FROM %(expressions)s - clock_timestamp())::float8"
+    Infinity-safe: PostgreSQL refuses ``'infinity' - clock_timestamp()``
+    ("cannot subtract infinite timestamps"), so the difference is taken
+    between epochs (numeric, exact to the microsecond): ±infinity gives
+    ±Infinity instead of an error."""
+
+    template = "(extract(epoch FROM %(expressions)s) - extract(epoch FROM clock_timestamp()))::float8"
     arity = 1
     output_field = FloatField()
 
 
 class SecondsSince(Func):
-    """Seconds from a timestamp to the database's clock."""
+    """Seconds from a timestamp to the database's clock (infinity-safe, as above)."""
 
-    template = "extract(epoch FROM clock_timestamp() - %(expressions)s)::float8"
+    template = "(extract(epoch FROM clock_timestamp()) - extract(epoch FROM %(expressions)s))::float8"
     arity = 1
     output_field = FloatField()
+
+
+class FiniteTime(Func):
+    """A timestamp column, or NULL when it is ±infinity: psycopg cannot load
+    an infinite timestamp into a ``datetime``, so an odd row would fail the
+    whole page."""
+
+    template = "CASE WHEN isfinite(%(expressions)s) THEN %(expressions)s END"
+    arity = 1
+    output_field = DateTimeField()
+
+
+class InfiniteTimeText(Func):
+    """``'infinity'`` / ``'-infinity'`` for an infinite timestamp, else NULL."""
+
+    template = "CASE WHEN NOT isfinite(%(expressions)s) THEN (%(expressions)s)::text END"
+    arity = 1
+    output_field = TextField()
+
+
+def with_safe_times(queryset, fields):
+    """``queryset`` with the timestamp ``fields`` deferred (never loaded) and
+    read through ``<field>_finite`` / ``<field>_infinite`` instead (see
+    ``time_column``)."""
+    annotations = {}
+    for name in fields:
+        annotations[f"{name}_finite"] = FiniteTime(F(name))
+        annotations[f"{name}_infinite"] = InfiniteTimeText(F(name))
+    return queryset.defer(*fields).annotate(**annotations)
+
+
+def time_column(name: str, description: str):
+    """A display method for a timestamp read through ``with_safe_times``."""
+
+    @admin.display(description=description, ordering=name)
+    def show(self, obj):
+        raw = getattr(obj, f"{name}_infinite", None)
+        if raw:
+            return raw
+        return display_for_value(getattr(obj, f"{name}_finite", None), "—")
+
+    show.__name__ = f"{name}_display"
+    return show
 
 
 # -- formatting --------------------------------------------------------------
@@ -75,6 +130,8 @@ def human_seconds(value: float | None) -> str:
     """A duration for people: ms below a second, then s, min, h."""
     if value is None:
         return "—"
+    if not math.isfinite(value):  # a row with an infinite timestamp
+        return "∞" if value > 0 else ("−∞" if value < 0 else "—")
     if abs(value) < 1:
         return f"{value * 1000:.1f} ms"
     if abs(value) < 120:
@@ -88,7 +145,8 @@ def seconds_html(value: float | None):
     """A duration with its exact value in ``data-seconds`` (for people and tests)."""
     if value is None:
         return "—"
-    return format_html('<span data-seconds="{}">{}</span>', f"{value:.6f}", human_seconds(value))
+    return format_html('<span data-seconds="{}">{}</span>', f"{value:.6f}" if math.isfinite(value) else str(value),
+                       human_seconds(value))
 
 
 def pretty_json(value) -> str:
@@ -103,6 +161,28 @@ def truncate(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+# Return values, tracebacks and other stored text are shown as bounded
+# excerpts: a 50 MB result must not be read into the web process or served.
+EXCERPT_CHARS = 10 * 1024
+# Arguments larger than this (as JSON text) are not loaded at all: the
+# redaction needs them parsed, and a page must stay small.
+ARGUMENTS_MAX_BYTES = 64 * 1024
+# Errors shown of a job: the oldest and the newest this many each.
+ERRORS_SHOWN_EACH_END = 10
+
+
+def excerpt(text: str, total_bytes: int | None = None, limit: int = EXCERPT_CHARS) -> str:
+    """The first ``limit`` characters of ``text`` and, when that is not all
+    of it, "… (N bytes)" with the whole value's size."""
+    if total_bytes is None:
+        if len(text) <= limit:
+            return text
+        total_bytes = len(text.encode("utf-8", "surrogatepass"))
+    elif len(text) <= limit and len(text.encode("utf-8", "surrogatepass")) >= total_bytes:
+        return text
+    return f"{text[:limit]}… ({total_bytes} bytes)"
+
+
 def _pre(text: str):
     return format_html('<pre class="shardq-pre">{}</pre>', text)
 
@@ -110,26 +190,51 @@ def _pre(text: str):
 # -- tasks, as this process knows them ---------------------------------------
 
 
-@lru_cache(maxsize=1024)
-def task_of(task_path: str):
-    """The Task a job names, or None when this process cannot resolve it (its
-    arguments are then all hidden: their sensitivity is unknown). Cached: a
-    page asks for every row, and a failed import is not cached by Python."""
+def task_of(task_path):
+    """The Task a job names, or None when this process has not registered it
+    (its arguments and shard key are then all hidden: their sensitivity is
+    unknown).
+
+    Only the task registry is asked: the tasks the installed apps' ``tasks``
+    modules and ``SHARDQ["TASK_MODULES"]`` define (imported once, by
+    configuration). A row's ``task_path`` is never imported — viewing a job
+    must not run whatever module a row names."""
+    if not isinstance(task_path, str):
+        return None
+    if task_path not in registered_paths():
+        return None
     try:
-        return resolve(task_path, get_config().task_modules)
+        return resolve(task_path)  # a registered path: answered from the registry, no import
     except UnknownTask:
         return None
 
 
+def registered_paths() -> frozenset[str]:
+    """The task paths registered in this process, after the configured
+    modules have been imported once."""
+    from .tasks import registered_task_paths
+
+    discover_tasks()
+    return frozenset(registered_task_paths())
+
+
 @cache
+def discover_tasks() -> None:
+    """Import the configured task modules once (never a row's task path)."""
+    autodiscover(get_config().task_modules)
+
+
 def known_task_paths() -> tuple[str, ...]:
     """Task paths defined in this process (installed apps' ``tasks`` modules
     and ``SHARDQ["TASK_MODULES"]``): the task filter's choices, found without
     scanning ``shardq_job``."""
-    from .tasks import registered_task_paths
+    return tuple(sorted(registered_paths()))
 
-    autodiscover(get_config().task_modules)
-    return tuple(sorted(registered_task_paths()))
+
+def shown_key_task_paths() -> list[str]:
+    """Registered tasks whose shard key the admin shows (not sensitive): the
+    only jobs the exact shard-key search may match."""
+    return [p for p in known_task_paths() if not shard_key_is_sensitive(task_of(p))]
 
 
 def configured_queues() -> list[str]:
@@ -166,9 +271,12 @@ class LeaseFilter(admin.SimpleListFilter):
 
 def worker_link(worker_id, host, pid):
     """``host:pid`` linking to the worker's page, then its id."""
-    if worker_id is None:
+    if worker_id is None or worker_id == "":
         return "—"
-    url = reverse("admin:shardq_worker_change", args=[worker_id])
+    try:
+        url = reverse("admin:shardq_worker_change", args=[worker_id])
+    except NoReverseMatch:  # an odd value: shown, not linked
+        return format_html('<span class="shardq-id">{}</span>', truncate(str(worker_id), 80))
     if host is None:  # the worker's row is gone (pruned)
         return format_html('<a href="{}" class="shardq-id">{}</a>', url, worker_id)
     return format_html(
@@ -188,7 +296,7 @@ class ShardAdmin(admin.ModelAdmin):
         "claim_version",
         "ready_depth_display",
         "oldest_ready_display",
-        "claimed_at",
+        "claimed_at_display",
     )
     list_display_links = ("shard",)
     list_filter = (LeaseFilter,)
@@ -203,7 +311,7 @@ class ShardAdmin(admin.ModelAdmin):
         "owner_display",
         "lease_left_display",
         "claim_version",
-        "claimed_at",
+        "claimed_at_display",
         "ready_depth_display",
         "oldest_ready_display",
         "jobs_link",
@@ -225,8 +333,7 @@ class ShardAdmin(admin.ModelAdmin):
         )
         owner = Worker.objects.filter(id=OuterRef("owner"))
         return (
-            super()
-            .get_queryset(request)
+            with_safe_times(super().get_queryset(request), ("lease_expires", "claimed_at"))
             .annotate(
                 ready_depth=Coalesce(Subquery(depth, output_field=IntegerField()), 0),
                 oldest_ready_seconds=SecondsSince(Subquery(oldest_due)),
@@ -245,6 +352,8 @@ class ShardAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False  # rows are never deleted: claim_version must never be reused
 
+    claimed_at_display = time_column("claimed_at", "claimed at")
+
     @admin.display(description="owner", ordering="owner")
     def owner_display(self, obj):
         if obj.owner is None:
@@ -259,7 +368,7 @@ class ShardAdmin(admin.ModelAdmin):
         left = obj.lease_left_seconds
         if obj.owner is None or left is None:
             return "—"
-        if left <= 0:
+        if left <= 0 or math.isnan(left):
             return format_html('expired {} ago', seconds_html(-left))
         return seconds_html(left)
 
@@ -282,11 +391,12 @@ class ShardAdmin(admin.ModelAdmin):
 
     @admin.display(description="recent ownership events")
     def recent_events(self, obj):
-        events = ShardEvent.objects.filter(shard=obj.shard).order_by("-at")[:20]
+        events = with_safe_times(ShardEvent.objects.filter(shard=obj.shard), ("at",)).order_by("-at")[:20]
         rows = format_html_join(
             "",
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            ((e.at, e.reason, e.claim_version, e.worker, e.rescued) for e in events),
+            ((e.at_infinite or display_for_value(e.at_finite, "—"), e.reason, e.claim_version, e.worker,
+              e.rescued) for e in events),
         )
         if not rows:
             return "none"
@@ -326,7 +436,7 @@ class WorkerAdmin(admin.ModelAdmin):
         "shards_held_display",
         "heartbeat_age_display",
         "queues_display",
-        "started_at",
+        "started_at_display",
         "counters_short",
         "id",
     )
@@ -342,8 +452,8 @@ class WorkerAdmin(admin.ModelAdmin):
         "pid",
         "liveness_display",
         "state",
-        "started_at",
-        "heartbeat_at",
+        "started_at_display",
+        "heartbeat_at_display",
         "heartbeat_age_display",
         "queues_display",
         "shards_display",
@@ -364,8 +474,7 @@ class WorkerAdmin(admin.ModelAdmin):
             .values("n")
         )
         return (
-            super()
-            .get_queryset(request)
+            with_safe_times(super().get_queryset(request), ("started_at", "heartbeat_at"))
             .annotate(
                 heartbeat_age_seconds=SecondsSince(F("heartbeat_at")),
                 shards_held=Coalesce(Subquery(held, output_field=IntegerField()), 0),
@@ -390,6 +499,9 @@ class WorkerAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False  # `manage.py shardq_prune` removes old incarnations
 
+    started_at_display = time_column("started_at", "started at")
+    heartbeat_at_display = time_column("heartbeat_at", "heartbeat at")
+
     @admin.display(description="liveness", ordering="liveness")
     def liveness_display(self, obj):
         ttl = get_config().lease_ttl_seconds
@@ -397,7 +509,7 @@ class WorkerAdmin(admin.ModelAdmin):
             "live": f"heartbeat within LEASE_TTL ({ttl:g} s)",
             "dead": f"no heartbeat for longer than LEASE_TTL ({ttl:g} s): its shards expire",
             "stopped": "stopped gracefully",
-        }[obj.liveness]
+        }.get(obj.liveness, "")
         return format_html(
             '<span class="shardq-badge shardq-{}" data-liveness="{}" title="{}">{}</span>',
             obj.liveness, obj.liveness, title, obj.liveness,
@@ -413,20 +525,31 @@ class WorkerAdmin(admin.ModelAdmin):
 
     @admin.display(description="queues")
     def queues_display(self, obj):
-        return ", ".join(obj.queues) if obj.queues else "all"
+        queues = obj.queues
+        if not queues:
+            return "all"
+        if isinstance(queues, list) and all(isinstance(q, str) for q in queues):
+            return truncate(", ".join(queues), 200)
+        return truncate(short_json(queues), 200)  # an odd row: the raw value
 
     @admin.display(description="counters")
     def counters_short(self, obj):
-        stats = obj.stats if isinstance(obj.stats, dict) else {}
-        text = ", ".join(f"{k}={v}" for k, v in sorted(stats.items()) if v)
+        if not isinstance(obj.stats, dict):  # an odd row: the raw value
+            return truncate(short_json(obj.stats), 160) if obj.stats is not None else "—"
+        text = ", ".join(f"{k}={short_json(v)}" for k, v in sorted(obj.stats.items()) if v)
         return truncate(text, 160) or "—"
 
     @admin.display(description="counters")
     def counters_table(self, obj):
-        stats = obj.stats if isinstance(obj.stats, dict) else {}
+        stats = obj.stats
+        if not isinstance(stats, dict):  # an odd row: the raw value, bounded
+            return _pre(excerpt(short_json(stats)))
         if not stats:
             return "none yet (written at every heartbeat)"
-        rows = format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", sorted(stats.items()))
+        rows = format_html_join(
+            "", "<tr><th>{}</th><td>{}</td></tr>",
+            ((truncate(k, 200), truncate(short_json(v), 200)) for k, v in sorted(stats.items())[:500]),
+        )
         return format_html('<table class="shardq-table">{}</table>', rows)
 
     @admin.display(description="shards held")
@@ -488,6 +611,106 @@ class TaskPathFilter(admin.SimpleListFilter):
 
 BOTH_LOCATIONS = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
 
+# The job's timestamp columns, read through with_safe_times.
+TIMES = ("enqueued_at", "run_after", "started_at", "last_attempted_at", "finished_at")
+# Loaded only as bounded excerpts on the job's page (get_object).
+OUTCOME_FIELDS = ("return_value", "errors", "worker_ids")
+# No URL lookup on these (JobAdmin.lookup_allowed): arguments and outcomes
+# are redacted or bounded, a shard key (and its hash) may be sensitive.
+UNFILTERABLE_FIELDS = frozenset({"args", "kwargs", "return_value", "errors", "shard_key", "key_hash"})
+
+
+def bounded_json(column: str) -> RawSQL:
+    """``{"bytes": size of the value as JSON text, "value": the value when
+    that is at most ARGUMENTS_MAX_BYTES, else null}``: a large value is
+    never sent to the web process."""
+    return RawSQL(
+        f"(SELECT jsonb_build_object('bytes', octet_length(b.t), 'value', "
+        f"CASE WHEN octet_length(b.t) <= %s THEN b.v END) "
+        f"FROM (SELECT shardq_job.{column} AS v, shardq_job.{column}::text AS t) AS b)",
+        [ARGUMENTS_MAX_BYTES],
+        output_field=JSONField(),
+    )
+
+
+def json_excerpt(column: str) -> RawSQL:
+    """``{"text": the first EXCERPT_CHARS characters of the value as JSON
+    text, "chars": its length, "bytes": its size}``, or NULL for SQL NULL."""
+    return RawSQL(
+        f"(SELECT CASE WHEN b.t IS NOT NULL THEN jsonb_build_object('text', left(b.t, %s), "
+        f"'chars', char_length(b.t), 'bytes', octet_length(b.t)) END "
+        f"FROM (SELECT shardq_job.{column}::text AS t) AS b)",
+        [EXCERPT_CHARS],
+        output_field=JSONField(),
+    )
+
+
+def errors_excerpt() -> RawSQL:
+    """``{"count": N, "errors": [...]}``: the oldest and the newest
+    ERRORS_SHOWN_EACH_END errors, each with its class path and the first
+    EXCERPT_CHARS characters of its traceback (and the traceback's size);
+    an element that is not an object (an odd row) as its raw JSON text. A
+    value that is not an array counts as one error."""
+    return RawSQL(
+        """(WITH e AS (
+               SELECT x.e, x.n, count(*) OVER () AS total
+               FROM jsonb_array_elements(CASE WHEN jsonb_typeof(shardq_job.errors) = 'array'
+                                              THEN shardq_job.errors
+                                              ELSE jsonb_build_array(shardq_job.errors) END)
+                    WITH ORDINALITY AS x(e, n)
+           )
+           SELECT jsonb_build_object(
+               'count', COALESCE(max(e.total), 0),
+               'errors', COALESCE(jsonb_agg(
+                   CASE WHEN jsonb_typeof(e.e) = 'object' THEN jsonb_build_object(
+                       'n', e.n,
+                       'exception_class_path', left(e.e ->> 'exception_class_path', 300),
+                       'traceback', left(e.e ->> 'traceback', %s),
+                       'traceback_bytes', octet_length(e.e ->> 'traceback'))
+                   ELSE jsonb_build_object('n', e.n, 'raw', left(e.e::text, %s),
+                                           'raw_bytes', octet_length(e.e::text)) END
+                   ORDER BY e.n) FILTER (WHERE e.n <= %s OR e.n > e.total - %s), '[]'::jsonb))
+           FROM e)""",
+        [EXCERPT_CHARS, EXCERPT_CHARS, ERRORS_SHOWN_EACH_END, ERRORS_SHOWN_EACH_END],
+        output_field=JSONField(),
+    )
+
+
+NOT_PARSED = object()
+
+
+def parsed_excerpt(shown: dict):
+    """The value of a ``json_excerpt`` when the excerpt is all of it, else NOT_PARSED."""
+    if not isinstance(shown, dict) or shown.get("chars", 0) > EXCERPT_CHARS:
+        return NOT_PARSED
+    try:
+        return json.loads(shown.get("text") or "")
+    except ValueError:
+        return NOT_PARSED
+
+
+def excerpt_of_json(shown: dict) -> str:
+    """A ``json_excerpt`` for people: pretty-printed when it is whole, else
+    the first EXCERPT_CHARS characters and "… (N bytes)"."""
+    value = parsed_excerpt(shown)
+    if value is not NOT_PARSED:
+        return excerpt(pretty_json(value))
+    text = shown.get("text") or "" if isinstance(shown, dict) else ""
+    return f"{text}… ({shown.get('bytes')} bytes)"
+
+
+def worker_link_bare(worker_id):
+    """A worker id (one attempt's) linking to the worker's page; an odd value
+    (not a string, empty) shown as it is."""
+    if isinstance(worker_id, str) and worker_id:
+        try:
+            url = reverse("admin:shardq_worker_change", args=[worker_id])
+        except NoReverseMatch:
+            pass
+        else:
+            return format_html('<a href="{}">{}</a>', url, truncate(worker_id, 80))
+    return format_html('<span class="shardq-odd">{}</span>', truncate(short_json(worker_id), 80))
+
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
@@ -503,11 +726,13 @@ class JobAdmin(admin.ModelAdmin):
         "shard",
         "shard_key_display",
         "arguments_display",
-        "enqueued_at",
-        "finished_at",
+        "enqueued_at_display",
+        "finished_at_display",
     )
     list_filter = ("status", DeadLetterFilter, QueueFilter, TaskPathFilter)
-    search_fields = ("=id", "task_path", "=shard_key")
+    # The exact shard key is searched too (get_search_results), among the
+    # jobs whose key the admin shows only.
+    search_fields = ("=id", "task_path")
     search_help_text = "A job id, part of a task path, or an exact shard key."
     ordering = ("-id",)
     # The exact count of a large job table is a full scan; one count a page is enough.
@@ -520,10 +745,11 @@ class JobAdmin(admin.ModelAdmin):
         ("Outcome", {"fields": ("return_value_display", "errors_display", "worker_ids_display")}),
         (
             "Shard and attempts",
-            {"fields": ("shard", "shard_key_display", "key_hash", "ordered", "attempts", "max_attempts",
+            {"fields": ("shard", "shard_key_display", "key_hash_display", "ordered", "attempts", "max_attempts",
                         "status_rank", "fence")},
         ),
-        ("Times", {"fields": ("enqueued_at", "run_after", "started_at", "last_attempted_at", "finished_at")}),
+        ("Times", {"fields": ("enqueued_at_display", "run_after_display", "started_at_display",
+                              "last_attempted_at_display", "finished_at_display")}),
     )
     readonly_fields = (
         "status_display",
@@ -534,14 +760,54 @@ class JobAdmin(admin.ModelAdmin):
         "errors_display",
         "worker_ids_display",
         "shard_key_display",
+        "key_hash_display",
+        *(f"{name}_display" for name in TIMES),
     )
 
     class Media:
         css = {"all": ["shardq/admin.css"]}
 
     def get_queryset(self, request):
-        # The list never shows outcomes; the detail page loads them on use.
-        return super().get_queryset(request).defer("return_value", "errors", "worker_ids")
+        # The stored values that may be large or odd are never loaded as
+        # they are: arguments only up to ARGUMENTS_MAX_BYTES (as JSON
+        # text), outcomes only as bounded excerpts (get_object), timestamps
+        # through with_safe_times (an infinite one cannot be loaded).
+        queryset = super().get_queryset(request).defer("args", "kwargs", *OUTCOME_FIELDS)
+        return with_safe_times(queryset, TIMES).annotate(
+            args_bounded=bounded_json("args"), kwargs_bounded=bounded_json("kwargs"),
+        )
+
+    def get_object(self, request, object_id, from_field=None):
+        """The job of the change page, with its outcome as bounded excerpts."""
+        queryset = self.get_queryset(request).annotate(
+            return_value_excerpt=json_excerpt("return_value"),
+            worker_ids_excerpt=json_excerpt("worker_ids"),
+            errors_excerpt=errors_excerpt(),
+        )
+        field = Job._meta.pk if from_field is None else Job._meta.get_field(from_field)
+        try:
+            return queryset.get(**{field.name: field.to_python(object_id)})
+        except (Job.DoesNotExist, ValidationError, ValueError):
+            return None
+
+    def lookup_allowed(self, lookup, value, request=None):
+        """No URL filter on what the admin hides or bounds: a lookup such as
+        ``?kwargs__password__startswith=a`` would tell a sensitive value
+        one guess at a time. Refused lookups are Django's
+        DisallowedModelAdminLookup (400)."""
+        if lookup.split(LOOKUP_SEP, 1)[0] in UNFILTERABLE_FIELDS:
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+    def get_search_results(self, request, queryset, search_term):
+        """Job id, part of a task path, or an exact shard key — the key only
+        of jobs whose key is shown (a registered task whose key is not
+        sensitive): a match would confirm a guessed hidden value."""
+        found, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        if term:
+            found = found | queryset.filter(shard_key=term, task_path__in=shown_key_task_paths())
+        return found, may_have_duplicates
 
     def has_add_permission(self, request):
         return False  # jobs come from enqueue
@@ -568,6 +834,12 @@ class JobAdmin(admin.ModelAdmin):
         return format_html('<span class="shardq-badge shardq-{}" data-status="{}">{}</span>',
                            obj.status.lower(), obj.status, obj.status)
 
+    enqueued_at_display = time_column("enqueued_at", "enqueued at")
+    run_after_display = time_column("run_after", "run after")
+    started_at_display = time_column("started_at", "started at")
+    last_attempted_at_display = time_column("last_attempted_at", "last attempted at")
+    finished_at_display = time_column("finished_at", "finished at")
+
     @admin.display(description="attempts")
     def attempts_display(self, obj):
         return f"{obj.attempts}/{obj.max_attempts}"
@@ -580,12 +852,33 @@ class JobAdmin(admin.ModelAdmin):
             return REDACTED
         return truncate(obj.shard_key, 60)
 
+    @admin.display(description="key hash")
+    def key_hash_display(self, obj):
+        # The 32-bit hash of a sensitive key would let a guess be checked.
+        if obj.shard_key is not None and shard_key_is_sensitive(task_of(obj.task_path)):
+            return REDACTED
+        return obj.key_hash
+
     def _shown_arguments(self, obj):
-        return redact_arguments(task_of(obj.task_path), obj.args, obj.kwargs)
+        """(args, kwargs) redacted, or None when they are too large to load."""
+        args, kwargs = obj.args_bounded, obj.kwargs_bounded
+        if not isinstance(args, dict) or not isinstance(kwargs, dict):
+            return None
+        if args.get("bytes", 0) > ARGUMENTS_MAX_BYTES or kwargs.get("bytes", 0) > ARGUMENTS_MAX_BYTES:
+            return None
+        return redact_arguments(task_of(obj.task_path), args.get("value"), kwargs.get("value"))
+
+    def _too_large(self, obj) -> str:
+        sizes = [(obj.args_bounded or {}).get("bytes"), (obj.kwargs_bounded or {}).get("bytes")]
+        return (f"(arguments too large to show: {sizes[0]} bytes of args, {sizes[1]} bytes of kwargs; "
+                f"at most {ARGUMENTS_MAX_BYTES} bytes each are shown)")
 
     @admin.display(description="arguments")
     def arguments_display(self, obj):
-        args, kwargs = self._shown_arguments(obj)
+        shown = self._shown_arguments(obj)
+        if shown is None:
+            return self._too_large(obj)
+        args, kwargs = shown
         parts = []
         parts += [short_json(a) for a in args] if isinstance(args, list) else [short_json(args)]
         if isinstance(kwargs, dict):
@@ -596,11 +889,13 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="args")
     def args_display(self, obj):
-        return _pre(pretty_json(self._shown_arguments(obj)[0]))
+        shown = self._shown_arguments(obj)
+        return self._too_large(obj) if shown is None else _pre(excerpt(pretty_json(shown[0])))
 
     @admin.display(description="kwargs")
     def kwargs_display(self, obj):
-        return _pre(pretty_json(self._shown_arguments(obj)[1]))
+        shown = self._shown_arguments(obj)
+        return self._too_large(obj) if shown is None else _pre(excerpt(pretty_json(shown[1])))
 
     @admin.display(description="redaction")
     def redaction(self, obj):
@@ -617,36 +912,46 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="return value")
     def return_value_display(self, obj):
-        return "—" if obj.return_value is None else _pre(pretty_json(obj.return_value))
+        shown = getattr(obj, "return_value_excerpt", None)
+        if shown is None:  # SQL NULL: no return value (yet)
+            return "—"
+        return _pre(excerpt_of_json(shown))
 
     @admin.display(description="errors (oldest first)")
     def errors_display(self, obj):
-        errors = obj.errors if isinstance(obj.errors, list) else [obj.errors]
+        shown = getattr(obj, "errors_excerpt", None) or {}
+        errors, count = shown.get("errors") or [], shown.get("count") or 0
         if not errors:
             return "none"
         items = []
-        for number, error in enumerate(errors, start=1):
-            if isinstance(error, dict):
-                path = error.get("exception_class_path", "?")
-                text = error.get("traceback", "")
+        for error in errors:
+            if "raw" in error:  # not an object: the raw JSON
+                path, text = "?", excerpt(error["raw"] or "", error.get("raw_bytes"))
             else:
-                path, text = "?", pretty_json(error)
-            items.append((number, path, text))
-        return format_html_join(
+                path = truncate(str(error.get("exception_class_path") or "?"), 300)
+                text = excerpt(error.get("traceback") or "", error.get("traceback_bytes"))
+            items.append((error.get("n"), path, text))
+        html = format_html_join(
             "",
             '<div class="shardq-error"><strong>#{} {}</strong><pre class="shardq-pre shardq-traceback">{}</pre></div>',
             items,
         )
+        if count > len(errors):
+            html = format_html("{}<p>{} errors in all: the oldest and the newest {} are shown.</p>",
+                               html, count, ERRORS_SHOWN_EACH_END)
+        return html
 
     @admin.display(description="worker ids (one per attempt)")
     def worker_ids_display(self, obj):
-        ids = obj.worker_ids if isinstance(obj.worker_ids, list) else []
+        shown = getattr(obj, "worker_ids_excerpt", None)
+        if not shown:
+            return "none"
+        ids = parsed_excerpt(shown)
+        if ids is NOT_PARSED or not isinstance(ids, list):
+            return _pre(excerpt_of_json(shown))  # an odd row: the raw value, bounded
         if not ids:
             return "none"
-        return format_html_join(
-            ", ", '<a href="{}">{}</a>',
-            ((reverse("admin:shardq_worker_change", args=[w]), w) for w in ids),
-        )
+        return format_html_join(", ", "{}", ((worker_link_bare(w),) for w in ids))
 
     # -- dead-letter actions --
 
@@ -751,7 +1056,9 @@ class JobAdmin(admin.ModelAdmin):
 class ShardEventAdmin(admin.ModelAdmin):
     """Ownership history: every claim, takeover and release of a shard."""
 
-    list_display = ("at", "shard", "reason", "claim_version", "worker_display", "rescued")
+    list_display = ("at_display", "shard", "reason", "claim_version", "worker_display", "rescued")
+    fields = ("at_display", "shard", "reason", "claim_version", "worker_display", "rescued")
+    readonly_fields = fields
     list_filter = ("reason",)
     search_fields = ("=shard", "=worker")
     ordering = ("-at",)
@@ -766,6 +1073,11 @@ class ShardEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    def get_queryset(self, request):
+        return with_safe_times(super().get_queryset(request), ("at",))
+
+    at_display = time_column("at", "at")
 
     @admin.display(description="worker", ordering="worker")
     def worker_display(self, obj):
@@ -872,11 +1184,18 @@ def dashboard_data(minutes: int) -> dict:
 
 def bar_chart(title: str, shards: list[dict], key: str, label, height: int = 120, bar: int = 10) -> dict:
     """An inline SVG bar chart (drawn server-side: no JavaScript, no CDN)."""
-    values = [r[key] or 0 for r in shards]
-    top = max(values, default=0) or 1
+    def bar_value(value):
+        # An odd row's ±Infinity or NaN: +Infinity is a full bar, the others none.
+        if value is None or math.isnan(value) or value < 0:
+            return 0
+        return value
+
+    finite = [bar_value(r[key]) for r in shards if r[key] is not None and math.isfinite(r[key])]
+    values = [bar_value(r[key]) for r in shards]
+    top = max(finite, default=0) or 1
     bars = []
     for i, r in enumerate(shards):
-        h = round(height * (r[key] or 0) / top, 1)
+        h = round(height * min(bar_value(r[key]) / top, 1.0), 1)
         bars.append({
             "x": i * bar + 1, "y": round(height - h, 1), "h": h, "w": bar - 2,
             "hot": bool(r["hot_reasons"]),

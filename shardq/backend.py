@@ -77,8 +77,11 @@ from .core.hashing import salted_key_hash, shard_key_hash
 from .core.lru import make_lru
 from .db.queries import QUERIES
 from .dispatch import SignalGate
+from .exceptions import ArgumentNotJSON
 from .tasks import (
     ShardTask,
+    bind_arguments,
+    check_text,
     compute_shard_key,
     compute_unique_key,
     register,
@@ -126,6 +129,7 @@ class ShardqBackend(BaseTaskBackend):
 
     def validate_task(self, task):
         super().validate_task(task)
+        validate_stored_names(task)
         validate_shard_options(task)
         register(task)
 
@@ -136,6 +140,7 @@ class ShardqBackend(BaseTaskBackend):
 
     def job_row(self, task, args, kwargs) -> dict:
         """Validate one call and build its row (raises InvalidTask, stores nothing)."""
+        bind_arguments(task, args, kwargs)
         args_json = dump_arguments(task, args, kwargs)
         kwargs_json = dump_keyword_arguments(task, kwargs)
         size = len(args_json) + len(kwargs_json)
@@ -145,14 +150,19 @@ class ShardqBackend(BaseTaskBackend):
                 f"SHARDQ['MAX_PAYLOAD_BYTES'] = {self.config.max_payload_bytes}. Store large "
                 "data elsewhere (a model, a file) and pass its id."
             )
-        key = compute_shard_key(task, args, kwargs)
+        key = compute_shard_key(task, args, kwargs)  # checked text (tasks.key_to_str)
         if key is None:
             key_hash = random.getrandbits(32) - 2**31
-        elif isinstance(task, ShardTask) and task.salt:
-            # A hot key: one of its sub-keys at random (the row keeps the key).
-            key_hash = salted_key_hash(key, random.randrange(task.salt))
         else:
-            key_hash = shard_key_hash(key)
+            try:
+                if isinstance(task, ShardTask) and task.salt:
+                    # A hot key: one of its sub-keys at random (the row keeps the key).
+                    key_hash = salted_key_hash(key, random.randrange(task.salt))
+                else:
+                    key_hash = shard_key_hash(key)
+            except UnicodeEncodeError:  # key_to_str refuses these; a key set some other way
+                check_text(key, f"{task.module_path}: the shard key")
+                raise
         return {
             "shard": key_hash & (self.config.shard_count - 1),
             "key_hash": key_hash,
@@ -480,32 +490,98 @@ class ShardqBackend(BaseTaskBackend):
         return [str(job_id) for job_id in cancelled]
 
     def result_from_row(self, row) -> TaskResult:
+        """The TaskResult of a ``get_job`` row. Rows written by hand (raw SQL)
+        may hold what shardq never writes; they are shown, never a 500: an
+        unknown status reads as FAILED with an UnreadableJob error, a value of
+        the wrong JSON shape as empty, an impossible time as None (see get_job)."""
         (job_id, task_path, _backend, queue_name, priority, run_after, status, args, kwargs,
          return_value, errors, worker_ids, enqueued_at, started_at, finished_at,
          last_attempted_at, *_rest) = row
         task = resolve(task_path, self.config.task_modules)
         # run_after defaults to the enqueue time in the table; a Task shows it
         # only when the job was deferred.
-        if run_after is not None and run_after <= row[12]:
+        if run_after is not None and (enqueued_at is None or run_after <= enqueued_at):
             run_after = None
         if (task.priority, task.queue_name, task.run_after) != (priority, queue_name, run_after):
-            task = task.using(priority=priority, queue_name=queue_name, run_after=run_after)
+            try:
+                task = task.using(priority=priority, queue_name=queue_name, run_after=run_after)
+            except InvalidTask:  # a stored priority or queue this task could not be given
+                pass
+        task_errors = [_task_error(e) for e in _json_list(errors)]
+        if status == "CLAIMED":  # in a worker's buffer, not started: READY to Django
+            status = TaskResultStatus.READY
+        elif status not in _STATUSES:
+            task_errors.append(TaskError(
+                exception_class_path="shardq.exceptions.UnreadableJob",
+                traceback=f"shardq.exceptions.UnreadableJob: job {job_id} has the status "
+                          f"{status!r}, which is not a shardq status.\n",
+            ))
+            status = TaskResultStatus.FAILED
         result = TaskResult(
             task=task,
             id=str(job_id),
-            status=TaskResultStatus("READY" if status == "CLAIMED" else status),  # CLAIMED: not started
+            status=TaskResultStatus(status),
             enqueued_at=enqueued_at,
             started_at=started_at,
             finished_at=finished_at,
             last_attempted_at=last_attempted_at,
-            args=load_json(args),
-            kwargs=load_json(kwargs),
+            args=_json_list(args),
+            kwargs=_json_dict(kwargs),
             backend=self.alias,
-            errors=[TaskError(**e) for e in load_json(errors)],
-            worker_ids=list(load_json(worker_ids)),
+            errors=task_errors,
+            worker_ids=[w if isinstance(w, str) else json.dumps(w) for w in _json_list(worker_ids)],
         )
         object.__setattr__(result, "_return_value", load_json(return_value))
         return result
+
+
+_STATUSES = frozenset(TaskResultStatus.values)
+
+
+def _json_list(value) -> list:
+    value = load_json(value)
+    return value if isinstance(value, list) else []
+
+
+def _json_dict(value) -> dict:
+    value = load_json(value)
+    return value if isinstance(value, dict) else {}
+
+
+def _task_error(entry) -> TaskError:
+    """One stored error as a TaskError; an entry of another shape is shown as
+    an UnreadableJob error holding its JSON."""
+    if (isinstance(entry, dict) and isinstance(entry.get("exception_class_path"), str)
+            and isinstance(entry.get("traceback"), str)):
+        return TaskError(exception_class_path=entry["exception_class_path"], traceback=entry["traceback"])
+    return TaskError(
+        exception_class_path="shardq.exceptions.UnreadableJob",
+        traceback=f"shardq.exceptions.UnreadableJob: an error entry of an unknown shape: "
+                  f"{json.dumps(entry)[:1000]}\n",
+    )
+
+
+def validate_stored_names(task) -> None:
+    """Refuse a task whose queue name or path the job table cannot hold
+    (raises InvalidTask): checked when the Task is built (``@task``,
+    ``.using(queue_name=...)``), so enqueue never meets a DataError."""
+    queue_name = task.queue_name
+    if not isinstance(queue_name, str) or not queue_name:
+        raise InvalidTask(
+            f"{task.module_path}: queue_name must be a non-empty str, not {queue_name!r}."
+        )
+    check_text(queue_name, f"{task.module_path}: queue_name")
+    if len(queue_name) > MAX_QUEUE_NAME_LENGTH:
+        raise InvalidTask(
+            f"{task.module_path}: queue_name is {len(queue_name)} characters, over the "
+            f"{MAX_QUEUE_NAME_LENGTH} that shardq_job.queue_name holds. Use a shorter queue name."
+        )
+    if len(task.module_path) > MAX_TASK_PATH_LENGTH:
+        raise InvalidTask(
+            f"The task path {task.module_path[:80]}... is {len(task.module_path)} characters, over "
+            f"the {MAX_TASK_PATH_LENGTH} that shardq_job.task_path holds. Use a shorter module or "
+            "function name."
+        )
 
 
 def unique_cache_size(options) -> int:
@@ -599,39 +675,136 @@ def _dumps(value) -> str:
     return json.dumps(value, allow_nan=False, separators=(",", ":"))
 
 
+# Containers (lists, dicts) nested deeper than this in one argument are
+# refused at enqueue: json.dumps and PostgreSQL's jsonb parser recurse, and a
+# 5,000-deep value from a request body would end in a RecursionError or a
+# "stack depth limit exceeded" DataError.
+MAX_ARGUMENT_DEPTH = 100
+# Columns of shardq_job (shardq/models.py) a task's definition fills.
+MAX_QUEUE_NAME_LENGTH = 100
+MAX_TASK_PATH_LENGTH = 300
+
+
 def dump_arguments(task, args, kwargs) -> str:
+    """The positional arguments as JSON text (raises InvalidTask naming the bad one)."""
     if not args:
         return "[]"
+    def named():
+        return [(f"positional argument {position}", value) for position, value in enumerate(args)]
+
     try:
         text = _dumps(list(args))
-    except (TypeError, ValueError):
-        for position, value in enumerate(args):
-            _check_json(task, f"positional argument {position}", value)
+    except (TypeError, ValueError, RecursionError):
+        _find_bad_argument(task, named)
         raise
-    if "\\u0000" in text:
-        raise InvalidTask(f"{task.module_path}: a positional argument holds a NUL character, which PostgreSQL's jsonb cannot store.")
+    _check_dumped(task, text, named)
     return text
 
 
 def dump_keyword_arguments(task, kwargs) -> str:
+    """The keyword arguments as JSON text (raises InvalidTask naming the bad one)."""
     if not kwargs:
         return "{}"
+    def named():
+        return [(f"keyword argument {name!r}", value) for name, value in kwargs.items()]
+
     try:
         text = _dumps(kwargs)
-    except (TypeError, ValueError):
-        for name, value in kwargs.items():
-            _check_json(task, f"keyword argument {name!r}", value)
+    except (TypeError, ValueError, RecursionError):
+        _find_bad_argument(task, named)
         raise
-    if "\\u0000" in text:
-        raise InvalidTask(f"{task.module_path}: a keyword argument holds a NUL character, which PostgreSQL's jsonb cannot store.")
+    if "\\u0000" in text or "\\ud" in text:
+        for name in kwargs:  # **{"a\x00": 1} is a valid Python call
+            check_text(name, f"{task.module_path}: the name of keyword argument {name!r}")
+    _check_dumped(task, text, named)
     return text
+
+
+def _check_dumped(task, text, named) -> None:
+    """Cheap tests on the JSON text json.dumps made: it escapes every NUL as
+    \\u0000 and every surrogate as \\udXXX, and a value cannot nest deeper
+    than its brackets. Only a hit walks the arguments to name the bad one (a
+    hit may be a false alarm: a literal backslash, a valid surrogate pair, a
+    wide but shallow value)."""
+    strings = "\\u0000" in text or "\\ud" in text
+    if strings or text.count("[") + text.count("{") > MAX_ARGUMENT_DEPTH:
+        for what, value in named():
+            _check_value(task, what, value, strings=strings)
+
+
+def _find_bad_argument(task, named) -> None:
+    """Raise InvalidTask for the first bad argument among the (name, value)
+    pairs ``named()`` returns (json.dumps refused them); return when none is bad."""
+    pairs = named()
+    for what, value in pairs:
+        _check_value(task, what, value)
+    for what, value in pairs:
+        _check_json(task, what, value)
+
+
+_CONTAINERS = (list, tuple, dict)
+
+
+def _check_value(task, what, value, *, strings=True) -> None:
+    """Walk one argument without recursion: refuse nesting deeper than
+    MAX_ARGUMENT_DEPTH and (``strings``) str values or dict keys, at any
+    depth, that PostgreSQL cannot store. Types are left to json.dumps
+    (``_check_json``)."""
+    if isinstance(value, str):
+        if strings:
+            _check_string(task, what, value)
+        return
+    if not isinstance(value, _CONTAINERS):
+        return
+    # (container, its depth, its path as a (parent path, step) chain)
+    stack: list[tuple[list | tuple | dict, int, tuple | None]] = [(value, 1, None)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        container, depth, path = pop()
+        if depth > MAX_ARGUMENT_DEPTH:
+            raise InvalidTask(
+                f"{task.module_path}: {what} is nested more than {MAX_ARGUMENT_DEPTH} lists or "
+                f"dicts deep (at {_path_text(path)}). Pass a flatter value, or store the data "
+                "elsewhere (a model, a file) and pass its id."
+            )
+        items = container.items() if isinstance(container, dict) else enumerate(container)
+        for step, item in items:
+            if strings:
+                if isinstance(step, str) and ("\x00" in step or not step.isascii()):
+                    _check_string(task, what, step, path, key=True)
+                if isinstance(item, str):
+                    if "\x00" in item or not item.isascii():
+                        _check_string(task, what, item, (path, step))
+                    continue
+            if isinstance(item, _CONTAINERS):
+                push((item, depth + 1, (path, step)))
+
+
+def _check_string(task, what, text, path=None, key=False) -> None:
+    if "\x00" not in text and text.isascii():
+        return
+    where = what
+    if path is not None:
+        where = f"{what} at {_path_text(path)}"
+    if key:
+        where = f"a dict key in {where}"
+    check_text(text, f"{task.module_path}: {where}")
+
+
+def _path_text(path) -> str:
+    """``path`` (a (parent, step) chain) as Python subscripts: ``['rows'][3]``."""
+    steps = []
+    while path is not None:
+        path, step = path
+        steps.append(f"[{step!r}]")
+    return "".join(reversed(steps)) or "the top level"
 
 
 def _check_json(task, what, value) -> None:
     try:
         _dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise InvalidTask(
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ArgumentNotJSON(
             f"{task.module_path}: {what} is not JSON ({type(value).__name__}: {exc}). "
             "shardq stores arguments as JSON and never pickles: pass ids, strings, numbers, "
             "lists or dicts."

@@ -8,12 +8,35 @@ Stable ids:
   shardq.E005  MAX_PAYLOAD_BYTES is not a positive int
   shardq.E006  OPTIONS["DATABASE"] names no configured database
   shardq.E007  OPTIONS["UNIQUE_CACHE_SIZE"] is not an int >= 0
+  shardq.E008  CHANNEL is not a usable LISTEN/NOTIFY channel name
 """
 
 from django.core import checks
 from django.db import connections
 
 from .conf import DEFAULTS
+
+
+# PostgreSQL's NAMEDATALEN - 1: pg_notify() refuses a longer channel name and
+# LISTEN truncates it, so every enqueue would fail (and workers listen elsewhere).
+MAX_CHANNEL_BYTES = 63
+
+
+def channel_error(channel) -> str | None:
+    """Why ``channel`` cannot be a LISTEN/NOTIFY channel, or None when it can."""
+    if not isinstance(channel, str):
+        return f"is a {type(channel).__name__}, not a str"
+    if not channel:
+        return "is empty"
+    if "\x00" in channel:
+        return "holds a NUL character"
+    try:
+        size = len(channel.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "holds a lone surrogate (not valid Unicode)"
+    if size > MAX_CHANNEL_BYTES:
+        return f"is {size} bytes of UTF-8, over PostgreSQL's limit of {MAX_CHANNEL_BYTES}"
+    return None
 
 
 def backend_checks(backend) -> list[checks.CheckMessage]:
@@ -78,6 +101,17 @@ def backend_checks(backend) -> list[checks.CheckMessage]:
                 f"SHARDQ['MAX_PAYLOAD_BYTES'] = {size!r} is not a positive int.",
                 hint="The default is 1048576 (1 MiB).",
                 id="shardq.E005",
+            )
+        )
+    channel_problem = channel_error(raw["CHANNEL"])
+    if channel_problem:
+        errors.append(
+            checks.Error(
+                f"SHARDQ['CHANNEL'] = {raw['CHANNEL']!r} {channel_problem}.",
+                hint="The PostgreSQL LISTEN/NOTIFY channel enqueue wakes workers on: a non-empty "
+                f"str of at most {MAX_CHANNEL_BYTES} bytes of UTF-8 with no NUL character "
+                "(default 'shardq').",
+                id="shardq.E008",
             )
         )
     cache = backend.options.get("UNIQUE_CACHE_SIZE", 0)

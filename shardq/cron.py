@@ -95,8 +95,16 @@ def periodic(cron: str, *, name: str | None = None, args=(), kwargs=None, timezo
                               "'Europe/Paris').") from exc
         try:
             json.dumps([list(args), kwargs], allow_nan=False)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidTask(f"{where}: args and kwargs must be JSON ({exc}); pass ids, not objects.") from exc
+        # The checks enqueue makes, here at import: a schedule whose arguments
+        # enqueue would refuse must not reach the worker's scheduler loop.
+        from .backend import dump_arguments, dump_keyword_arguments
+        from .tasks import bind_arguments
+
+        bind_arguments(task, tuple(args), kwargs)
+        dump_arguments(task, tuple(args), kwargs)
+        dump_keyword_arguments(task, kwargs)
         schedule = Schedule(schedule_name, task, cron, zone, tuple(args), kwargs)
         known = _schedules.get(schedule_name)
         if known is not None and (known.task.module_path, known.cron, known.timezone, known.args, known.kwargs) != (

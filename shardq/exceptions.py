@@ -66,3 +66,16 @@ class ResultTooLarge(ShardqError):
 class OutcomeRejected(ShardqError):
     """PostgreSQL refused to store a job's outcome (its return value or error
     text); the job is failed with this error instead."""
+
+
+# -- bad input (issue 10) --------------------------------------------------------
+
+from django.tasks.exceptions import InvalidTask  # noqa: E402
+
+
+class ArgumentNotJSON(InvalidTask, TypeError):
+    """An argument (or a key built from one) is not a JSON value.
+
+    Both Django's ``InvalidTask`` and a ``TypeError``: Django's own backends
+    let ``json`` raise ``TypeError("Object of type datetime is not JSON
+    serializable")``, and code written against them catches that."""

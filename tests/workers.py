@@ -45,6 +45,7 @@ class WorkerPool:
     def __init__(self, tmp_path: Path):
         self.tmp_path = tmp_path
         self.procs: list[subprocess.Popen] = []
+        self.seen_children: set[int] = set()  # pids of our workers' children, recorded while seen
 
     def env(self, **extra) -> dict:
         env = dict(os.environ)
@@ -66,31 +67,96 @@ class WorkerPool:
             env=self.env(**(env or {})),
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # one process group: teardown kills children too
+            # Its own session and process group, as under a terminal or
+            # systemd: os.killpg(proc.pid, ...) signals it as they would.
+            # (--processes children run in process groups of their own;
+            # stop_all kills those too.)
+            start_new_session=True,
         )
         proc.log_path = log.name
         self.procs.append(proc)
+        # Returned once it handles SIGTERM (its stop rule is installed), as a
+        # service manager would see it started: a test that signals it at
+        # once then tests the rule, not Python's default action (exit -15).
+        wait_until(lambda: proc.poll() is not None or handles(proc.pid, signal.SIGTERM), timeout=60,
+                   interval=0.02, message=f"worker pid {proc.pid} to install its signal handlers")
         return proc
 
     def stop_all(self) -> None:
+        """SIGKILL every worker, its process group and its children's groups:
+        no orphan survives a test (a supervisor's children each lead a
+        process group of their own)."""
         for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.kill(proc.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            self.children(proc)
+            kill_tree(proc.pid)
         for proc in self.procs:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        for pid in self.orphans():
+            kill_tree(pid)
+
+    def orphans(self) -> list[int]:
+        """Children of our workers still alive (after their parent ended they
+        are re-parented: known by the pids recorded while it lived)."""
+        return sorted(pid for pid in self.seen_children if alive(pid))
+
+    def children(self, proc) -> list[int]:
+        """The pids of ``proc``'s child processes (a supervisor's workers), recorded."""
+        pids = children_of(proc.pid)
+        self.seen_children.update(pids)
+        return pids
 
     def log(self, proc) -> str:
         return Path(proc.log_path).read_text()
+
+
+def children_of(pid: int) -> list[int]:
+    """Child pids of ``pid`` (Linux /proc)."""
+    found = []
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            found = [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return found
+
+
+def handles(pid: int, signum: int) -> bool:
+    """Has ``pid`` a handler for ``signum`` (Linux /proc: SigCgt)?"""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def alive(pid: int) -> bool:
+    """Is ``pid`` a live process (not a zombie)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def kill_tree(pid: int) -> None:
+    """SIGCONT then SIGKILL ``pid``'s process group and, first, the process
+    groups of its children (each child of a supervisor leads its own)."""
+    pids = children_of(pid)
+    for child in pids:
+        pids.extend(children_of(child))
+    for target in [pid, *pids]:
+        for send in (os.killpg, os.kill):
+            for signum in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    send(target, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
 
 def query(sql: str, params=None) -> list[tuple]:

@@ -17,6 +17,13 @@ Three functions, each for a stated reason:
 
 Lane arithmetic (``lane_count``, ``lane_index``) lives here too: lanes are a
 power of two so the lane of a hash is a mask, never a modulo.
+
+Every str is hashed as its strict UTF-8 bytes, encoded here, never by
+``mmh3`` itself: a str that has no UTF-8 form (a lone surrogate such as
+``"\\ud800"``, which a JSON request body can decode to) raises
+``UnicodeEncodeError`` (a ``ValueError``) before it reaches the C extension,
+which crashes the process on one. For every encodable str the hash is the
+same as before (``mmh3`` hashes a str as UTF-8).
 """
 
 import mmh3
@@ -35,6 +42,7 @@ __all__ = [
     "murmur3_32",
     "shard_for",
     "shard_key_hash",
+    "utf8",
 ]
 
 FNV32_OFFSET = 0x811C9DC5
@@ -53,20 +61,30 @@ def hashtag(key: str) -> str:
     return key
 
 
+def utf8(data: bytes | str) -> bytes:
+    """``data`` as bytes: a str strictly as UTF-8 (``UnicodeEncodeError`` for a
+    lone surrogate), bytes as they are."""
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"expected str or bytes, not {type(data).__name__}")
+
+
 def murmur3_32(data: bytes | str, seed: int = 0, *, signed: bool = True) -> int:
-    """MurmurHash3 x86_32 of ``data`` (str is hashed as UTF-8)."""
-    return mmh3.hash(data, seed, signed=signed)
+    """MurmurHash3 x86_32 of ``data`` (str is hashed as strict UTF-8)."""
+    return mmh3.hash(utf8(data), seed, signed=signed)
 
 
 def shard_key_hash(key: str) -> int:
     """Signed 32-bit MurmurHash3 x86_32 of the key's hashtag (stored as int4)."""
-    return mmh3.hash(hashtag(key), 0, signed=True)
+    return mmh3.hash(utf8(hashtag(key)), 0, signed=True)
 
 
 def salted_key_hash(key: str, salt: int) -> int:
     """The hash of sub-key ``salt`` of a hot key: its hashtag plus ``#salt``
     (so a salted ``{tag}`` key spreads too), hashed like ``shard_key_hash``."""
-    return mmh3.hash(f"{hashtag(key)}#{salt}", 0, signed=True)
+    return mmh3.hash(utf8(f"{hashtag(key)}#{salt}"), 0, signed=True)
 
 
 def shard_for(key_hash: int, shard_count: int) -> int:
@@ -80,8 +98,7 @@ def shard_for(key_hash: int, shard_count: int) -> int:
 
 def fnv1a_32(data: bytes | str) -> int:
     """FNV-1a 32-bit (unsigned) of ``data``; str is hashed as UTF-8."""
-    if isinstance(data, str):
-        data = data.encode()
+    data = utf8(data)
     h = FNV32_OFFSET
     for byte in data:
         h = ((h ^ byte) * FNV32_PRIME) & 0xFFFFFFFF
@@ -103,8 +120,7 @@ _CRC16_TABLE = _crc16_table()
 
 def crc16_xmodem(data: bytes | str) -> int:
     """CRC16-XMODEM (poly 0x1021, init 0, no reflection) — Redis Cluster's CRC16."""
-    if isinstance(data, str):
-        data = data.encode()
+    data = utf8(data)
     crc = 0
     table = _CRC16_TABLE
     for byte in data:

@@ -63,22 +63,33 @@ class Buffer:
             self._ready.notify(len(jobs) - len(refused))
         return refused
 
+    def _pop_counted(self, now: float) -> QueuedJob | None:
+        """Pop one job and count it as processing in its shard, atomically.
+
+        Counted under the same lock as the pop: a job popped but not yet
+        counted would be in neither ``drop_shard`` (it left the queue) nor
+        ``processing_in_shard``, and the leaser could release its shard with
+        the job still CLAIMED (see Leaser._finish_draining)."""
+        with self._count_lock:
+            queued = self.queue.pop(now)
+            if queued is not None:
+                self._processing_by_shard[queued.shard] += 1
+            return queued
+
     def pop(self, timeout: float) -> ClaimedJob | None:
-        queued = self.queue.pop(time.time())
+        queued = self._pop_counted(time.time())
         if queued is None:
             with self._ready:
-                queued = self.queue.pop(time.time())
+                queued = self._pop_counted(time.time())
                 if queued is None:
                     due = self.queue.next_due()
                     if due is not None:
                         # A claimed job becomes due soon: wake for it on time.
                         timeout = max(0.0, min(timeout, due - time.time()))
                     self._ready.wait(timeout)
-                    queued = self.queue.pop(time.time())
+                    queued = self._pop_counted(time.time())
                     if queued is None:
                         return None
-        with self._count_lock:
-            self._processing_by_shard[queued.shard] += 1
         return cast(ClaimedJob, queued.payload)
 
     def pop_more(self, limit: int) -> list[ClaimedJob]:
@@ -87,15 +98,15 @@ class Buffer:
         jobs: list[ClaimedJob] = []
         now = time.time()
         while len(jobs) < limit:
-            queued = self.queue.pop(now)
+            queued = self._pop_counted(now)
             if queued is None:
                 break
             jobs.append(cast(ClaimedJob, queued.payload))
-        if jobs:
-            with self._count_lock:
-                for job in jobs:
-                    self._processing_by_shard[job.shard] += 1
         return jobs
+
+    def processing_jobs(self) -> list[ClaimedJob]:
+        """The jobs popped and not yet done (a snapshot, for shutdown logs)."""
+        return [cast(ClaimedJob, queued.payload) for queued in list(self.queue._processing.values())]
 
     def done(self, job: ClaimedJob) -> None:
         with self._count_lock:

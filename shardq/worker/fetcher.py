@@ -181,7 +181,7 @@ class Fetcher:
                 logger.error("job %s (%s) quarantined: %s", job.id, job.task_path, job.problem)
                 continue
             if job.started:
-                job.started_by = self.worker_id
+                # worker_ids_json as returned already ends with this worker.
                 job.start_verdict = STARTED_BY_CLAIM
             jobs.append(job)
         self.stats.add("claimed", len(jobs))

@@ -259,11 +259,23 @@ class Leaser:
         if shard is None or self.running_in_shard(shard):
             return
         version = self.held.get(shard)
-        self.draining = None
         if version is None:
+            self.draining = None
             return
+        # ``draining`` stays set until the shard has left ``held``: clearing it
+        # first (as this once did) put the shard back in ``fetchable()`` for
+        # the release's round trip, so a claim could take jobs of a shard
+        # being released; they then sat CLAIMED with no owner and the next
+        # owner's takeover rescued them (the rolling-restart test's stray
+        # ``rescued == 1``). A release that fails (database away) leaves the
+        # shard draining, retried at the next tick.
         released = self.store.release_shards(self.worker_id, {shard: version})
-        self.held.pop(shard, None)
+        with self._dropping():
+            # Under the write side: ``fetchable()`` (called under the read
+            # side) reads ``held`` and ``draining`` one after the other and
+            # must never see the shard held but no longer draining.
+            self.held.pop(shard, None)
+            self.draining = None
         if released:
             self.stats.add("releases")
             self._notify_release()

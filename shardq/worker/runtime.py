@@ -1,15 +1,18 @@
 """One worker process: leaser + fetcher + local queue + executors + completer.
 
-Shutdown (first SIGTERM/SIGINT): stop claiming, put unstarted buffered jobs
-back to READY, let running jobs finish within ``grace`` seconds, write every
-outcome, release the leases (others take over at once, no TTL wait), mark the
-worker stopped. A second signal exits at once: the leases then expire and the
-next owner's takeover rescues whatever was running.
+Shutdown (first SIGTERM, SIGINT or SIGHUP; the rule is in shutdown.py): stop
+claiming, put unstarted buffered jobs back to READY, let running jobs finish
+within ``grace`` seconds, write every outcome, release the leases (others
+take over at once, no TTL wait), mark the worker stopped, exit 0. If the
+grace runs out first, the jobs still running are named in a WARNING (each
+attempt ends as a worker loss when its shard's lease expires and is taken
+over) and the process exits 1. A second signal (not the same one repeated
+within a second) or SIGQUIT exits at once, 1, naming the running jobs the
+same way.
 """
 
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -26,6 +29,8 @@ from .executor import Executor
 from .fetcher import Fetcher, Listener
 from .leaser import Leaser
 from .scheduler import Scheduler
+from . import shutdown as shutdown_signals
+from .shutdown import signal_name
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker")
@@ -44,7 +49,7 @@ class Worker:
         self.database = database
         self.stats = Stats()
         self._stop = threading.Event()
-        self._signals = 0
+        self.grace_expired = False
         # The look-ahead (jobs claimed beyond the running ones) is at most
         # ``prefetch``; how much of it is used follows the measured task time.
         self.max_prefetch = prefetch if prefetch else 512
@@ -128,16 +133,43 @@ class Worker:
     # -- lifecycle ---------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        """SIGTERM/SIGINT/SIGHUP: graceful stop; again later, or SIGQUIT: now."""
+        shutdown_signals.install().bind(self._on_stop_signal, self._exit_now)
 
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self._signals += 1
-        if self._signals > 1:
-            logger.warning("second signal: exiting now; leases will expire and be taken over")
-            os._exit(1)
-        logger.info("signal %s: finishing running jobs (grace %.0fs), then releasing leases", signum, self.grace)
+    def _on_stop_signal(self, signum: int) -> None:
+        logger.info("%s: finishing running jobs (grace %.0fs), then releasing leases",
+                    signal_name(signum), self.grace)
         self._stop.set()
+
+    def abandoned_jobs(self) -> tuple[list[int], list[int]]:
+        """Jobs not finished here: (started: RUNNING in the table under this
+        worker's claim; being started: a start write may be in flight)."""
+        jobs = self.buffer.processing_jobs()
+        return (sorted(job.id for job in jobs if job.started_by),
+                sorted(job.id for job in jobs if not job.started_by))
+
+    def _exit_now(self, signum: int) -> None:
+        logger.warning("%s: exiting now without waiting for running jobs; %s; leases expire after %gs "
+                       "and are taken over", signal_name(signum), self._abandoned(*self.abandoned_jobs()),
+                       self.config.lease_ttl_seconds)
+        for handler in filter(None, [*logging.getLogger().handlers, logging.lastResort]):
+            try:
+                handler.flush()
+            except Exception:
+                pass
+        os._exit(1)
+
+    def _abandoned(self, started: list[int], starting: list[int] | tuple[int, ...] = ()) -> str:
+        """What exiting now costs, by job id (an operator greps for them)."""
+        text = "no job is running"
+        if started:
+            text = (f"job(s) {', '.join(map(str, started))} will end as WorkerLost (the attempt is "
+                    f"interrupted: run again by the shard's next owner, or dead-lettered as WorkerLost "
+                    f"after {self.config.max_worker_losses} lost workers)")
+        if starting:
+            text += (f"; job(s) {', '.join(map(str, starting))} were being started (WorkerLost too if "
+                     "the start write landed, else back to READY for free)")
+        return text
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -165,7 +197,7 @@ class Worker:
                 logger.error("%s stopped unexpectedly: shutting down", failed)
                 break
         self.shutdown()
-        return 1 if failed else 0
+        return 1 if failed or self.grace_expired else 0
 
     def _failed_service(self) -> str | None:
         for name, service in (("leaser", self.leaser), ("fetcher", self.fetcher),
@@ -192,7 +224,9 @@ class Worker:
         # finish here.
         still_running = {s for s in list(self.leaser.held) if self.running_in_shard(s)}
         if not finished:
-            logger.warning("grace period over with jobs running in shards %s", sorted(still_running))
+            self.grace_expired = True
+            logger.warning("grace period of %gs is over with jobs running (shards %s): %s; exiting 1",
+                           self.grace, sorted(still_running), self._abandoned(*self.abandoned_jobs()))
         self.leaser.stop()
         try:
             released = self.leaser.release_all(keep=still_running)

@@ -3,10 +3,21 @@
 Each child is forked from the supervisor after Django is set up (no
 re-import, no second round of system checks; database connections are closed
 before the fork, so none is shared) and runs one ``Worker`` with its own
-incarnation id, leases and connections. SIGTERM/SIGINT are passed on to every
-child; a second signal is passed on too (the children then exit at once).
-A child that exits non-zero while the supervisor is not stopping is restarted,
-at most once per second.
+incarnation id, leases and connections. A child that exits non-zero while
+the supervisor is not stopping is restarted, at most once per second.
+
+Signals. Each child runs in a process group of its own, so a signal sent to
+the supervisor's group (a terminal's Ctrl-C, ``kill -TERM -- -PGID``) reaches
+the supervisor only, and the supervisor is the one that passes signals on,
+each once: a child that got the group's signal *and* the forwarded one would
+take the second for "exit now". The rule (shutdown.py) is the worker's:
+SIGTERM, SIGINT or SIGHUP stops gracefully (forwarded as is; the supervisor
+exits 0 when every child did); the same again within a second is the same
+request; a later one, or SIGQUIT, means now: every child gets SIGQUIT and
+exits at once, and so does the supervisor, non-zero. Signals are blocked
+around each fork, so a child never misses a forward sent while it was being
+started, and a signal that reaches a child before it joined its own group
+counts as that same request.
 """
 
 import logging
@@ -16,6 +27,9 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+
+from . import shutdown as shutdown_signals
+from .shutdown import HANDLED, signal_name
 
 logger = logging.getLogger("shardq.worker.supervisor")
 
@@ -42,12 +56,19 @@ class ForkedChild:
         connections.close_all()  # a connection must never be shared across a fork
         sys.stdout.flush()
         sys.stderr.flush()
+        # Blocked from before the fork until the child has its own group and
+        # handlers (in the child) and is in ``children`` (in the supervisor,
+        # see Supervisor._spawn): a stop signal can never fall in between.
         pid = os.fork()
         if pid == 0:  # the child
             code = 1
             try:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.setpgid(0, 0)  # its own process group: group signals stay with the supervisor
+                # Its own rule, before unblocking: a signal pending from while
+                # it was in the supervisor's group is taken as a stop request
+                # and the supervisor's forward of it as the same request.
+                shutdown_signals.install()
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
                 _die_with_parent()
                 random.seed()  # siblings must not share backoff jitter
                 os.environ.update(env)
@@ -60,10 +81,19 @@ class ForkedChild:
                 os._exit(code)
         self.pid = pid
         self.returncode: int | None = None
+        try:
+            os.setpgid(pid, pid)  # also here: whichever of the two runs first wins the race
+        except OSError:
+            pass  # the child did it already (or is gone)
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                # Reaped by the poll() this one interrupted (the signal
+                # handler polls too): that call records the status.
+                return self.returncode
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
@@ -82,23 +112,40 @@ class Supervisor:
         self.processes = processes
         self.children: dict[int, ForkedChild] = {}
         self.stopping = False
+        self.exiting_now = False
         self.restarts = 0
 
     def _spawn(self, slot: int) -> None:
         env = {"SHARDQ_WORKER_SLOT": str(slot), "SHARDQ_EXPECTED_WORKERS": str(self.processes)}
-        self.children[slot] = ForkedChild(self.run_child, env)
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+        try:
+            self.children[slot] = ForkedChild(self.run_child, env)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
         logger.info("started worker process %s (pid %s)", slot, self.children[slot].pid)
 
-    def _forward(self, signum: int, frame: object) -> None:
+    def _forward(self, signum: int) -> None:
+        """A stop request: pass it on to every child, once."""
         self.stopping = True
+        logger.info("%s: stopping %s worker processes gracefully", signal_name(signum), len(self.children))
         for child in self.children.values():
             if child.poll() is None:
                 child.send_signal(signum)
 
+    def _exit_now(self, signum: int) -> None:
+        """A second signal, or SIGQUIT: every child exits at once."""
+        self.stopping = True
+        self.exiting_now = True
+        logger.warning("%s: worker processes exit now, without waiting for running jobs", signal_name(signum))
+        for child in self.children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGQUIT)
+
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._forward)
-        signal.signal(signal.SIGINT, self._forward)
+        shutdown_signals.install().bind(self._forward, self._exit_now)
         for slot in range(self.processes):
+            if self.stopping:
+                break  # a signal came while the others were starting
             self._spawn(slot)
         last_restart = 0.0
         while True:
@@ -123,4 +170,4 @@ class Supervisor:
                 break
             time.sleep(0.2)
         codes = [child.returncode for child in self.children.values()]
-        return 0 if all(code == 0 for code in codes) else 1
+        return 0 if all(code == 0 for code in codes) and not self.exiting_now else 1

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from shardq import ShardTask, shard_task
 from shardq.backend import ShardqBackend
-from tests.taskapp.tasks import add, async_add, keyed, noop, whoami
+from tests.taskapp.tasks import add, async_add, echo, keyed, noop, whoami
 
 from .conftest import execute, job_row
 
@@ -127,7 +127,7 @@ def test_arguments_round_trip_through_json():
     args = ["text", 1, 2.5, None, True, [1, [2, 3]], {"nested": {"list": [1, "two"]}}]
     kwargs = {"user": {"id": 1, "tags": ["a", "b"]}, "flag": False, "unicode": "žluťoučký 🐎"}
 
-    result = noop.get_backend().get_result(noop.enqueue(*args, **kwargs).id)
+    result = echo.get_backend().get_result(echo.enqueue(*args, **kwargs).id)
 
     assert result.args == args
     assert result.kwargs == kwargs

@@ -9,7 +9,7 @@ from django.tasks import TaskContext
 from django.tasks.exceptions import InvalidTask
 
 from shardq import exponential, shard_task
-from tests.taskapp.tasks import add, keyed, noop
+from tests.taskapp.tasks import add, echo, keyed
 
 from .conftest import job_count
 
@@ -52,12 +52,12 @@ def test_a_keyword_argument_that_is_not_json_is_refused_by_name(nothing_stored):
 
 def test_the_refusal_says_that_shardq_never_pickles(nothing_stored):
     with pytest.raises(InvalidTask, match="never pickles"):
-        noop.enqueue([1, {"deep": object()}])
+        echo.enqueue([1, {"deep": object()}])
 
 
 def test_a_value_nested_deep_in_an_argument_is_found(nothing_stored):
     with pytest.raises(InvalidTask, match="keyword argument 'payload' is not JSON"):
-        noop.enqueue(payload={"rows": [[1, 2], [3, {4, 5}]]})
+        echo.enqueue(payload={"rows": [[1, 2], [3, {4, 5}]]})
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
@@ -70,15 +70,15 @@ def test_nan_and_infinity_are_not_json(value, nothing_stored):
 
 def test_a_nul_character_is_refused_because_jsonb_cannot_hold_it(nothing_stored):
     with pytest.raises(InvalidTask, match="NUL character"):
-        noop.enqueue("a\x00b")
+        echo.enqueue("a\x00b")
     with pytest.raises(InvalidTask, match="NUL character"):
-        noop.enqueue(text="a\x00b")
+        echo.enqueue(text="a\x00b")
 
 
 def test_a_non_string_dict_key_is_refused(nothing_stored):
     # json.dumps would turn the key 1 into "1" and the task would get a different dict.
     with pytest.raises(InvalidTask, match="positional argument 0 is not JSON"):
-        noop.enqueue({(1, 2): "tuple key"})
+        echo.enqueue({(1, 2): "tuple key"})
 
 
 @pytest.mark.parametrize("priority", [101, -101, 1000])
@@ -101,20 +101,20 @@ def test_a_naive_run_after_is_refused():
 
 def test_a_payload_over_the_limit_is_refused(shardq_settings):
     with shardq_settings(MAX_PAYLOAD_BYTES=200):
-        noop.enqueue("x" * 150)  # under the limit: stored
+        echo.enqueue("x" * 150)  # under the limit: stored
         before = job_count()
         with pytest.raises(InvalidTask, match=r"over SHARDQ\['MAX_PAYLOAD_BYTES'\] = 200"):
-            noop.enqueue("x" * 120, text="y" * 120)
+            echo.enqueue("x" * 120, text="y" * 120)
         with pytest.raises(InvalidTask, match="MAX_PAYLOAD_BYTES"):
             import shardq
 
-            shardq.enqueue_many(noop, [(("small",), {}), (("x" * 300,), {})])
+            shardq.enqueue_many(echo, [(("small",), {}), (("x" * 300,), {})])
         assert job_count() == before
 
 
 def test_the_default_payload_limit_is_one_mebibyte(nothing_stored):
     with pytest.raises(InvalidTask, match=r"1048576"):
-        noop.enqueue("x" * (1024 * 1024))
+        echo.enqueue("x" * (1024 * 1024))
 
 
 def test_a_key_that_names_no_argument_fails_at_definition():
@@ -159,7 +159,7 @@ def test_a_task_that_takes_context_without_a_context_argument_fails_at_definitio
 
 
 def test_a_call_that_does_not_bind_to_the_keyed_function_is_refused(nothing_stored):
-    with pytest.raises(InvalidTask, match="arguments do not match the function"):
+    with pytest.raises(InvalidTask, match="arguments do not match"):
         keyed.enqueue(note="no user id")
 
 

@@ -69,6 +69,8 @@ def test_the_claim_starts_only_due_unordered_jobs_that_never_lost_a_worker_in_pr
     store.close()
     started = {job.id for job in jobs if job.started}
     assert started == {ids["p50"], ids["p40"]}
+    # What the task's context will show: one start, by this worker.
+    assert all(job.worker_ids == [worker] and job.attempts == 1 for job in jobs if job.started)
     for name in ("p50", "p40"):
         status, attempts, worker_ids, has_started_at, _ = row(ids[name])
         assert (status, attempts, worker_ids, has_started_at) == ("RUNNING", 1, [worker], True)
@@ -166,3 +168,38 @@ def test_the_claim_columns_line_up_with_claimed_job_fields(shard0):
 
     fields = [f.name for f in dataclasses.fields(ClaimedJob)]
     assert names == fields[: len(names)], "claim_jobs RETURNING must follow ClaimedJob's field order (fast path)"
+
+
+def test_the_start_write_probes_each_id_by_primary_key_not_the_inflight_index(shard0):
+    """With statistics that see no CLAIMED row (the usual state after
+    ANALYZE), a plain status term made the planner walk the inflight index
+    and loop over the ids for every entry."""
+    from shardq.db.queries import QUERIES
+
+    worker, ids = shard0
+    # A table of realistic size (20,000 READY jobs of another shard).
+    sql("INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, ordered, "
+        "status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at) "
+        "SELECT 'tests.taskapp.tasks.noop', 'default', 'plan-test', 0, clock_timestamp(), 5, g, false, 'READY', "
+        "0, 0, 0, 1, '[]', '{}', '[]', '[]', clock_timestamp() FROM generate_series(1, 20000) AS g")
+    try:
+        sql("ANALYZE shardq_job")
+        store, jobs = claim(worker, start=0)
+        store.close()
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (FORMAT JSON) " + QUERIES["start_jobs"], {
+                "worker": worker, "ids": [j.id for j in jobs], "fences": [j.fence for j in jobs],
+                "ranks": [j.status_rank for j in jobs]})
+            document = cursor.fetchone()[0]
+    finally:
+        sql("DELETE FROM shardq_job WHERE queue_name = 'plan-test'")
+    plan = json.loads(document) if isinstance(document, str) else document
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    scans = {n.get("Index Name") for n in nodes(plan[0]["Plan"])
+             if n.get("Relation Name") == "shardq_job" and n["Node Type"].endswith("Scan")}
+    assert scans == {"shardq_job_pkey"}, scans

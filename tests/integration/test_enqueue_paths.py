@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import shardq
-from tests.taskapp.tasks import add, keyed, noop
+from tests.taskapp.tasks import add, echo, keyed, noop
 
 from .conftest import job_count, job_row
 
@@ -299,13 +299,13 @@ def test_a_failed_copy_stores_nothing_and_leaves_the_callers_transaction_usable(
     bad = [((n, n), {}) for n in range(1500)] + [((666,), {})]  # the bad row comes after a first chunk
 
     with pytest.raises(DataError):
-        shardq.enqueue_many(noop, bad)  # autocommit: its own transaction
+        shardq.enqueue_many(echo, bad)  # autocommit: its own transaction
     assert job_count() == before
 
     with transaction.atomic():
         kept = add.enqueue(1, 1)
         with pytest.raises(DataError):
-            shardq.enqueue_many(noop, bad)  # a savepoint inside the caller's transaction
+            shardq.enqueue_many(echo, bad)  # a savepoint inside the caller's transaction
         also_kept = shardq.enqueue_many(add, [((2, 2), {})])[0]
 
     assert visible_to(second_connection, kept.id) and visible_to(second_connection, also_kept.id)
@@ -329,11 +329,11 @@ def test_an_error_while_building_results_aborts_the_copy(monkeypatch, sent):
     before = job_count()
 
     with pytest.raises(RuntimeError, match="boom"):
-        shardq.enqueue_many(noop, [((n,), {}) for n in range(100)])
+        shardq.enqueue_many(echo, [((n,), {}) for n in range(100)])
 
     assert job_count() == before and sent == []
     monkeypatch.undo()
-    assert len(shardq.enqueue_many(noop, [((1,), {})])) == 1  # the connection works
+    assert len(shardq.enqueue_many(echo, [((1,), {})])) == 1  # the connection works
 
 
 @pytest.mark.django_db
@@ -354,9 +354,9 @@ def test_bulk_results_equal_what_the_taskresult_constructor_builds():
 @pytest.mark.django_db
 def test_a_bulk_enqueue_runs_a_fixed_number_of_statements():
     with CaptureQueriesContext(connection) as few:
-        shardq.enqueue_many(noop, [((n,), {}) for n in range(10)])
+        shardq.enqueue_many(echo, [((n,), {}) for n in range(10)])
     with CaptureQueriesContext(connection) as many:
-        shardq.enqueue_many(noop, [((n,), {}) for n in range(2000)])
+        shardq.enqueue_many(echo, [((n,), {}) for n in range(2000)])
 
     assert len(few) == len(many) <= 5  # savepoint, ids, COPY, NOTIFY, release
     assert any(q["sql"].startswith("COPY shardq_job") for q in many)

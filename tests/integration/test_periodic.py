@@ -36,7 +36,7 @@ def sql(query, params=None):
 
 
 def test_ticks_are_the_cron_times_in_the_half_open_window():
-    periodic("*/5 * * * *")(tasks.add)
+    periodic("*/5 * * * *", args=(1, 2))(tasks.add)
     [schedule] = schedules()
     assert due_ticks(schedule, at(2026, 1, 1, 0, 0), at(2026, 1, 1, 0, 15)) == [
         at(2026, 1, 1, 0, 5), at(2026, 1, 1, 0, 10), at(2026, 1, 1, 0, 15)]
@@ -44,7 +44,7 @@ def test_ticks_are_the_cron_times_in_the_half_open_window():
 
 
 def test_a_sixth_field_is_seconds_and_the_newest_ticks_win_past_the_limit():
-    periodic("* * * * * */10")(tasks.add)
+    periodic("* * * * * */10", args=(1, 2))(tasks.add)
     [schedule] = schedules()
     assert due_ticks(schedule, at(2026, 1, 1, 0, 0, 0), at(2026, 1, 1, 0, 0, 30)) == [
         at(2026, 1, 1, 0, 0, 10), at(2026, 1, 1, 0, 0, 20), at(2026, 1, 1, 0, 0, 30)]
@@ -53,7 +53,7 @@ def test_a_sixth_field_is_seconds_and_the_newest_ticks_win_past_the_limit():
 
 
 def test_a_schedule_reads_its_cron_in_its_time_zone():
-    periodic("0 3 * * *", timezone="Europe/Paris")(tasks.add)
+    periodic("0 3 * * *", timezone="Europe/Paris", args=(1, 2))(tasks.add)
     [schedule] = schedules()
     # 03:00 in Paris is 02:00 UTC in winter and 01:00 UTC in summer.
     assert due_ticks(schedule, at(2026, 1, 10), at(2026, 1, 11)) == [at(2026, 1, 10, 2)]
@@ -77,11 +77,11 @@ def test_bad_schedule_options_fail_at_definition_with_what_to_do():
 
 
 def test_one_name_cannot_carry_two_schedules_but_a_reimport_is_harmless():
-    periodic("*/5 * * * *")(tasks.add)
-    periodic("*/5 * * * *")(tasks.add)  # the module imported again
+    periodic("*/5 * * * *", args=(1, 2))(tasks.add)
+    periodic("*/5 * * * *", args=(1, 2))(tasks.add)  # the module imported again
     with pytest.raises(InvalidTask, match="already used .* Give each schedule of a task its own name="):
-        periodic("0 * * * *")(tasks.add)
-    periodic("0 * * * *", name="add-hourly")(tasks.add)
+        periodic("0 * * * *", args=(1, 2))(tasks.add)
+    periodic("0 * * * *", name="add-hourly", args=(1, 2))(tasks.add)
     assert sorted(s.name for s in schedules()) == ["add-hourly", "tests.taskapp.tasks.add"]
 
 
@@ -104,7 +104,7 @@ def test_many_schedulers_offering_the_same_ticks_store_one_job_each():
 
 @pytest.mark.django_db(transaction=True)
 def test_after_a_long_gap_only_the_catch_up_window_is_enqueued():
-    periodic("* * * * *")(tasks.add)
+    periodic("* * * * *", args=(1, 2))(tasks.add)
     scheduler = Scheduler(schedules(), Stats())
     assert scheduler.look(at(2026, 11, 30, 12, 0, 30)) == 1  # 12:00, caught up at start
     assert scheduler.look(at(2026, 11, 30, 18, 0, 30)) == 1  # 18:00, not the 359 minutes before

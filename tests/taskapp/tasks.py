@@ -133,3 +133,9 @@ def plain_function() -> None:
 def hot_account(account_id: int, n: int = 0) -> int:
     """A hot key spread over 8 sub-keys (hot-key salting)."""
     return n
+
+
+@task()
+def echo(*args, **kwargs) -> list:
+    """Takes any arguments (tests about argument values, not signatures)."""
+    return [list(args), kwargs]

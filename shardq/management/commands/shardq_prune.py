@@ -23,20 +23,35 @@ from django.db import connection
 from ..progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ...db.queries import QUERIES
-from ..flags import whole_number
+from ..flags import printable, whole_number
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+# The range of each numeric flag (shardq.management.flags): out of it is a
+# CommandError naming the flag. A century is more history than any table
+# keeps; a batch is one short transaction.
+MAX_OLDER_THAN_SECONDS = 100 * 365 * 86400
+MAX_BATCH = 100_000
+
+
 def parse_duration(value: str) -> timedelta:
-    """``"90"``, ``"90s"``, ``"30m"``, ``"12h"``, ``"7d"``, ``"2w"`` → a timedelta."""
+    """``"90"``, ``"90s"``, ``"30m"``, ``"12h"``, ``"7d"``, ``"2w"`` → a timedelta
+    of at most MAX_OLDER_THAN_SECONDS."""
     match = _DURATION.match(value or "")
     if not match:
         raise CommandError(
-            f"--older-than must be a number with an optional unit s, m, h, d or w (e.g. 7d, 12h), not {value!r}."
+            "--older-than must be a number with an optional unit s, m, h, d or w (e.g. 7d, 12h), "
+            f"not {printable(value)!r}."
         )
-    return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+    total = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]  # a huge number of digits: inf
+    if not total <= MAX_OLDER_THAN_SECONDS:
+        raise CommandError(
+            f"--older-than must be from 0 to {MAX_OLDER_THAN_SECONDS // 86400}d (a century), "
+            f"not {printable(value)!r}."
+        )
+    return timedelta(seconds=total)
 
 
 class Command(BaseCommand):
@@ -48,13 +63,13 @@ class Command(BaseCommand):
                             help="Age of what is deleted, by finish time: e.g. 7d (default), 12h, 30m, 90s.")
         parser.add_argument("--failed", action="store_true",
                             help="Also delete dead-lettered (FAILED) jobs; by default they are kept for inspection.")
-        parser.add_argument("--batch", default="5000", help="Rows looked at per transaction (default 5000).")
+        parser.add_argument("--batch", default="5000", help=f"Rows looked at per transaction, 1 to {MAX_BATCH} (default 5000).")
         parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
         parser.add_argument("--no-progress", action="store_true", help="No progress bar (logs, cron).")
 
     def handle(self, *args, **options):
         age = parse_duration(options["older_than"])
-        batch = whole_number("batch", options["batch"])
+        batch = whole_number("batch", options["batch"], maximum=MAX_BATCH)
         statuses = ["SUCCESSFUL", "FAILED"] if options["failed"] else ["SUCCESSFUL"]
         with connection.cursor() as cursor:
             cursor.execute("SELECT clock_timestamp() - %s", [age])

@@ -5,7 +5,14 @@ import os
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from shardq.management.flags import whole_number
+from shardq.management.flags import seconds, whole_number
+
+# The range of each numeric flag (shardq.management.flags): a value out of
+# it is a CommandError naming the flag, before anything starts.
+MAX_PROCESSES = 256
+MAX_CONCURRENCY = 1024
+MAX_GRACE_SECONDS = 86400.0
+MAX_PREFETCH = 100_000
 
 
 class Command(BaseCommand):
@@ -19,6 +26,12 @@ class Command(BaseCommand):
         parser.add_argument("--prefetch", default="0", help="Most jobs buffered ahead per process; how many are used follows the measured task time (default 512).")
 
     def handle(self, *args, **options):
+        # The stop rule first (shardq/worker/shutdown.py): a SIGTERM that comes
+        # while the worker is still being built is a graceful stop, applied
+        # once it exists, not the default action (killed, exit -15).
+        from shardq.worker import shutdown
+
+        shutdown.install()
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
         known = set(settings.TASKS.get("default", {}).get("QUEUES", ["default"]))
         unknown = [q for q in queues if q not in known]
@@ -27,18 +40,14 @@ class Command(BaseCommand):
                 f"--queues names unknown queue(s) {', '.join(unknown)}; the configured queues are "
                 f"{', '.join(sorted(known))} (TASKS['default']['QUEUES'])."
             )
-        concurrency = whole_number("concurrency", options["concurrency"])
+        concurrency = whole_number("concurrency", options["concurrency"], maximum=MAX_CONCURRENCY)
         if options["processes"] == "auto":
             processes = os.cpu_count() or 1
         else:
-            processes = whole_number("processes", options["processes"])
-        try:
-            grace = float(options["grace"])
-        except ValueError:
-            grace = -1.0
-        if not grace >= 0:
-            raise CommandError(f"--grace must be a number of seconds ≥ 0, not {options['grace']!r}.")
-        prefetch = whole_number("prefetch", options["prefetch"], minimum=0)
+            # Checked before anything is forked: --processes 10000000000 is an error, not a fork bomb.
+            processes = whole_number("processes", options["processes"], maximum=MAX_PROCESSES)
+        grace = seconds("grace", options["grace"], 0, MAX_GRACE_SECONDS)
+        prefetch = whole_number("prefetch", options["prefetch"], minimum=0, maximum=MAX_PREFETCH)
 
         def run_worker() -> int:
             from shardq.worker.runtime import Worker
