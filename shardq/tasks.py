@@ -337,7 +337,7 @@ def redact_arguments(task: Task | None, args: Any, kwargs: Any) -> tuple[Any, An
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         return REDACTED, REDACTED
     params = list(_signature(task).parameters.values())
-    if task.takes_context and params:
+    if task is not None and task.takes_context and params:  # not None: names would be True
         params = params[1:]
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     var_positional = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)

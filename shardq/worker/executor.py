@@ -15,19 +15,27 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from inspect import iscoroutinefunction
+from typing import Any, NoReturn
 
 from django.db import close_old_connections
-from django.utils import timezone
-from django.tasks import TaskContext, TaskResult, TaskResultStatus
+from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
 from django.tasks.signals import log_task_finished, log_task_started, task_finished, task_started
+from django.utils import timezone
 
 from ..conf import get_config
+from ..db.store import WorkerStore
 from ..dispatch import SignalGate
 from ..exceptions import FenceLost, ResultTooLarge, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
+from .buffer import Buffer
+from .completer import Completer
+from .fetcher import Fetcher
 from .jobs import ClaimedJob, Outcome
+from .leaser import Leaser
 from .starter import LOST, REJECTED, UNAVAILABLE, Starter
+from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.executor")
 
@@ -66,7 +74,7 @@ def sanitize_text(text: str) -> str:
     return text
 
 
-def unstorable_json_text(value, path: str = "value") -> str | None:
+def unstorable_json_text(value: object, path: str = "value") -> str | None:
     """Where ``value`` holds a string jsonb refuses (a NUL, a lone
     surrogate), or None. Only called when the JSON text has a \\u escape."""
     if isinstance(value, str):
@@ -96,8 +104,9 @@ def _class_path(exc: BaseException) -> str:
 
 
 class Executor:
-    def __init__(self, buffer, completer, leaser, fetcher, stats, *, worker_id: str,
-                 concurrency: int, backend_class, start_store, task_modules: tuple = ()):
+    def __init__(self, buffer: Buffer, completer: Completer, leaser: Leaser, fetcher: Fetcher, stats: Stats, *,
+                 worker_id: str, concurrency: int, backend_class: type[BaseTaskBackend], start_store: WorkerStore,
+                 task_modules: tuple[str, ...] = ()) -> None:
         self.buffer = buffer
         self.completer = completer
         self.leaser = leaser
@@ -215,7 +224,9 @@ class Executor:
             self.completer.return_jobs([job])
             return None
         if verdict == REJECTED:
-            text = sanitize_text(f"shardq.exceptions.UnreadableJob: PostgreSQL refused to start job {job.id}: {problem}\n")
+            text = sanitize_text(
+                f"shardq.exceptions.UnreadableJob: PostgreSQL refused to start job {job.id}: {problem}\n"
+            )
             return Outcome(job.id, job.fence, job.status_rank + 1, "FAILED",
                            error_json=Outcome.error("shardq.exceptions.UnreadableJob", text),
                            shard=job.shard, attempts=job.attempts)
@@ -272,7 +283,7 @@ class Executor:
         return Outcome(job.id, job.fence, rank, "SUCCESSFUL", return_value_json=return_json,
                        shard=job.shard, attempts=job.attempts)
 
-    def _encode_result(self, value) -> str:
+    def _encode_result(self, value: object) -> str:
         """The return value as JSON PostgreSQL will store, or the job's error."""
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
         if len(text) > self.max_result_bytes:
@@ -299,7 +310,7 @@ class Executor:
             close_old_connections()
             self._local.next_connection_check = now + 1.0
 
-    def _result(self, task, job: ClaimedJob) -> TaskResult:
+    def _result(self, task: Task, job: ClaimedJob) -> TaskResult:
         return TaskResult(
             task=task,
             id=str(job.id),
@@ -323,7 +334,7 @@ class Executor:
             object.__setattr__(result, "finished_at", timezone.now())
         task_finished.send(sender=self.backend_class, task_result=result)
 
-    def _call(self, task, job: ClaimedJob, result: TaskResult | None, state: dict):
+    def _call(self, task: Task, job: ClaimedJob, result: TaskResult | None, state: dict[str, Any]) -> Any:
         args, kwargs = job.args, job.kwargs
         if not isinstance(args, list):
             _bad_payload("args", args, list)
@@ -344,10 +355,12 @@ class Executor:
             return future.result()
         return task.func(*args, **kwargs)
 
-    def _failure(self, task, job: ClaimedJob, rank: int, error: BaseException, result) -> Outcome:
+    def _failure(self, task: Task, job: ClaimedJob, rank: int, error: BaseException,
+                 result: TaskResult | None) -> Outcome:
         path = _class_path(error)
         text = sanitize_text("".join(traceback.format_exception(error)))
-        if isinstance(error, (TypeError, ValueError)) and "JSON" in str(error) and "is not JSON serializable" in str(error):
+        if (isinstance(error, (TypeError, ValueError)) and "JSON" in str(error)
+                and "is not JSON serializable" in str(error)):
             text = f"the return value is not JSON ({error}); return str, int, float, bool, None, list or dict\n" + text
         if result is not None:
             result.errors.append(TaskError(exception_class_path=path, traceback=text))
@@ -362,5 +375,5 @@ class Executor:
                        shard=job.shard, attempts=job.attempts)
 
 
-def _bad_payload(name, value, expected):
+def _bad_payload(name: str, value: object, expected: type) -> NoReturn:
     raise TypeError(f"the job's {name} are a {type(value).__name__} in the table, not a {expected.__name__}")

@@ -2,26 +2,31 @@
 
 Demand-driven: the fetcher asks for at most ``demand()`` jobs — the worker's
 in-flight target (its concurrency plus a look-ahead sized from the measured
-task duration, see ``Worker.demand``) minus what is buffered or processing —, in one statement over every fetchable shard (a
-per-shard index range walk, see ``claim_jobs`` in queries.sql), rotating the
-shard order so no shard starves when demand is small. It sleeps until woken
-by a NOTIFY for a shard this worker holds, by free slots appearing after the
-buffer was full, or by the poll interval (the fallback that covers a lost
-LISTEN connection or a dropped notification).
+task duration, see ``Worker.demand``) minus what is buffered or processing —,
+in one statement over every fetchable shard (a per-shard index range walk,
+see ``claim_jobs`` in queries.sql), rotating the shard order so no shard
+starves when demand is small. It sleeps until woken by a NOTIFY for a shard
+this worker holds, by free slots appearing after the buffer was full, or by
+the poll interval (the fallback that covers a lost LISTEN connection or a
+dropped notification).
 """
 
 import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
 
-from ..db.store import connect, listen_statement
+from ..db.store import WorkerStore, connect, listen_statement
 from ..exceptions import DatabaseUnavailable, StatementRejected
+from .buffer import Buffer
+from .completer import Completer
 from .jobs import STARTED_BY_CLAIM, ClaimedJob, Outcome
-from .leaser import LEASE_CHANNEL
+from .leaser import LEASE_CHANNEL, Leaser
+from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.fetcher")
 
@@ -31,8 +36,9 @@ LOOKAHEAD_SECONDS = 0.5
 
 
 class Fetcher:
-    def __init__(self, store, leaser, buffer, completer, stats, *, worker_id: str,
-                 queues: list[str] | None, poll_interval_seconds: float, demand, start_now=None):
+    def __init__(self, store: WorkerStore, leaser: Leaser, buffer: Buffer, completer: Completer, stats: Stats, *,
+                 worker_id: str, queues: list[str] | None, poll_interval_seconds: float,
+                 demand: Callable[[], tuple[int, int]], start_now: Callable[[], int] | None = None) -> None:
         self.store = store
         self.leaser = leaser
         self.buffer = buffer
@@ -254,7 +260,7 @@ class WakeLimiter:
     within the interval is delivered once when it ends (``due``), so a flood
     of NOTIFYs costs a bounded number of statements and none is lost."""
 
-    def __init__(self, interval: float, clock=time.monotonic):
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval = interval
         self.clock = clock
         self.last = -math.inf
@@ -290,7 +296,8 @@ class Listener:
     FETCH_WAKE_SECONDS = 0.002
     LEASE_WAKE_SECONDS = 0.25
 
-    def __init__(self, channel: str, leaser, fetcher, stats, alias: str = "default", shard_count: int = 64):
+    def __init__(self, channel: str, leaser: Leaser, fetcher: Fetcher, stats: Stats, alias: str = "default",
+                 shard_count: int = 64) -> None:
         self.channel = channel
         self.leaser = leaser
         self.fetcher = fetcher

@@ -3,7 +3,7 @@
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-
+from typing import Any
 
 # The start verdict of a job the claim started (see claim_jobs): as the
 # starter's own ("started", None).
@@ -63,11 +63,11 @@ class ClaimedJob:
         return self.shard_key
 
     @property
-    def args(self):
+    def args(self) -> list[Any]:
         return [] if self.args_json == "[]" else json.loads(self.args_json)
 
     @property
-    def kwargs(self):
+    def kwargs(self) -> dict[str, Any]:
         return {} if self.kwargs_json == "{}" else json.loads(self.kwargs_json)
 
     @property

@@ -66,7 +66,7 @@ class ShutdownSignals:
         if self.first is not None:
             graceful(self.first[0])
 
-    def handle(self, signum: int, frame=None) -> None:
+    def handle(self, signum: int, frame: object = None) -> None:
         at = self.clock()
         if signum in NOW:
             self._exit_now(signum)
