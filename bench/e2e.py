@@ -138,7 +138,7 @@ class Bench:
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     def start_worker(self, processes: int, env: dict | None = None, name: str = "worker") -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "w")
+        log = open(self.logs / f"{name}.log", "w")  # noqa: SIM115 (the worker writes it until stop_worker)
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "shardq_worker", "--processes", str(processes),
              "--concurrency", str(self.o.concurrency), "--grace", "5"],

@@ -170,8 +170,8 @@ class Drainer:
             # Arguments come back as JSON text (the worker's claim): decode, call.
             noop(*json.loads(row[8]), **json.loads(row[9]))
             ids.append(row[0])
-            acks.append('{"id":%d,"fence":%d,"rank":%d,"status":"SUCCESSFUL","delay":0.0,"return_value":null}'
-                        % (row[0], row[12], row[13] + 1))
+            acks.append(f'{{"id":{row[0]:d},"fence":{row[12]:d},"rank":{row[13] + 1:d},'
+                        '"status":"SUCCESSFUL","delay":0.0,"return_value":null}')
         self.conn.execute(QUERIES["complete_jobs"], {"ids": ids, "batch": "[" + ",".join(acks) + "]"},
                           prepare=True).fetchall()
         self.done += len(rows)

@@ -26,14 +26,27 @@ from functools import cache
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import ActionLocation, helpers
-from django.contrib.admin.utils import display_for_value
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.admin.utils import display_for_value
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection, transaction
 from django.db.models import (
-    Case, Count, DateTimeField, F, FloatField, Func, IntegerField, JSONField, Min, OuterRef, Q, Subquery, TextField,
-    Value, When,
+    Case,
+    Count,
+    DateTimeField,
+    F,
+    FloatField,
+    Func,
+    IntegerField,
+    JSONField,
+    Min,
+    OuterRef,
+    Q,
+    Subquery,
+    TextField,
+    Value,
+    When,
 )
 from django.db.models.constants import LOOKUP_SEP
 from django.db.models.expressions import RawSQL
@@ -1220,7 +1233,7 @@ class DashboardAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         info = self.opts.app_label, self.opts.model_name
-        return [path("", self.admin_site.admin_view(self.dashboard_view), name="%s_%s_changelist" % info)]
+        return [path("", self.admin_site.admin_view(self.dashboard_view), name="{}_{}_changelist".format(*info))]
 
     def dashboard_view(self, request):
         if not self.has_view_permission(request):

@@ -60,7 +60,7 @@ class WorkerPool:
         return env
 
     def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
-        log = open(self.tmp_path / f"worker-{len(self.procs)}.log", "w")
+        log = open(self.tmp_path / f"worker-{len(self.procs)}.log", "w")  # noqa: SIM115 (closed by stop_all)
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "shardq_worker", *args],
             cwd=ROOT,

@@ -1,5 +1,6 @@
 """Real ``shardq_worker`` processes against real PostgreSQL (issue: the worker)."""
 
+import itertools
 import os
 import signal
 import time
@@ -287,7 +288,7 @@ def test_two_workers_run_each_tick_of_a_periodic_task_once(workers):
     jobs = scalar("SELECT count(*) FROM shardq_job WHERE task_path = %s", [path])
     assert jobs == len(ticks) == len(set(ticks)) >= 5
     seconds = [datetime.fromisoformat(t) for t in ticks]
-    assert all((later - earlier).total_seconds() == 1 for earlier, later in zip(seconds, seconds[1:])), ticks
+    assert all((later - earlier).total_seconds() == 1 for earlier, later in itertools.pairwise(seconds)), ticks
     assert scalar("SELECT count(*) FROM shardq_job WHERE task_path = %s", [path]) == len(ticks)
     # A schedule's own arguments reach its jobs.
     labelled = query("SELECT args::text, kwargs::text, return_value::text FROM shardq_job "

@@ -6,7 +6,15 @@ import random
 import time
 
 from tests.conftest import wait_until
-from tests.faults.harness import BackendKiller, Repeating, check_invariants, figures, percentile, size, wait_all_finished
+from tests.faults.harness import (
+    BackendKiller,
+    Repeating,
+    check_invariants,
+    figures,
+    percentile,
+    size,
+    wait_all_finished,
+)
 from tests.taskapp import fault_tasks
 from tests.workers import query, shards_by_owner, worker_id_of
 

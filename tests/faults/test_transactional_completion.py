@@ -65,7 +65,7 @@ def test_an_error_after_the_completion_rolls_both_back(claimed):
 
 
 def test_a_taken_over_shard_raises_fence_lost_and_commits_nothing(claimed):
-    store, context = claimed
+    _store, context = claimed
     query("UPDATE shardq_shard SET lease_expires = clock_timestamp() - interval '1 second' WHERE shard = 0")
     other = WorkerStore(application_name="shardq-test")
     try:

@@ -164,5 +164,5 @@ def test_a_call_that_does_not_bind_to_the_keyed_function_is_refused(nothing_stor
 
 
 def test_a_shard_key_that_is_not_json_is_refused(nothing_stored):
-    with pytest.raises(InvalidTask, match="The shard key .* is not JSON"):
+    with pytest.raises(InvalidTask, match=r"The shard key .* is not JSON"):
         keyed_by_callable.enqueue(user_id=1, note="x")

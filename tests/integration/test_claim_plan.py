@@ -127,7 +127,7 @@ def test_the_claim_takes_the_best_jobs_of_each_held_shard(backlog):
         cursor.execute("SELECT shard, claim_version FROM shardq_shard WHERE shard < %s", [SHARDS])
         versions = dict(cursor.fetchall())
 
-    claimed = [dict(zip(columns, row)) for row in claimed]
+    claimed = [dict(zip(columns, row, strict=True)) for row in claimed]
     by_shard = {}
     for row in claimed:
         by_shard.setdefault(row["shard"], []).append(row["id"])

@@ -117,7 +117,7 @@ def test_handing_back_a_job_the_claim_started_takes_the_start_back(shard0):
 
 
 def test_a_hand_back_does_not_touch_a_job_that_moved_on(shard0):
-    worker, ids = shard0
+    worker, _ = shard0
     store, jobs = claim(worker, start=1)
     try:
         [job] = [job for job in jobs if job.started]
@@ -176,7 +176,7 @@ def test_the_start_write_probes_each_id_by_primary_key_not_the_inflight_index(sh
     and loop over the ids for every entry."""
     from shardq.db.queries import QUERIES
 
-    worker, ids = shard0
+    worker, _ = shard0
     # A table of realistic size (20,000 READY jobs of another shard).
     sql("INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, ordered, "
         "status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at) "

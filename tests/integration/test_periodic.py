@@ -62,7 +62,7 @@ def test_a_schedule_reads_its_cron_in_its_time_zone():
 
 @pytest.mark.parametrize("cron", ["", "every minute", "61 * * * *", "* * *"])
 def test_a_bad_cron_expression_fails_at_definition(cron):
-    with pytest.raises(InvalidTask, match="is not a cron expression. Use five fields"):
+    with pytest.raises(InvalidTask, match=r"is not a cron expression\. Use five fields"):
         periodic(cron)(tasks.add)
 
 
@@ -79,7 +79,7 @@ def test_bad_schedule_options_fail_at_definition_with_what_to_do():
 def test_one_name_cannot_carry_two_schedules_but_a_reimport_is_harmless():
     periodic("*/5 * * * *", args=(1, 2))(tasks.add)
     periodic("*/5 * * * *", args=(1, 2))(tasks.add)  # the module imported again
-    with pytest.raises(InvalidTask, match="already used .* Give each schedule of a task its own name="):
+    with pytest.raises(InvalidTask, match=r"already used .* Give each schedule of a task its own name="):
         periodic("0 * * * *", args=(1, 2))(tasks.add)
     periodic("0 * * * *", name="add-hourly", args=(1, 2))(tasks.add)
     assert sorted(s.name for s in schedules()) == ["add-hourly", "tests.taskapp.tasks.add"]

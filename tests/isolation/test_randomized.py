@@ -68,7 +68,7 @@ def test_randomized_failure_domains_hold_all_five_invariants(workers):
     refused_inputs = 0
     killed: set[int] = set()  # pids the test stopped itself
     kills = group_terms = spoofs = 0
-    for event in range(CHURN_EVENTS):
+    for _ in range(CHURN_EVENTS):
         time.sleep(CHURN_EVERY)  # fault pacing: churn spread over the run
         # Poison and misbehaving jobs arrive while workers come and go.
         for _ in range(2):

@@ -20,10 +20,10 @@ from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
-from ..progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ...db.queries import QUERIES
 from ..flags import printable, whole_number
+from ..progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
