@@ -89,7 +89,6 @@ from .tasks import (
     validate_shard_options,
 )
 
-
 FINISHED_RESULTS_CACHED = 1024
 # Default of OPTIONS["UNIQUE_CACHE_SIZE"]: recently seen unique keys kept (0: none).
 UNIQUE_KEYS_CACHED = 1024

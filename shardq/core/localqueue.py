@@ -184,9 +184,7 @@ class LocalQueue:
                     raise DuplicateJob(f"job {job_id} is already processing")
                 held = len(jobs) + len(self._processing)
             if held >= self._capacity:
-                raise QueueFull(
-                    f"local queue is full ({held} of {self._capacity}); fetch only `free` jobs"
-                )
+                raise QueueFull(f"local queue is full ({held} of {self._capacity}); fetch only `free` jobs")
             jobs[job_id] = job
             ids = self._by_shard.get(job.shard)
             if ids is None:
@@ -289,11 +287,7 @@ class LocalQueue:
             with self._processing_lock:
                 processing = self._processing
                 # Only keys held by a processing job stay held.
-                self._holders = {
-                    key: job_id
-                    for key, job_id in self._holders.items()
-                    if job_id in processing
-                }
+                self._holders = {key: job_id for key, job_id in self._holders.items() if job_id in processing}
             return out
 
     def next_due(self) -> float | None:

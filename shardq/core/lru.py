@@ -26,6 +26,7 @@ from typing import Any, Final, overload
 
 __all__ = ["FastestLRU", "LinkedLRU", "OrderedDictLRU", "make_lru"]
 
+
 class _Missing(Enum):
     MISSING = 0
 

@@ -109,9 +109,7 @@ class SkipListDelayedIndex[I: Hashable, T]:
         x = head
         for lvl in range(self._level - 1, -1, -1):
             nxt = x.next[lvl]
-            while nxt is not None and (
-                nxt.time < time or (nxt.time == time and nxt.seq < seq)
-            ):
+            while nxt is not None and (nxt.time < time or (nxt.time == time and nxt.seq < seq)):
                 x = nxt
                 nxt = x.next[lvl]
             if lvl < level:
@@ -134,11 +132,7 @@ class SkipListDelayedIndex[I: Hashable, T]:
         x = self._head
         for lvl in range(self._level - 1, -1, -1):
             nxt = x.next[lvl]
-            while (
-                nxt is not None
-                and nxt is not node
-                and (nxt.time < time or (nxt.time == time and nxt.seq < seq))
-            ):
+            while nxt is not None and nxt is not node and (nxt.time < time or (nxt.time == time and nxt.seq < seq)):
                 x = nxt
                 nxt = x.next[lvl]
             if nxt is node:

@@ -102,9 +102,7 @@ def connect(
     alias: str = DEFAULT_DB_ALIAS, autocommit: bool = True, application_name: str = "shardq"
 ) -> psycopg.Connection[TupleRow]:
     try:
-        return psycopg.connect(
-            **connection_kwargs(alias), autocommit=autocommit, application_name=application_name
-        )
+        return psycopg.connect(**connection_kwargs(alias), autocommit=autocommit, application_name=application_name)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {exc}".strip()) from exc
 
@@ -155,8 +153,9 @@ class DatabaseGuard:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self.breaker = CircuitBreaker(failure_ratio=0.5, min_calls=3, window_seconds=10.0,
-                                      base_backoff_seconds=0.5, max_backoff_seconds=5.0)
+        self.breaker = CircuitBreaker(
+            failure_ratio=0.5, min_calls=3, window_seconds=10.0, base_backoff_seconds=0.5, max_backoff_seconds=5.0
+        )
         self.lock = threading.Lock()
 
     def admit(self, what: str) -> None:
@@ -197,8 +196,10 @@ def outcome_batch_json(outcomes: Iterable[OutcomeRef]) -> str:
         if o.error_json is not None:
             extra += ',"error":' + o.error_json
         # %-formatting on purpose: %d renders any integral number as an integer.
-        parts.append('{"id":%d,"fence":%d,"rank":%d,"status":"%s","delay":%r%s}'  # noqa: UP031
-                     % (o.id, o.fence, o.rank, o.status, float(o.delay), extra))
+        parts.append(
+            '{"id":%d,"fence":%d,"rank":%d,"status":"%s","delay":%r%s}'  # noqa: UP031
+            % (o.id, o.fence, o.rank, o.status, float(o.delay), extra)
+        )
     return "[" + ",".join(parts) + "]"
 
 
@@ -210,8 +211,13 @@ class WorkerStore:
     next call; the failed call raises ``DatabaseUnavailable``.
     """
 
-    def __init__(self, alias: str = DEFAULT_DB_ALIAS, application_name: str = "shardq",
-                 guard: "DatabaseGuard | None" = None, synchronous_commit: bool = True):
+    def __init__(
+        self,
+        alias: str = DEFAULT_DB_ALIAS,
+        application_name: str = "shardq",
+        guard: "DatabaseGuard | None" = None,
+        synchronous_commit: bool = True,
+    ):
         self.alias = alias
         self.application_name = application_name
         self.guard = guard or DatabaseGuard()
@@ -228,34 +234,65 @@ class WorkerStore:
         return self.conn.cursor(row_factory=dict_row) if named else self.conn.cursor()
 
     @overload
-    def run(self, name: str, params: Mapping[str, Any], fetch: Literal["all"] = "all", binary: bool = False,
-            named: Literal[False] = False) -> list[TupleRow]: ...
+    def run(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        fetch: Literal["all"] = "all",
+        binary: bool = False,
+        named: Literal[False] = False,
+    ) -> list[TupleRow]: ...
     @overload
-    def run(self, name: str, params: Mapping[str, Any], fetch: Literal["all"] = "all", binary: bool = False, *,
-            named: Literal[True]) -> list[NamedRow]: ...
+    def run(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        fetch: Literal["all"] = "all",
+        binary: bool = False,
+        *,
+        named: Literal[True],
+    ) -> list[NamedRow]: ...
     @overload
-    def run(self, name: str, params: Mapping[str, Any], fetch: Literal["one"], binary: bool = False,
-            named: Literal[False] = False) -> TupleRow | None: ...
+    def run(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        fetch: Literal["one"],
+        binary: bool = False,
+        named: Literal[False] = False,
+    ) -> TupleRow | None: ...
     @overload
-    def run(self, name: str, params: Mapping[str, Any], fetch: Literal["none"], binary: bool = False,
-            named: bool = False) -> int: ...
-    def run(self, name: str, params: Mapping[str, Any], fetch: Fetch = "all", binary: bool = False,
-            named: bool = False) -> Any:
+    def run(
+        self, name: str, params: Mapping[str, Any], fetch: Literal["none"], binary: bool = False, named: bool = False
+    ) -> int: ...
+    def run(
+        self, name: str, params: Mapping[str, Any], fetch: Fetch = "all", binary: bool = False, named: bool = False
+    ) -> Any:
         """Run one named statement; rows as dicts when ``named``."""
-        return self.guarded(name, lambda cursor: self._execute(cursor, name, params, fetch, binary),
-                            named=named)
+        return self.guarded(name, lambda cursor: self._execute(cursor, name, params, fetch, binary), named=named)
 
     @overload
     @staticmethod
-    def _execute(cursor: psycopg.Cursor[Any], name: str, params: Mapping[str, Any], fetch: Literal["all"] = "all",
-                 binary: bool = False) -> list[Any]: ...
+    def _execute(
+        cursor: psycopg.Cursor[Any],
+        name: str,
+        params: Mapping[str, Any],
+        fetch: Literal["all"] = "all",
+        binary: bool = False,
+    ) -> list[Any]: ...
     @overload
     @staticmethod
-    def _execute(cursor: psycopg.Cursor[Any], name: str, params: Mapping[str, Any], fetch: Literal["one", "none"],
-                 binary: bool = False) -> Any: ...
+    def _execute(
+        cursor: psycopg.Cursor[Any],
+        name: str,
+        params: Mapping[str, Any],
+        fetch: Literal["one", "none"],
+        binary: bool = False,
+    ) -> Any: ...
     @staticmethod
-    def _execute(cursor: psycopg.Cursor[Any], name: str, params: Mapping[str, Any], fetch: Fetch = "all",
-                 binary: bool = False) -> Any:
+    def _execute(
+        cursor: psycopg.Cursor[Any], name: str, params: Mapping[str, Any], fetch: Fetch = "all", binary: bool = False
+    ) -> Any:
         cursor.execute(QUERIES[name], params, prepare=True, binary=binary)
         if fetch == "all":
             return cursor.fetchall()
@@ -263,8 +300,13 @@ class WorkerStore:
             return cursor.fetchone()
         return cursor.rowcount
 
-    def guarded[R](self, what: str, work: Callable[[psycopg.Cursor[Any]], R], named: bool = False,
-                   row_factory: RowFactory[Any] | None = None) -> R:
+    def guarded[R](
+        self,
+        what: str,
+        work: Callable[[psycopg.Cursor[Any]], R],
+        named: bool = False,
+        row_factory: RowFactory[Any] | None = None,
+    ) -> R:
         """Run ``work(cursor)`` behind the circuit breaker, translating driver
         errors into their domain: ``DatabaseUnavailable`` (connection) or
         ``StatementRejected`` (the statement's data)."""
@@ -325,26 +367,41 @@ class WorkerStore:
         rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl})
         return [str(row[0]) for row in rows]
 
-    def claim_shards(self, worker: str, wanted: int, ttl: float, shard_count: int,
-                     max_worker_losses: int) -> list[NamedRow]:
+    def claim_shards(
+        self, worker: str, wanted: int, ttl: float, shard_count: int, max_worker_losses: int
+    ) -> list[NamedRow]:
         """Take up to ``wanted`` free or expired shards, rescue the jobs their
         previous owners left in flight and log each claim: one transaction.
         Rows: shard, claim_version, previous_owner, rescued."""
 
         def work(cursor: psycopg.Cursor[NamedRow]) -> list[NamedRow]:
-            taken = self._execute(cursor, "claim_shards", {
-                "worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count})
+            taken = self._execute(
+                cursor, "claim_shards", {"worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count}
+            )
             if not taken:
                 return []
             taken.sort(key=lambda row: row["shard"])
             pairs = {row["shard"]: row["claim_version"] for row in taken}
-            rescued = Counter(row["shard"] for row in self._execute(cursor, "rescue_jobs", {
-                "shards": list(pairs), "versions": list(pairs.values()),
-                "max_worker_losses": max_worker_losses}))
-            self._execute(cursor, "log_shard_claims", {
-                "worker": worker, "shards": list(pairs), "versions": list(pairs.values()),
-                "previous": [row["previous_owner"] for row in taken],
-                "rescued": [rescued[row["shard"]] for row in taken]}, fetch="none")
+            rescued = Counter(
+                row["shard"]
+                for row in self._execute(
+                    cursor,
+                    "rescue_jobs",
+                    {"shards": list(pairs), "versions": list(pairs.values()), "max_worker_losses": max_worker_losses},
+                )
+            )
+            self._execute(
+                cursor,
+                "log_shard_claims",
+                {
+                    "worker": worker,
+                    "shards": list(pairs),
+                    "versions": list(pairs.values()),
+                    "previous": [row["previous_owner"] for row in taken],
+                    "rescued": [rescued[row["shard"]] for row in taken],
+                },
+                fetch="none",
+            )
             return [{**row, "rescued": rescued[row["shard"]]} for row in taken]
 
         def in_transaction(cursor: psycopg.Cursor[NamedRow]) -> list[NamedRow]:
@@ -377,9 +434,17 @@ class WorkerStore:
 
     # -- jobs -----------------------------------------------------------------
 
-    def claim_jobs(self, worker: str, shards: list[int], queues: list[str] | None, per_shard: int,
-                   limit: int, lookahead: float = 0.0, row_factory: "type[DataclassInstance] | None" = None,
-                   start: int = 0) -> list[Any]:
+    def claim_jobs(
+        self,
+        worker: str,
+        shards: list[int],
+        queues: list[str] | None,
+        per_shard: int,
+        limit: int,
+        lookahead: float = 0.0,
+        row_factory: "type[DataclassInstance] | None" = None,
+        start: int = 0,
+    ) -> list[Any]:
         """Claim a batch (rows by name: dicts, or ``row_factory(**columns)``;
         a row with ``problem`` set was quarantined, not claimed; one with
         ``started`` true was started by the claim, see queries.sql)."""
@@ -396,8 +461,11 @@ class WorkerStore:
         }
         if row_factory is None:
             return self.run("claim_jobs", params, binary=True, named=True)
-        return self.guarded("claim_jobs", lambda cursor: self._execute(
-            cursor, "claim_jobs", params, binary=True), row_factory=fields_row(row_factory))
+        return self.guarded(
+            "claim_jobs",
+            lambda cursor: self._execute(cursor, "claim_jobs", params, binary=True),
+            row_factory=fields_row(row_factory),
+        )
 
     def start_jobs[J: JobRef](
         self, worker: str, jobs: list[J]
@@ -408,9 +476,16 @@ class WorkerStore:
         from both lost its claim: it must not start."""
 
         def batch(part: list[J]) -> list[NamedRow]:
-            return self.run("start_jobs", {
-                "worker": worker, "ids": [j.id for j in part], "fences": [j.fence for j in part],
-                "ranks": [j.status_rank for j in part]}, named=True)
+            return self.run(
+                "start_jobs",
+                {
+                    "worker": worker,
+                    "ids": [j.id for j in part],
+                    "fences": [j.fence for j in part],
+                    "ranks": [j.status_rank for j in part],
+                },
+                named=True,
+            )
 
         rows, rejected = self.run_split(jobs, batch)
         return {row["id"]: row for row in rows}, rejected
@@ -427,8 +502,11 @@ class WorkerStore:
         """The one rescue (see ``rescue_jobs`` in queries.sql) over the
         (shard, claim_version) pairs ``held``: rows shard, id, started, dead."""
         shards = sorted(held)
-        return self.run("rescue_jobs", {"shards": shards, "versions": [held[s] for s in shards],
-                                        "max_worker_losses": max_worker_losses}, named=True)
+        return self.run(
+            "rescue_jobs",
+            {"shards": shards, "versions": [held[s] for s in shards], "max_worker_losses": max_worker_losses},
+            named=True,
+        )
 
     def complete_jobs[O: OutcomeRef](
         self, outcomes: list[O]
@@ -454,8 +532,11 @@ class WorkerStore:
     def outcomes_applied(self, outcomes: Sequence[OutcomeRef]) -> set[tuple[int, int]]:
         rows = self.run(
             "outcomes_applied",
-            {"ids": [o.id for o in outcomes], "fences": [o.fence for o in outcomes],
-             "ranks": [o.rank for o in outcomes]},
+            {
+                "ids": [o.id for o in outcomes],
+                "fences": [o.fence for o in outcomes],
+                "ranks": [o.rank for o in outcomes],
+            },
         )
         return {(job_id, rank) for job_id, rank in rows}
 
@@ -463,11 +544,16 @@ class WorkerStore:
         """Put claimed jobs that never ran here back to READY (objects with id,
         fence, status_rank, and ``started``/``previous_attempt_at`` when the
         claim started them)."""
-        rows = self.run("return_jobs", {
-            "ids": [j.id for j in jobs], "fences": [j.fence for j in jobs],
-            "ranks": [j.status_rank + 1 for j in jobs],
-            "started": [bool(getattr(j, "started", False)) for j in jobs],
-            "previous_attempt_at": [getattr(j, "previous_attempt_at", None) for j in jobs]})
+        rows = self.run(
+            "return_jobs",
+            {
+                "ids": [j.id for j in jobs],
+                "fences": [j.fence for j in jobs],
+                "ranks": [j.status_rank + 1 for j in jobs],
+                "started": [bool(getattr(j, "started", False)) for j in jobs],
+                "previous_attempt_at": [getattr(j, "previous_attempt_at", None) for j in jobs],
+            },
+        )
         return {row[0] for row in rows}
 
 

@@ -53,8 +53,9 @@ class Buffer:
         for job in jobs:
             try:
                 push(
-                    QueuedJob(job.id, job.queue_name, job.priority, job.run_after, job.shard,
-                              job.shard_key, job.ordered, job),
+                    QueuedJob(
+                        job.id, job.queue_name, job.priority, job.run_after, job.shard, job.shard_key, job.ordered, job
+                    ),
                     now,
                 )
             except (DuplicateJob, QueueFull):

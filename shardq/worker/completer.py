@@ -195,8 +195,12 @@ class Completer:
                 replacements = [self._refused(outcome, error) for outcome, error in refused]
                 more, more_uncertain, still = self._write_batch(replacements, deadline)
                 for outcome, error in still:
-                    logger.error("job %s: even its failure could not be written (%s); its shard's "
-                                 "next owner will find it in flight", outcome.id, error)
+                    logger.error(
+                        "job %s: even its failure could not be written (%s); its shard's "
+                        "next owner will find it in flight",
+                        outcome.id,
+                        error,
+                    )
                 applied |= more
                 uncertain = uncertain or more_uncertain
                 outcomes = [o for o in outcomes if all(o is not r for r, _ in refused)] + replacements
@@ -206,8 +210,10 @@ class Completer:
                 landed, _ = self._retrying(lambda: self.store.outcomes_applied(missing), "ack check", deadline)
                 applied |= landed
         except DatabaseUnavailable:
-            logger.error("shutdown deadline passed with %s outcomes unwritten; their shards' "
-                         "next owner will run them again", len(outcomes))
+            logger.error(
+                "shutdown deadline passed with %s outcomes unwritten; their shards' next owner will run them again",
+                len(outcomes),
+            )
             applied = set()
             self._settle(outcomes)
             return
@@ -225,7 +231,9 @@ class Completer:
                 logger.warning(
                     "outcome of job %s rejected: this worker's fence %s is no longer current "
                     "(shard %s changed hands or the job moved on); not written",
-                    outcome.id, outcome.fence, outcome.shard,
+                    outcome.id,
+                    outcome.fence,
+                    outcome.shard,
                 )
         self._settle(outcomes)
 
@@ -233,8 +241,7 @@ class Completer:
         self, outcomes: list[Outcome], deadline: float | None
     ) -> tuple[set[tuple[int, int]], bool, list[tuple[Outcome, StatementRejected]]]:
         """(applied pairs, whether a try failed, [(outcome, StatementRejected)])."""
-        (applied, refused), uncertain = self._retrying(
-            lambda: self.store.complete_jobs(outcomes), "ack", deadline)
+        (applied, refused), uncertain = self._retrying(lambda: self.store.complete_jobs(outcomes), "ack", deadline)
         return applied, uncertain, refused
 
     def _refused(self, outcome: Outcome, error: Exception) -> Outcome:
@@ -247,11 +254,19 @@ class Completer:
             self._pending_by_shard[outcome.shard] += 1
             self._pending_ids[outcome.id] += 1
         reason = str(error).encode("ascii", "backslashreplace").decode("ascii").replace("\x00", "\\x00")[:2000]
-        text = (f"shardq.exceptions.OutcomeRejected: PostgreSQL refused to store the {outcome.status} "
-                f"outcome of job {outcome.id} (its return value or error text): {reason}\n")
-        return Outcome(outcome.id, outcome.fence, outcome.rank, "FAILED",
-                       error_json=Outcome.error("shardq.exceptions.OutcomeRejected", text),
-                       shard=outcome.shard, attempts=outcome.attempts)
+        text = (
+            f"shardq.exceptions.OutcomeRejected: PostgreSQL refused to store the {outcome.status} "
+            f"outcome of job {outcome.id} (its return value or error text): {reason}\n"
+        )
+        return Outcome(
+            outcome.id,
+            outcome.fence,
+            outcome.rank,
+            "FAILED",
+            error_json=Outcome.error("shardq.exceptions.OutcomeRejected", text),
+            shard=outcome.shard,
+            attempts=outcome.attempts,
+        )
 
     def _settle(self, outcomes: Sequence[Outcome] | Sequence[ReturnedJob], *, returns: bool = False) -> None:
         with self._pending_lock:

@@ -88,12 +88,19 @@ class ClaimedJob:
         raw = json.loads(self.errors_json)
         errors = []
         for entry in raw if isinstance(raw, list) else []:
-            if (isinstance(entry, dict) and set(entry) == {"exception_class_path", "traceback"}
-                    and all(isinstance(v, str) for v in entry.values())):
+            if (
+                isinstance(entry, dict)
+                and set(entry) == {"exception_class_path", "traceback"}
+                and all(isinstance(v, str) for v in entry.values())
+            ):
                 errors.append(entry)
             else:
-                errors.append({"exception_class_path": "shardq.exceptions.UnreadableJob",
-                               "traceback": f"an unreadable error entry: {json.dumps(entry)[:200]}"})
+                errors.append(
+                    {
+                        "exception_class_path": "shardq.exceptions.UnreadableJob",
+                        "traceback": f"an unreadable error entry: {json.dumps(entry)[:200]}",
+                    }
+                )
         return errors
 
 

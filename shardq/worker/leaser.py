@@ -213,14 +213,17 @@ class Leaser:
 
     def _claim(self, wanted: int) -> None:
         sent = self.clock()
-        rows = self.store.claim_shards(self.worker_id, wanted, self.ttl, self.shard_count,
-                                       self.max_worker_losses)
+        rows = self.store.claim_shards(self.worker_id, wanted, self.ttl, self.shard_count, self.max_worker_losses)
         if not rows:
             return
         gained = set()
         for row in rows:
             shard, version, previous_owner, rescued = (
-                row["shard"], row["claim_version"], row["previous_owner"], row["rescued"])
+                row["shard"],
+                row["claim_version"],
+                row["previous_owner"],
+                row["rescued"],
+            )
             self.held[shard] = version
             gained.add(shard)
             self.stats.add("shard_claims")
@@ -246,8 +249,11 @@ class Leaser:
         """The write side of ``ownership``, waited for at most a heartbeat."""
         locked = self.ownership.acquire_write(timeout=self.heartbeat)
         if not locked:
-            logger.warning("a claim has not come back in %.1fs; dropping shards without waiting for it "
-                           "(it hands back what it brings for them)", self.heartbeat)
+            logger.warning(
+                "a claim has not come back in %.1fs; dropping shards without waiting for it "
+                "(it hands back what it brings for them)",
+                self.heartbeat,
+            )
         try:
             yield
         finally:
@@ -312,4 +318,3 @@ class Leaser:
         if released:
             self._notify_release()
         return len(released)
-

@@ -20,16 +20,16 @@ import uuid
 
 from ..backend import ShardqBackend
 from ..conf import get_config
-from ..db.store import DatabaseGuard, WorkerStore
 from ..cron import schedules
+from ..db.store import DatabaseGuard, WorkerStore
 from ..tasks import autodiscover
+from . import shutdown as shutdown_signals
 from .buffer import Buffer
 from .completer import Completer
 from .executor import Executor
 from .fetcher import Fetcher, Listener
 from .leaser import Leaser
 from .scheduler import Scheduler
-from . import shutdown as shutdown_signals
 from .shutdown import signal_name
 from .stats import Stats
 

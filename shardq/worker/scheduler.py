@@ -31,8 +31,14 @@ logger = logging.getLogger("shardq.worker.scheduler")
 
 
 class Scheduler:
-    def __init__(self, schedules: list[Schedule], stats: Stats, *, interval_seconds: float = 1.0,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        schedules: list[Schedule],
+        stats: Stats,
+        *,
+        interval_seconds: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.schedules = schedules
         self.stats = stats
         self.interval = interval_seconds

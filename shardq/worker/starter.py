@@ -54,9 +54,20 @@ AHEAD_MAX = 1024
 
 
 class Starter:
-    def __init__(self, store: WorkerStore, stats: Stats, *, worker_id: str, buffer: Buffer, leaser: Leaser,
-                 completer: Completer, fetcher: Fetcher, concurrency: int,
-                 task_seconds: Callable[[], float | None], task_modules: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        store: WorkerStore,
+        stats: Stats,
+        *,
+        worker_id: str,
+        buffer: Buffer,
+        leaser: Leaser,
+        completer: Completer,
+        fetcher: Fetcher,
+        concurrency: int,
+        task_seconds: Callable[[], float | None],
+        task_modules: tuple[str, ...] = (),
+    ) -> None:
         self.store = store
         self.stats = stats
         self.worker_id = worker_id

@@ -110,8 +110,18 @@ def test_get_result_returns_the_same_fields_as_enqueue():
 
     assert fetched.id == enqueued.id
     assert fetched.task == add
-    for field in ("status", "enqueued_at", "started_at", "finished_at", "last_attempted_at",
-                  "args", "kwargs", "backend", "errors", "worker_ids"):
+    for field in (
+        "status",
+        "enqueued_at",
+        "started_at",
+        "finished_at",
+        "last_attempted_at",
+        "args",
+        "kwargs",
+        "backend",
+        "errors",
+        "worker_ids",
+    ):
         assert getattr(fetched, field) == getattr(enqueued, field), field
 
 
@@ -342,8 +352,10 @@ def test_a_successful_result_is_served_from_the_cache_and_copies_are_independent
 
     result = add.enqueue(2, 3)
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE shardq_job SET status = 'SUCCESSFUL', return_value = '5', "
-                       "finished_at = now() WHERE id = %s", [int(result.id)])
+        cursor.execute(
+            "UPDATE shardq_job SET status = 'SUCCESSFUL', return_value = '5', finished_at = now() WHERE id = %s",
+            [int(result.id)],
+        )
     first = add.get_result(result.id)
     first.worker_ids.append("mutated by the caller")
     with CaptureQueriesContext(connection) as queries:

@@ -37,7 +37,8 @@ def nothing_stored():
 
 
 @pytest.mark.parametrize(
-    "value", [object(), {1, 2}, b"bytes", datetime.date(2026, 1, 1), decimal.Decimal("1.5"), uuid.uuid4()],
+    "value",
+    [object(), {1, 2}, b"bytes", datetime.date(2026, 1, 1), decimal.Decimal("1.5"), uuid.uuid4()],
     ids=["object", "set", "bytes", "date", "decimal", "uuid"],
 )
 def test_a_positional_argument_that_is_not_json_is_refused_by_position(value, nothing_stored):

@@ -168,8 +168,12 @@ def test_context_managers_raise_timeout_error_on_timeout():
     lock = RWLock()
     with lock.write_locked(), pytest.raises(TimeoutError, match="read lock"), lock.read_locked(timeout=0.01):
         pass
-    with (lock.read_locked(), lock.read_locked(), pytest.raises(TimeoutError, match="write lock"),
-          lock.write_locked(timeout=0)):
+    with (
+        lock.read_locked(),
+        lock.read_locked(),
+        pytest.raises(TimeoutError, match="write lock"),
+        lock.write_locked(timeout=0),
+    ):
         pass
     assert lock.readers == 0
 

@@ -48,9 +48,15 @@ class Command(BaseCommand):
                 "FROM shardq_worker w WHERE w.state <> 'STOPPED' ORDER BY w.started_at"
             )
             workers = [
-                {"id": wid, "host": host, "pid": pid, "state": state,
-                 "heartbeat_age_seconds": _number(round(age, 1) if age is not None else None),
-                 "shards": shards, "stats": json.loads(stats) if stats is not None else None}
+                {
+                    "id": wid,
+                    "host": host,
+                    "pid": pid,
+                    "state": state,
+                    "heartbeat_age_seconds": _number(round(age, 1) if age is not None else None),
+                    "shards": shards,
+                    "stats": json.loads(stats) if stats is not None else None,
+                }
                 for wid, host, pid, state, age, stats, shards in cursor.fetchall()
             ]
             cursor.execute("SELECT status, count(*) FROM shardq_job GROUP BY 1 ORDER BY 1")
@@ -60,12 +66,19 @@ class Command(BaseCommand):
                 "FROM shardq_job WHERE status = 'READY' AND run_after <= clock_timestamp()"
             )
             lag = cursor.fetchone()[0]
-            cursor.execute("SELECT count(*) FROM shardq_shard WHERE owner IS NULL OR lease_expires <= clock_timestamp()")
+            cursor.execute(
+                "SELECT count(*) FROM shardq_shard WHERE owner IS NULL OR lease_expires <= clock_timestamp()"
+            )
             unowned = cursor.fetchone()[0]
         if options["json"]:
             # json.dumps escapes control characters (and, by default, all non-ASCII).
-            self.stdout.write(json.dumps({"workers": workers, "jobs": jobs, "oldest_ready_seconds": _number(lag),
-                                          "unowned_shards": unowned}, indent=2, allow_nan=False))
+            self.stdout.write(
+                json.dumps(
+                    {"workers": workers, "jobs": jobs, "oldest_ready_seconds": _number(lag), "unowned_shards": unowned},
+                    indent=2,
+                    allow_nan=False,
+                )
+            )
             return
         self.stdout.write(f"{'worker':38} {'host:pid':24} {'state':9} {'shards':>6} {'heartbeat':>9}  counters")
         for w in workers:
