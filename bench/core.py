@@ -164,7 +164,7 @@ def lru_mix(cls, capacity=10_000, ops=200_000, seed=4):
         c = cls(capacity)
         get, put = c.get, c.set
         t0 = clock()
-        for k, is_get in zip(keys, kinds):
+        for k, is_get in zip(keys, kinds, strict=True):
             if is_get:
                 get(k)
             else:
@@ -177,10 +177,7 @@ def lru_mix(cls, capacity=10_000, ops=200_000, seed=4):
 def lru_get_or_compute(kind, capacity=10_000, ops=200_000, seed=5):
     """The one pattern functools.lru_cache also serves: value = f(key), cached."""
     rng = random.Random(seed)
-    keys = [
-        rng.randrange(capacity // 5) if rng.random() < 0.5 else rng.randrange(capacity * 2)
-        for _ in range(ops)
-    ]
+    keys = [rng.randrange(capacity // 5) if rng.random() < 0.5 else rng.randrange(capacity * 2) for _ in range(ops)]
 
     def compute(k):
         return k
@@ -247,13 +244,14 @@ class _DequeSetFifo:
 def fifoset_runtime(cls, capacity=8192, ops=300_000, in_flight=256):
     """The completer's pattern: remember each finished id, look it up when a
     claim comes back, forget it once its write lands (``in_flight`` later)."""
+
     def run():
         s = cls(capacity)
         add, discard = s.add, s.discard
         t0 = clock()
         for i in range(ops):
             add(i)
-            (i - 7) in s
+            _ = (i - 7) in s  # the membership test is the measured work
             discard(i - in_flight)
         return ops, clock() - t0
 
@@ -263,13 +261,14 @@ def fifoset_runtime(cls, capacity=8192, ops=300_000, in_flight=256):
 def fifoset_mix(cls, capacity=100_000, ops=300_000):
     """The worker's pattern: insert ids as they finish (always new, so the
     set stays full and evicts), look up a recent one now and then."""
+
     def run():
         s = cls(capacity)
         add = s.add
         t0 = clock()
         for i in range(ops):
             add(i)
-            (i - 7) in s
+            _ = (i - 7) in s  # the membership test is the measured work
         return ops, clock() - t0
 
     return run
@@ -316,13 +315,14 @@ def breaker_mix(ops=200_000):
 def hash_rates(ops=100_000):
     keys = [f"order:{{{i}}}:line:{i % 7}" for i in range(ops)]
     out = {}
-    for name, fn in (("fnv1a_32", fnv1a_32), ("shard_key_hash (mmh3)", shard_key_hash),
-                     ("key_slot (crc16)", key_slot)):
+    for name, fn in (("fnv1a_32", fnv1a_32), ("shard_key_hash (mmh3)", shard_key_hash), ("key_slot (crc16)", key_slot)):
+
         def run(fn=fn):
             t0 = clock()
             for k in keys:
                 fn(k)
             return ops, clock() - t0
+
         out[name] = run
     return out
 
@@ -334,20 +334,21 @@ def _jobs(n, seed, ordered_share=0.0, delayed_share=0.0, queues=8, shards=64):
     out = []
     for i in range(n):
         ordered = rng.random() < ordered_share
-        out.append(QueuedJob(
-            id=i,
-            queue_name=names[i % queues],
-            priority=rng.choice((0, 0, 0, 10, -10, 50)),
-            run_after=(rng.random() * 0.5) if rng.random() < delayed_share else 0.0,
-            shard=rng.randrange(shards),
-            key=f"k{rng.randrange(200)}" if ordered else None,
-            ordered=ordered,
-        ))
+        out.append(
+            QueuedJob(
+                id=i,
+                queue_name=names[i % queues],
+                priority=rng.choice((0, 0, 0, 10, -10, 50)),
+                run_after=(rng.random() * 0.5) if rng.random() < delayed_share else 0.0,
+                shard=rng.randrange(shards),
+                key=f"k{rng.randrange(200)}" if ordered else None,
+                ordered=ordered,
+            )
+        )
     return out
 
 
-def localqueue_cycle(lanes, n=200_000, backlog=1_000, ordered_share=0.0,
-                     delayed_share=0.0, seed=6):
+def localqueue_cycle(lanes, n=200_000, backlog=1_000, ordered_share=0.0, delayed_share=0.0, seed=6):
     """Steady state: keep ~backlog buffered; each cycle = push + pop + done."""
     jobs = _jobs(n + backlog, seed, ordered_share, delayed_share)
 
@@ -419,11 +420,11 @@ def localqueue_threads(lanes, n=200_000, executors=4, seed=7):
 
 def markdown(results):
     """The rows of a results file as a Markdown table (for docs/benchmarks.md)."""
-    lines = ["| structure | workload | implementation | median ops/s | × first |",
-             "|---|---|---|---:|---:|"]
+    lines = ["| structure | workload | implementation | median ops/s | × first |", "|---|---|---|---:|---:|"]
     for row in results["rows"]:
-        lines.append(f"| {row['group']} | {row['case']} | {row['impl']} | "
-                     f"{row['ops_per_s']:,} | {row['vs_first']:.2f} |")
+        lines.append(
+            f"| {row['group']} | {row['case']} | {row['impl']} | {row['ops_per_s']:,} | {row['vs_first']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -433,8 +434,7 @@ def main(argv=None):
     parser.add_argument("--full", action="store_true", help="add the 1M-entry runs")
     parser.add_argument("--repeat", type=int, default=5, help="runs per figure (median)")
     parser.add_argument("--out", default=str(RESULTS))
-    parser.add_argument("--markdown", metavar="JSON",
-                        help="print a results file as a Markdown table and exit")
+    parser.add_argument("--markdown", metavar="JSON", help="print a results file as a Markdown table and exit")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown(json.loads(Path(args.markdown).read_text())))
@@ -456,83 +456,105 @@ def main(argv=None):
         for impl, _ in contenders:
             runs = rates[impl]
             med = statistics.median(runs)
-            ratio = statistics.median(r / b for r, b in zip(runs, rates[base]))
-            rows.append({"group": group, "case": case, "impl": impl,
-                         "ops_per_s": round(med), "vs_first": round(ratio, 2),
-                         "runs": [round(r) for r in runs]})
-            print(f"{group:<14} {case:<36} {impl:<24} {med:>12,.0f} ops/s"
-                  f"  ×{ratio:.2f}", flush=True)
+            ratio = statistics.median(r / b for r, b in zip(runs, rates[base], strict=True))
+            rows.append(
+                {
+                    "group": group,
+                    "case": case,
+                    "impl": impl,
+                    "ops_per_s": round(med),
+                    "vs_first": round(ratio, 2),
+                    "runs": [round(r) for r in runs],
+                }
+            )
+            print(f"{group:<14} {case:<36} {impl:<24} {med:>12,.0f} ops/s  ×{ratio:.2f}", flush=True)
 
     def measure(group, case, impl, fn):
         compare(group, case, [(impl, fn)])
 
     sizes = [1_000, 65_536] + ([1_000_000] if args.full else [])
-    heaps = [("4-ary (pure Python)", heap_mod.QuaternaryIndexedQueue),
-             ("heapq (C)", heap_mod.HeapqIndexedQueue)]
+    heaps = [("4-ary (pure Python)", heap_mod.QuaternaryIndexedQueue), ("heapq (C)", heap_mod.HeapqIndexedQueue)]
     for n in sizes:
-        compare("indexed heap", f"fill {n:,} then drain",
-                [(name, heap_fill_drain(cls, n)) for name, cls in heaps])
-        compare("indexed heap", f"push/pop/remove 40/40/20 @ {n:,}",
-                [(name, heap_mix(cls, n)) for name, cls in heaps])
+        compare("indexed heap", f"fill {n:,} then drain", [(name, heap_fill_drain(cls, n)) for name, cls in heaps])
+        compare("indexed heap", f"push/pop/remove 40/40/20 @ {n:,}", [(name, heap_mix(cls, n)) for name, cls in heaps])
 
-    indexes = [("skip list (pure Python)", skip_mod.SkipListDelayedIndex),
-               ("SortedList", skip_mod.SortedListDelayedIndex)]
+    indexes = [
+        ("skip list (pure Python)", skip_mod.SkipListDelayedIndex),
+        ("SortedList", skip_mod.SortedListDelayedIndex),
+    ]
     # Extra sizes locate the crossover the factory's threshold is based on.
     for n in sorted({*sizes, 8_192, 32_768}):
-        compare("delayed index", f"add/remove/pop_due @ {n:,}",
-                [(name, delayed_mix(cls, n)) for name, cls in indexes])
+        compare("delayed index", f"add/remove/pop_due @ {n:,}", [(name, delayed_mix(cls, n)) for name, cls in indexes])
 
-    lrus = [("LinkedLRU (pure Python)", lru_mod.LinkedLRU),
-            ("OrderedDictLRU", lru_mod.OrderedDictLRU)]
+    lrus = [("LinkedLRU (pure Python)", lru_mod.LinkedLRU), ("OrderedDictLRU", lru_mod.OrderedDictLRU)]
     compare("LRU", "get/set 80/20, cap 10k", [(name, lru_mix(cls)) for name, cls in lrus])
-    compare("LRU", "get-or-compute, cap 10k",
-            [(kind, lru_get_or_compute(kind))
-             for kind in ("LinkedLRU", "OrderedDictLRU", "functools.lru_cache")])
+    compare(
+        "LRU",
+        "get-or-compute, cap 10k",
+        [(kind, lru_get_or_compute(kind)) for kind in ("LinkedLRU", "OrderedDictLRU", "functools.lru_cache")],
+    )
 
-    compare("FIFO set", "add + contains, cap 100k, full",
-            [("FifoSet (10% batch eviction)", fifoset_mix(FifoSet)),
-             ("OrderedDict, evict 1 per add", fifoset_mix(_OrderedDictFifo)),
-             ("set + deque, evict 1 per add", fifoset_mix(_DequeSetFifo))])
+    compare(
+        "FIFO set",
+        "add + contains, cap 100k, full",
+        [
+            ("FifoSet (10% batch eviction)", fifoset_mix(FifoSet)),
+            ("OrderedDict, evict 1 per add", fifoset_mix(_OrderedDictFifo)),
+            ("set + deque, evict 1 per add", fifoset_mix(_DequeSetFifo)),
+        ],
+    )
     # set + deque has no O(1) discard (a deque removes from the middle in O(n)).
-    compare("FIFO set", "add + contains + discard (completer), cap 8k",
-            [("FifoSet (10% batch eviction)", fifoset_runtime(FifoSet)),
-             ("OrderedDict, evict 1 per add", fifoset_runtime(_OrderedDictFifo))])
-    compare("lock", "uncontended acquire+release",
-            [(mode, rwlock_uncontended(mode))
-             for mode in ("threading.Lock", "RWLock read", "RWLock write")])
+    compare(
+        "FIFO set",
+        "add + contains + discard (completer), cap 8k",
+        [
+            ("FifoSet (10% batch eviction)", fifoset_runtime(FifoSet)),
+            ("OrderedDict, evict 1 per add", fifoset_runtime(_OrderedDictFifo)),
+        ],
+    )
+    compare(
+        "lock",
+        "uncontended acquire+release",
+        [(mode, rwlock_uncontended(mode)) for mode in ("threading.Lock", "RWLock read", "RWLock write")],
+    )
     measure("breaker", "allow + record", "CircuitBreaker", breaker_mix())
     compare("hash", "hash one key", list(hash_rates().items()))
 
     cores = os.cpu_count() or 1
     for lanes in sorted({lane_count(cores), 64}):
         measure("LocalQueue", f"push+pop+done, {lanes} lanes", "cycles", localqueue_cycle(lanes))
-        measure("LocalQueue", f"… 10% ordered keys, {lanes} lanes", "cycles",
-                localqueue_cycle(lanes, ordered_share=0.1))
-        measure("LocalQueue", f"… 20% delayed, {lanes} lanes", "cycles",
-                localqueue_cycle(lanes, delayed_share=0.2))
-        measure("LocalQueue", f"threads 1 push + 4 pop, {lanes} lanes", "jobs",
-                localqueue_threads(lanes))
+        measure(
+            "LocalQueue", f"… 10% ordered keys, {lanes} lanes", "cycles", localqueue_cycle(lanes, ordered_share=0.1)
+        )
+        measure("LocalQueue", f"… 20% delayed, {lanes} lanes", "cycles", localqueue_cycle(lanes, delayed_share=0.2))
+        measure("LocalQueue", f"threads 1 push + 4 pop, {lanes} lanes", "jobs", localqueue_threads(lanes))
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "machine": platform.machine(),
-        "cpu_count": cores,
-        "repeat": repeat,
-        "full": args.full,
-        "chosen": {
-            "indexed_queue": heap_mod.FastestIndexedQueue.__name__,
-            "delayed_index": {
-                "up to entries": skip_mod.SKIPLIST_MAX_ENTRIES,
-                "small": skip_mod.delayed_index_class(1).__name__,
-                "large": skip_mod.delayed_index_class(None).__name__,
+    out.write_text(
+        json.dumps(
+            {
+                "python": sys.version.split()[0],
+                "implementation": platform.python_implementation(),
+                "machine": platform.machine(),
+                "cpu_count": cores,
+                "repeat": repeat,
+                "full": args.full,
+                "chosen": {
+                    "indexed_queue": heap_mod.FastestIndexedQueue.__name__,
+                    "delayed_index": {
+                        "up to entries": skip_mod.SKIPLIST_MAX_ENTRIES,
+                        "small": skip_mod.delayed_index_class(1).__name__,
+                        "large": skip_mod.delayed_index_class(None).__name__,
+                    },
+                    "lru": lru_mod.FastestLRU.__name__,
+                },
+                "rows": rows,
             },
-            "lru": lru_mod.FastestLRU.__name__,
-        },
-        "rows": rows,
-    }, indent=2) + "\n")
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"\nwrote {out}")
 
 

@@ -81,8 +81,9 @@ class PlainQueue:
 
 def drain_rate(n: int) -> float:
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE shardq_job; DELETE FROM shardq_worker; "
-                       "UPDATE shardq_shard SET owner = NULL, lease_expires = NULL")
+        cursor.execute(
+            "TRUNCATE shardq_job; DELETE FROM shardq_worker; UPDATE shardq_shard SET owner = NULL, lease_expires = NULL"
+        )
     for start in range(0, n, 10000):
         shardq.enqueue_many(noop, [((), {})] * min(10000, n - start))
     worker = Worker(concurrency=4)
@@ -105,7 +106,10 @@ def main():
     original = buffer_module.LocalQueue
     rates = {"LocalQueue (lanes, heapq index, time index)": [], "plain heapq + one lock": []}
     for _ in range(rounds):
-        for name, cls in (("LocalQueue (lanes, heapq index, time index)", original), ("plain heapq + one lock", PlainQueue)):
+        for name, cls in (
+            ("LocalQueue (lanes, heapq index, time index)", original),
+            ("plain heapq + one lock", PlainQueue),
+        ):
             buffer_module.LocalQueue = cls
             rates[name].append(drain_rate(n))
     buffer_module.LocalQueue = original

@@ -131,18 +131,34 @@ class Bench:
         """Run bench/api_child.py (shardq's public API) and return its JSON line."""
         done = subprocess.run(
             [sys.executable, str(REPO / "bench" / "api_child.py"), *map(str, args)],
-            cwd=REPO, env=self.child_env(**(env or {})), capture_output=True, text=True, timeout=600,
+            cwd=REPO,
+            env=self.child_env(**(env or {})),
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         if done.returncode:
             raise RuntimeError(f"api_child {' '.join(map(str, args))} failed:\n{done.stderr[-3000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     def start_worker(self, processes: int, env: dict | None = None, name: str = "worker") -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "w")
+        log = open(self.logs / f"{name}.log", "w")  # noqa: SIM115 (the worker writes it until stop_worker)
         proc = subprocess.Popen(
-            [sys.executable, "manage.py", "shardq_worker", "--processes", str(processes),
-             "--concurrency", str(self.o.concurrency), "--grace", "5"],
-            cwd=REPO, env=self.child_env(**(env or {})), stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "manage.py",
+                "shardq_worker",
+                "--processes",
+                str(processes),
+                "--concurrency",
+                str(self.o.concurrency),
+                "--grace",
+                "5",
+            ],
+            cwd=REPO,
+            env=self.child_env(**(env or {})),
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: we can kill the whole tree
         )
         proc.log_path = log.name
@@ -196,13 +212,16 @@ class Bench:
             time.sleep(0.05)
 
     def shards_held(self) -> int:
-        return self.sql("SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL"
-                        " AND lease_expires > clock_timestamp()")[0][0]
+        return self.sql(
+            "SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL AND lease_expires > clock_timestamp()"
+        )[0][0]
 
     def finished(self) -> tuple[int, float | None]:
         """(jobs SUCCESSFUL, their steady rate: (n-1) / (last finished_at - first))."""
-        n, span = self.sql("SELECT count(*), extract(epoch FROM max(finished_at) - min(finished_at))::float8"
-                           " FROM shardq_job WHERE status = 'SUCCESSFUL'")[0]
+        n, span = self.sql(
+            "SELECT count(*), extract(epoch FROM max(finished_at) - min(finished_at))::float8"
+            " FROM shardq_job WHERE status = 'SUCCESSFUL'"
+        )[0]
         return n, ((n - 1) / span if n > 1 and span else None)
 
     def latency(self) -> dict:
@@ -224,7 +243,11 @@ class Bench:
         for name, run, n in [
             ("copy", lambda: limit.copy_enqueue(self.url, o.bulk), o.bulk),
             ("insert_tx", lambda: limit.insert_enqueue(self.url, o.one_by_one, transaction=True), o.one_by_one),
-            ("insert_autocommit", lambda: limit.insert_enqueue(self.url, o.one_by_one, transaction=False), o.one_by_one),
+            (
+                "insert_autocommit",
+                lambda: limit.insert_enqueue(self.url, o.one_by_one, transaction=False),
+                o.one_by_one,
+            ),
         ]:
             rates = []
             for _ in range(o.reps):
@@ -232,8 +255,11 @@ class Bench:
                 rates.append(n / run())
             out[f"limit_{name}"] = rates
             self.step(f"limit enqueue: {name}")
-        for name, mode, n in [("atomic", "atomic", o.one_by_one), ("autocommit", "autocommit", o.one_by_one),
-                              ("bulk", "bulk", o.bulk)]:
+        for name, mode, n in [
+            ("atomic", "atomic", o.one_by_one),
+            ("autocommit", "autocommit", o.one_by_one),
+            ("bulk", "bulk", o.bulk),
+        ]:
             self.reset()
             seconds = self.api("enqueue", mode, n, o.reps)["seconds"]
             out[f"shardq_{name}"] = [n / s for s in seconds]
@@ -272,11 +298,17 @@ class Bench:
             if p.exitcode:
                 raise RuntimeError(f"a limit drain process exited with {p.exitcode}")
         n, steady = self.finished()
-        return {"jobs": n, "wall_s": wall, "wall_rate": n / wall, "steady_rate": steady,
-                "peak_rss_mib": peak / 2**20 if sample_rss else None}
+        return {
+            "jobs": n,
+            "wall_s": wall,
+            "wall_rate": n / wall,
+            "steady_rate": steady,
+            "peak_rss_mib": peak / 2**20 if sample_rss else None,
+        }
 
-    def shardq_drain(self, processes: int, fill: int, window: float | None = None, sample_rss: bool = False,
-                     name: str = "drain") -> dict:
+    def shardq_drain(
+        self, processes: int, fill: int, window: float | None = None, sample_rss: bool = False, name: str = "drain"
+    ) -> dict:
         """Start ``shardq_worker --processes N`` on ``fill`` READY jobs; wall time from
         the start of the command until every job is SUCCESSFUL (or for ``window``
         seconds after it registered)."""
@@ -296,8 +328,12 @@ class Bench:
                 self.wait_empty(timeout=max(300.0, fill / 50), proc=proc, sample=sample if sample_rss else None)
                 wall = time.perf_counter() - started
             else:
-                self.wait_for(lambda: self.sql("SELECT count(*) FROM shardq_worker")[0][0] >= processes,
-                              60, "the worker to register", proc)
+                self.wait_for(
+                    lambda: self.sql("SELECT count(*) FROM shardq_worker")[0][0] >= processes,
+                    60,
+                    "the worker to register",
+                    proc,
+                )
                 until = time.monotonic() + window
                 while time.monotonic() < until:
                     sample()
@@ -308,8 +344,13 @@ class Bench:
         finally:
             self.stop_worker(proc)
         n, steady = self.finished()
-        return {"jobs": n, "wall_s": wall, "wall_rate": n / wall, "steady_rate": steady,
-                "peak_rss_mib": peak[0] / 2**20 if sample_rss else None}
+        return {
+            "jobs": n,
+            "wall_s": wall,
+            "wall_rate": n / wall,
+            "steady_rate": steady,
+            "peak_rss_mib": peak[0] / 2**20 if sample_rss else None,
+        }
 
     def drains(self) -> dict:
         out = {}
@@ -331,12 +372,15 @@ class Bench:
         shards = list(range(SHARDS))
         limit.own_shards(self.url, worker, shards)
         ready, stop = self.mp.Event(), self.mp.Event()
-        consumer = self.mp.Process(target=limit.consume_process,
-                                   args=(self.url, worker, shards, listen, self.o.poll_interval, ready, stop))
+        consumer = self.mp.Process(
+            target=limit.consume_process, args=(self.url, worker, shards, listen, self.o.poll_interval, ready, stop)
+        )
         consumer.start()
         try:
             _wait_ready(ready, consumer, "the limit consumer")
-            enqueuer = self.mp.Process(target=limit.steady_enqueue, args=(self.url, self.o.rate, self.o.latency_seconds))
+            enqueuer = self.mp.Process(
+                target=limit.steady_enqueue, args=(self.url, self.o.rate, self.o.latency_seconds)
+            )
             enqueuer.start()
             enqueuer.join()
             self.wait_empty(timeout=30)
@@ -447,7 +491,13 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
     if e:
         for key, figure, lim, sq, need in [
             ("enqueue_tx", "enqueue one by one, one transaction", "limit_insert_tx", "shardq_atomic", 0.8),
-            ("enqueue_autocommit", "enqueue one by one, autocommit", "limit_insert_autocommit", "shardq_autocommit", 0.8),
+            (
+                "enqueue_autocommit",
+                "enqueue one by one, autocommit",
+                "limit_insert_autocommit",
+                "shardq_autocommit",
+                0.8,
+            ),
             ("enqueue_bulk", "bulk enqueue (COPY vs enqueue_many)", "limit_copy", "shardq_bulk", 0.5),
         ]:
             row = Row(key, figure, "jobs/s", median(e[lim]), median(e[sq]), target=f"≥ {need:.0%} of limit")
@@ -455,19 +505,47 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
             rows.append(row)
     d = raw.get("drain")
     if d:
+
         def m(side, p, what):
             return median([r[what] for r in d[f"{side}_{p}p"] if r[what]])
 
-        one = Row("drain_1p", f"drain {o.jobs:,} no-op jobs, 1 process (start → all done)", "jobs/s",
-                  m("limit", 1, "wall_rate"), m("shardq", 1, "wall_rate"), target="≥ 60% of limit")
+        one = Row(
+            "drain_1p",
+            f"drain {o.jobs:,} no-op jobs, 1 process (start → all done)",
+            "jobs/s",
+            m("limit", 1, "wall_rate"),
+            m("shardq", 1, "wall_rate"),
+            target="≥ 60% of limit",
+        )
         one.met = one.ratio is not None and one.ratio >= 0.6
         rows.append(one)
-        rows.append(Row("drain_1p_steady", "  same, steady state (first → last finished_at)", "jobs/s",
-                        m("limit", 1, "steady_rate"), m("shardq", 1, "steady_rate")))
-        rows.append(Row("drain_2p", f"drain {o.jobs:,} no-op jobs, 2 processes (start → all done)", "jobs/s",
-                        m("limit", 2, "wall_rate"), m("shardq", 2, "wall_rate")))
-        rows.append(Row("drain_2p_steady", "  same, steady state", "jobs/s",
-                        m("limit", 2, "steady_rate"), m("shardq", 2, "steady_rate")))
+        rows.append(
+            Row(
+                "drain_1p_steady",
+                "  same, steady state (first → last finished_at)",
+                "jobs/s",
+                m("limit", 1, "steady_rate"),
+                m("shardq", 1, "steady_rate"),
+            )
+        )
+        rows.append(
+            Row(
+                "drain_2p",
+                f"drain {o.jobs:,} no-op jobs, 2 processes (start → all done)",
+                "jobs/s",
+                m("limit", 2, "wall_rate"),
+                m("shardq", 2, "wall_rate"),
+            )
+        )
+        rows.append(
+            Row(
+                "drain_2p_steady",
+                "  same, steady state",
+                "jobs/s",
+                m("limit", 2, "steady_rate"),
+                m("shardq", 2, "steady_rate"),
+            )
+        )
         lim_scale = _div(m("limit", 2, "wall_rate"), m("limit", 1, "wall_rate"))
         sq_scale = _div(m("shardq", 2, "wall_rate"), m("shardq", 1, "wall_rate"))
         scale = Row("drain_scaling", "drain 2 processes ÷ 1 process", "×", lim_scale, sq_scale, target="shardq ≥ 1.6×")
@@ -478,25 +556,47 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
         poll_ms = o.poll_interval * 1000
         for mode, label, bound in [("notify", "NOTIFY on", 10.0), ("poll", "poll only", poll_ms + 10)]:
             for q in ("p50", "p99", "max"):
-                row = Row(f"latency_{mode}_{q}", f"pickup latency at {o.rate:.0f} jobs/s, {label}: {q}", "ms",
-                          lat[f"limit_{mode}"][f"{q}_ms"], lat[f"shardq_{mode}"][f"{q}_ms"], higher_is_better=False)
+                row = Row(
+                    f"latency_{mode}_{q}",
+                    f"pickup latency at {o.rate:.0f} jobs/s, {label}: {q}",
+                    "ms",
+                    lat[f"limit_{mode}"][f"{q}_ms"],
+                    lat[f"shardq_{mode}"][f"{q}_ms"],
+                    higher_is_better=False,
+                )
                 if q == "p99":
                     row.target = f"≤ {bound:.0f} ms"
                     row.met = row.shardq is not None and row.shardq <= bound
                 rows.append(row)
     r = raw.get("rss")
     if r:
-        row = Row("rss", f"peak RSS draining a {o.rss_backlog:,} backlog, 1 process", "MiB",
-                  r["limit"]["peak_rss_mib"], r["shardq"]["peak_rss_mib"], target="≤ 80 MiB", higher_is_better=False)
+        row = Row(
+            "rss",
+            f"peak RSS draining a {o.rss_backlog:,} backlog, 1 process",
+            "MiB",
+            r["limit"]["peak_rss_mib"],
+            r["shardq"]["peak_rss_mib"],
+            target="≤ 80 MiB",
+            higher_is_better=False,
+        )
         row.met = row.shardq is not None and row.shardq <= 80
         rows.append(row)
     b = raw.get("backlog")
     if b:
-        rows.append(Row("backlog_rate", f"drain rate, 1 process, {o.backlog:,} READY rows (steady)", "jobs/s",
-                        b["limit"]["steady_rate"], b["shardq"]["steady_rate"]))
+        rows.append(
+            Row(
+                "backlog_rate",
+                f"drain rate, 1 process, {o.backlog:,} READY rows (steady)",
+                "jobs/s",
+                b["limit"]["steady_rate"],
+                b["shardq"]["steady_rate"],
+            )
+        )
         lim = _div(b["limit"]["steady_rate"], b["baseline"]["limit"])
         sq = _div(b["shardq"]["steady_rate"], b["baseline"]["shardq"])
-        row = Row("backlog_ratio", f"  rate at {o.backlog:,} ÷ rate at {o.jobs:,}", "×", lim, sq, target="shardq ≥ 0.8×")
+        row = Row(
+            "backlog_ratio", f"  rate at {o.backlog:,} ÷ rate at {o.jobs:,}", "×", lim, sq, target="shardq ≥ 0.8×"
+        )
         row.met = sq is not None and sq >= 0.8
         rows.append(row)
     return rows
@@ -526,24 +626,39 @@ def rich_table(rows: list[Row], title: str):
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
-    for name, justify in [("figure", "left"), ("unit", "left"), ("limit", "right"), ("shardq", "right"),
-                          ("shardq ÷ limit", "right"), ("target", "left"), ("", "left")]:
+    for name, justify in [
+        ("figure", "left"),
+        ("unit", "left"),
+        ("limit", "right"),
+        ("shardq", "right"),
+        ("shardq ÷ limit", "right"),
+        ("target", "left"),
+        ("", "left"),
+    ]:
         table.add_column(name, justify=justify)
     for row in rows:
         mark = met_mark(row)
         style = {"met": "green", "MISSED": "bold red"}.get(mark, "")
-        table.add_row(row.figure, row.unit, fmt(row.limit, row.unit), fmt(row.shardq, row.unit),
-                      fmt(row.ratio, "×"), row.target, f"[{style}]{mark}[/]" if style else mark)
+        table.add_row(
+            row.figure,
+            row.unit,
+            fmt(row.limit, row.unit),
+            fmt(row.shardq, row.unit),
+            fmt(row.ratio, "×"),
+            row.target,
+            f"[{style}]{mark}[/]" if style else mark,
+        )
     return table
 
 
 def markdown_table(rows: list[Row]) -> str:
-    lines = ["| figure | unit | limit | shardq | shardq ÷ limit | target | |",
-             "|---|---|---:|---:|---:|---|---|"]
+    lines = ["| figure | unit | limit | shardq | shardq ÷ limit | target | |", "|---|---|---:|---:|---:|---|---|"]
     for row in rows:
         mark = met_mark(row)
-        lines.append(f"| {row.figure.strip()} | {row.unit} | {fmt(row.limit, row.unit)} | {fmt(row.shardq, row.unit)}"
-                     f" | {fmt(row.ratio, '×')} | {row.target} | {'**MISSED**' if mark == 'MISSED' else mark} |")
+        lines.append(
+            f"| {row.figure.strip()} | {row.unit} | {fmt(row.limit, row.unit)} | {fmt(row.shardq, row.unit)}"
+            f" | {fmt(row.ratio, '×')} | {row.target} | {'**MISSED**' if mark == 'MISSED' else mark} |"
+        )
     return "\n".join(lines)
 
 
@@ -582,8 +697,9 @@ def bench_database(name: str = "shardq_bench", alias: str = "default") -> str:
 def migrate(url: str) -> None:
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings", DATABASE_URL=url)
     env.pop("SHARDQ_EMBEDDED_STARTED_BY", None)
-    done = subprocess.run([sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=REPO, env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=REPO, env=env, capture_output=True, text=True
+    )
     if done.returncode:
         raise RuntimeError(f"migrating the bench database failed:\n{done.stderr[-3000:]}")
 
@@ -655,7 +771,7 @@ def section(rows: list[Row], info: dict, o: Options, when: str, plotted: bool) -
         "public API (`task.enqueue()`, `shardq.enqueue_many`) and real `manage.py shardq_worker` processes "
         f"(`--concurrency {o.concurrency}`). Rates are medians of {o.reps} runs for enqueue and the limit's "
         f"drains, {o.repeat} for shardq's drains (`--repeat N`). Drains start from {o.jobs:,} READY no-op "
-        "jobs; \"start → all done\" includes the worker's start-up, \"steady state\" is "
+        'jobs; "start → all done" includes the worker\'s start-up, "steady state" is '
         "(jobs − 1) ÷ (last `finished_at` − first). Pickup latency is `last_attempted_at − enqueued_at` "
         f"(both the database clock) with a steady {o.rate:.0f} jobs/s for {o.latency_seconds:.0f} s from a "
         f"separate process into an idle worker; poll only means `SHARDQ_NOTIFY=0` with a "
@@ -708,8 +824,14 @@ def run(options: Options, console=None) -> dict:
     info = machine(options.database_url)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     started = time.monotonic()
-    with Progress(TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
+    with Progress(
+        TextColumn("{task.description:<48}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
         task = progress.add_task("starting", total=None)
         bench = Bench(options, progress, task)
         progress.update(task, total=bench.steps())
@@ -724,9 +846,14 @@ def run(options: Options, console=None) -> dict:
     rows = rows_from(raw, options)
     subtitle = f"{info['cpus']} CPUs, PostgreSQL {info['postgresql'].split()[0]}, Python {info['python']}, {when}"
     console.print(rich_table(rows, f"shardq vs limit — {subtitle}"))
-    report = {"when": when, "seconds": time.monotonic() - started, "machine": info,
-              "options": {k: v for k, v in asdict(options).items() if k != "database_url"},
-              "rows": [asdict(r) for r in rows], "raw": raw}
+    report = {
+        "when": when,
+        "seconds": time.monotonic() - started,
+        "machine": info,
+        "options": {k: v for k, v in asdict(options).items() if k != "database_url"},
+        "rows": [asdict(r) for r in rows],
+        "raw": raw,
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     for name in (f"e2e-{stamp}.json", "e2e-latest.json"):

@@ -87,20 +87,24 @@ def main():
         for task in (add, send_receipt):
             measure(mode, task, min(n, 200), 1)  # warm up: connection, caches
             rates = measure(mode, task, n, options.runs)
-            rows.append({
-                "mode": label,
-                "task": task.name + (" (keyed)" if task is send_receipt else ""),
-                "jobs": n,
-                "runs": options.runs,
-                "median_jobs_per_s": round(statistics.median(rates)),
-                "all_jobs_per_s": [round(r) for r in rates],
-            })
+            rows.append(
+                {
+                    "mode": label,
+                    "task": task.name + (" (keyed)" if task is send_receipt else ""),
+                    "jobs": n,
+                    "runs": options.runs,
+                    "median_jobs_per_s": round(statistics.median(rates)),
+                    "all_jobs_per_s": [round(r) for r in rates],
+                }
+            )
 
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
         server = cursor.fetchone()[0]
-    print(f"\nenqueue throughput — PostgreSQL {server}, Python {platform.python_version()}, "
-          f"{os.cpu_count()} cores, NOTIFY={'on' if add.get_backend().config.notify else 'off'}\n")
+    print(
+        f"\nenqueue throughput — PostgreSQL {server}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} cores, NOTIFY={'on' if add.get_backend().config.notify else 'off'}\n"
+    )
     print(f"{'mode':<40} {'task':<22} {'jobs':>7} {'median jobs/s':>14}  runs")
     for row in rows:
         runs = ", ".join(str(r) for r in row["all_jobs_per_s"])

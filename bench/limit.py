@@ -26,9 +26,25 @@ SHARD_COUNT = 64
 CHANNEL = "shardq"
 
 COLUMNS = (
-    "task_path", "backend", "queue_name", "priority", "run_after", "shard", "key_hash",
-    "shard_key", "ordered", "status", "status_rank", "fence", "attempts", "max_attempts",
-    "args", "kwargs", "errors", "worker_ids", "enqueued_at",
+    "task_path",
+    "backend",
+    "queue_name",
+    "priority",
+    "run_after",
+    "shard",
+    "key_hash",
+    "shard_key",
+    "ordered",
+    "status",
+    "status_rank",
+    "fence",
+    "attempts",
+    "max_attempts",
+    "args",
+    "kwargs",
+    "errors",
+    "worker_ids",
+    "enqueued_at",
 )
 
 
@@ -44,10 +60,19 @@ def insert_params(key_hash: int | None = None) -> dict:
     """The parameters ``insert_job`` gets from the backend for one ``noop()`` call."""
     key_hash = random.getrandbits(32) - 2**31 if key_hash is None else key_hash
     return {
-        "task_path": NOOP, "backend": "default", "queue_name": "default", "priority": 0,
-        "run_after": None, "ordered": False, "max_attempts": 1, "channel": CHANNEL,
-        "shard": key_hash & (SHARD_COUNT - 1), "key_hash": key_hash, "shard_key": None,
-        "args": "[]", "kwargs": "{}",
+        "task_path": NOOP,
+        "backend": "default",
+        "queue_name": "default",
+        "priority": 0,
+        "run_after": None,
+        "ordered": False,
+        "max_attempts": 1,
+        "channel": CHANNEL,
+        "shard": key_hash & (SHARD_COUNT - 1),
+        "key_hash": key_hash,
+        "shard_key": None,
+        "args": "[]",
+        "kwargs": "{}",
     }
 
 
@@ -63,8 +88,29 @@ def copy_enqueue(url: str, n: int) -> float:
             with cursor.copy(f"COPY shardq_job ({', '.join(COLUMNS)}) FROM STDIN") as copy:
                 for _ in range(n):
                     key_hash = random.getrandbits(32) - 2**31
-                    copy.write_row((NOOP, "default", "default", 0, now, key_hash & (SHARD_COUNT - 1),
-                                    key_hash, None, False, "READY", 0, 0, 0, 1, "[]", "{}", "[]", "[]", now))
+                    copy.write_row(
+                        (
+                            NOOP,
+                            "default",
+                            "default",
+                            0,
+                            now,
+                            key_hash & (SHARD_COUNT - 1),
+                            key_hash,
+                            None,
+                            False,
+                            "READY",
+                            0,
+                            0,
+                            0,
+                            1,
+                            "[]",
+                            "{}",
+                            "[]",
+                            "[]",
+                            now,
+                        )
+                    )
             cursor.execute("SELECT pg_notify(%s, '0')", (CHANNEL,))
         conn.commit()
         return time.perf_counter() - started
@@ -153,12 +199,24 @@ class Drainer:
         self.done = 0
 
     def claim(self, per_shard: int, limit: int | None = None) -> list[tuple]:
-        return self.conn.execute(QUERIES["claim_jobs"], {
-            "worker": self.worker, "worker_id": self.worker, "shards": self.shards,
-            "queues": [], "all_queues": True, "exclude_queues": [], "backend": "", "any_backend": True,
-            "per_shard": per_shard,
-            "limit": self.batch if limit is None else limit, "lookahead": 0.0,
-        }, prepare=True, binary=True).fetchall()
+        return self.conn.execute(
+            QUERIES["claim_jobs"],
+            {
+                "worker": self.worker,
+                "worker_id": self.worker,
+                "shards": self.shards,
+                "queues": [],
+                "all_queues": True,
+                "exclude_queues": [],
+                "backend": "",
+                "any_backend": True,
+                "per_shard": per_shard,
+                "limit": self.batch if limit is None else limit,
+                "lookahead": 0.0,
+            },
+            prepare=True,
+            binary=True,
+        ).fetchall()
 
     def warm(self) -> None:
         """Prepare both statements without claiming anything (LIMIT 0, no ids)."""
@@ -171,10 +229,13 @@ class Drainer:
             # Arguments come back as JSON text (the worker's claim): decode, call.
             noop(*json.loads(row[8]), **json.loads(row[9]))
             ids.append(row[0])
-            acks.append(f'{{"id":{row[0]:d},"fence":{row[12]:d},"rank":{row[13] + 1:d},'
-                        '"status":"SUCCESSFUL","delay":0.0,"return_value":null}')
-        self.conn.execute(QUERIES["complete_jobs"], {"ids": ids, "batch": "[" + ",".join(acks) + "]"},
-                          prepare=True).fetchall()
+            acks.append(
+                f'{{"id":{row[0]:d},"fence":{row[12]:d},"rank":{row[13] + 1:d},'
+                '"status":"SUCCESSFUL","delay":0.0,"return_value":null}'
+            )
+        self.conn.execute(
+            QUERIES["complete_jobs"], {"ids": ids, "batch": "[" + ",".join(acks) + "]"}, prepare=True
+        ).fetchall()
         self.done += len(rows)
 
     def claim_and_run(self) -> list[tuple]:

@@ -91,7 +91,9 @@ def cancel(*results, reason: str = "") -> list[str]:
     for alias, ids in by_backend.items():
         backend = task_backends[alias]
         if not hasattr(backend, "cancel"):
-            raise TypeError(f"backend {alias!r} ({type(backend).__name__}) is not shardq's: "
-                            "cancel needs shardq.backend.ShardqBackend.")
+            raise TypeError(
+                f"backend {alias!r} ({type(backend).__name__}) is not shardq's: "
+                "cancel needs shardq.backend.ShardqBackend."
+            )
         cancelled += backend.cancel(ids, reason=reason)
     return cancelled

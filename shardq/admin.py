@@ -26,14 +26,27 @@ from functools import cache
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import ActionLocation, helpers
-from django.contrib.admin.utils import display_for_value
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.admin.utils import display_for_value
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection, transaction
 from django.db.models import (
-    Case, Count, DateTimeField, F, FloatField, Func, IntegerField, JSONField, Min, OuterRef, Q, Subquery, TextField,
-    Value, When,
+    Case,
+    Count,
+    DateTimeField,
+    F,
+    FloatField,
+    Func,
+    IntegerField,
+    JSONField,
+    Min,
+    OuterRef,
+    Q,
+    Subquery,
+    TextField,
+    Value,
+    When,
 )
 from django.db.models.constants import LOOKUP_SEP
 from django.db.models.expressions import RawSQL
@@ -145,8 +158,11 @@ def seconds_html(value: float | None):
     """A duration with its exact value in ``data-seconds`` (for people and tests)."""
     if value is None:
         return "—"
-    return format_html('<span data-seconds="{}">{}</span>', f"{value:.6f}" if math.isfinite(value) else str(value),
-                       human_seconds(value))
+    return format_html(
+        '<span data-seconds="{}">{}</span>',
+        f"{value:.6f}" if math.isfinite(value) else str(value),
+        human_seconds(value),
+    )
 
 
 def pretty_json(value) -> str:
@@ -281,7 +297,12 @@ def worker_link(worker_id, host, pid):
         return format_html('<a href="{}" class="shardq-id">{}</a>', url, worker_id)
     return format_html(
         '<a href="{}">{}:{}</a> <span class="shardq-id" title="{}" data-worker-id="{}">{}</span>',
-        url, host, pid, worker_id, worker_id, str(worker_id)[:8],
+        url,
+        host,
+        pid,
+        worker_id,
+        worker_id,
+        str(worker_id)[:8],
     )
 
 
@@ -328,19 +349,14 @@ class ShardAdmin(admin.ModelAdmin):
         # status = 'READY': no scan of the rest of the table.
         ready = Job.objects.filter(shard=OuterRef("shard"), status="READY").order_by().values("shard")
         depth = ready.annotate(n=Count("*")).values("n")
-        oldest_due = (
-            ready.filter(run_after__lte=ClockTimestamp()).annotate(at=Min("run_after")).values("at")
-        )
+        oldest_due = ready.filter(run_after__lte=ClockTimestamp()).annotate(at=Min("run_after")).values("at")
         owner = Worker.objects.filter(id=OuterRef("owner"))
-        return (
-            with_safe_times(super().get_queryset(request), ("lease_expires", "claimed_at"))
-            .annotate(
-                ready_depth=Coalesce(Subquery(depth, output_field=IntegerField()), 0),
-                oldest_ready_seconds=SecondsSince(Subquery(oldest_due)),
-                lease_left_seconds=SecondsUntil(F("lease_expires")),
-                owner_host=Subquery(owner.values("host")[:1]),
-                owner_pid=Subquery(owner.values("pid")[:1]),
-            )
+        return with_safe_times(super().get_queryset(request), ("lease_expires", "claimed_at")).annotate(
+            ready_depth=Coalesce(Subquery(depth, output_field=IntegerField()), 0),
+            oldest_ready_seconds=SecondsSince(Subquery(oldest_due)),
+            lease_left_seconds=SecondsUntil(F("lease_expires")),
+            owner_host=Subquery(owner.values("host")[:1]),
+            owner_pid=Subquery(owner.values("pid")[:1]),
         )
 
     def has_add_permission(self, request):
@@ -369,7 +385,7 @@ class ShardAdmin(admin.ModelAdmin):
         if obj.owner is None or left is None:
             return "—"
         if left <= 0 or math.isnan(left):
-            return format_html('expired {} ago', seconds_html(-left))
+            return format_html("expired {} ago", seconds_html(-left))
         return seconds_html(left)
 
     @admin.display(description="READY depth", ordering="ready_depth")
@@ -386,7 +402,11 @@ class ShardAdmin(admin.ModelAdmin):
         return format_html(
             '<a href="{}?shard__exact={}&status__exact=READY">READY jobs</a> · '
             '<a href="{}?shard__exact={}">all jobs</a> of shard {}',
-            url, obj.shard, url, obj.shard, obj.shard,
+            url,
+            obj.shard,
+            url,
+            obj.shard,
+            obj.shard,
         )
 
     @admin.display(description="recent ownership events")
@@ -395,8 +415,10 @@ class ShardAdmin(admin.ModelAdmin):
         rows = format_html_join(
             "",
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            ((e.at_infinite or display_for_value(e.at_finite, "—"), e.reason, e.claim_version, e.worker,
-              e.rescued) for e in events),
+            (
+                (e.at_infinite or display_for_value(e.at_finite, "—"), e.reason, e.claim_version, e.worker, e.rescued)
+                for e in events
+            ),
         )
         if not rows:
             return "none"
@@ -512,7 +534,10 @@ class WorkerAdmin(admin.ModelAdmin):
         }.get(obj.liveness, "")
         return format_html(
             '<span class="shardq-badge shardq-{}" data-liveness="{}" title="{}">{}</span>',
-            obj.liveness, obj.liveness, title, obj.liveness,
+            obj.liveness,
+            obj.liveness,
+            title,
+            obj.liveness,
         )
 
     @admin.display(description="shards held", ordering="shards_held")
@@ -547,7 +572,8 @@ class WorkerAdmin(admin.ModelAdmin):
         if not stats:
             return "none yet (written at every heartbeat)"
         rows = format_html_join(
-            "", "<tr><th>{}</th><td>{}</td></tr>",
+            "",
+            "<tr><th>{}</th><td>{}</td></tr>",
             ((truncate(k, 200), truncate(short_json(v), 200)) for k, v in sorted(stats.items())[:500]),
         )
         return format_html('<table class="shardq-table">{}</table>', rows)
@@ -745,11 +771,31 @@ class JobAdmin(admin.ModelAdmin):
         ("Outcome", {"fields": ("return_value_display", "errors_display", "worker_ids_display")}),
         (
             "Shard and attempts",
-            {"fields": ("shard", "shard_key_display", "key_hash_display", "ordered", "attempts", "max_attempts",
-                        "status_rank", "fence")},
+            {
+                "fields": (
+                    "shard",
+                    "shard_key_display",
+                    "key_hash_display",
+                    "ordered",
+                    "attempts",
+                    "max_attempts",
+                    "status_rank",
+                    "fence",
+                )
+            },
         ),
-        ("Times", {"fields": ("enqueued_at_display", "run_after_display", "started_at_display",
-                              "last_attempted_at_display", "finished_at_display")}),
+        (
+            "Times",
+            {
+                "fields": (
+                    "enqueued_at_display",
+                    "run_after_display",
+                    "started_at_display",
+                    "last_attempted_at_display",
+                    "finished_at_display",
+                )
+            },
+        ),
     )
     readonly_fields = (
         "status_display",
@@ -774,7 +820,8 @@ class JobAdmin(admin.ModelAdmin):
         # through with_safe_times (an infinite one cannot be loaded).
         queryset = super().get_queryset(request).defer("args", "kwargs", *OUTCOME_FIELDS)
         return with_safe_times(queryset, TIMES).annotate(
-            args_bounded=bounded_json("args"), kwargs_bounded=bounded_json("kwargs"),
+            args_bounded=bounded_json("args"),
+            kwargs_bounded=bounded_json("kwargs"),
         )
 
     def get_object(self, request, object_id, from_field=None):
@@ -829,10 +876,15 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="status", ordering="status")
     def status_display(self, obj):
         if is_dead_lettered(obj):
-            return format_html('<span class="shardq-badge shardq-dead" data-status="{}">{}</span>',
-                               "FAILED", "FAILED · dead-letter")
-        return format_html('<span class="shardq-badge shardq-{}" data-status="{}">{}</span>',
-                           obj.status.lower(), obj.status, obj.status)
+            return format_html(
+                '<span class="shardq-badge shardq-dead" data-status="{}">{}</span>', "FAILED", "FAILED · dead-letter"
+            )
+        return format_html(
+            '<span class="shardq-badge shardq-{}" data-status="{}">{}</span>',
+            obj.status.lower(),
+            obj.status,
+            obj.status,
+        )
 
     enqueued_at_display = time_column("enqueued_at", "enqueued at")
     run_after_display = time_column("run_after", "run after")
@@ -870,8 +922,10 @@ class JobAdmin(admin.ModelAdmin):
 
     def _too_large(self, obj) -> str:
         sizes = [(obj.args_bounded or {}).get("bytes"), (obj.kwargs_bounded or {}).get("bytes")]
-        return (f"(arguments too large to show: {sizes[0]} bytes of args, {sizes[1]} bytes of kwargs; "
-                f"at most {ARGUMENTS_MAX_BYTES} bytes each are shown)")
+        return (
+            f"(arguments too large to show: {sizes[0]} bytes of args, {sizes[1]} bytes of kwargs; "
+            f"at most {ARGUMENTS_MAX_BYTES} bytes each are shown)"
+        )
 
     @admin.display(description="arguments")
     def arguments_display(self, obj):
@@ -901,8 +955,10 @@ class JobAdmin(admin.ModelAdmin):
     def redaction(self, obj):
         task = task_of(obj.task_path)
         if task is None:
-            return (f"The task {obj.task_path} is not defined in this process, so which arguments "
-                    "are sensitive is unknown: every argument is hidden.")
+            return (
+                f"The task {obj.task_path} is not defined in this process, so which arguments "
+                "are sensitive is unknown: every argument is hidden."
+            )
         marked = getattr(task, "sensitive", ())
         if marked is True:
             return "Every argument is marked sensitive (sensitive=True)."
@@ -937,8 +993,9 @@ class JobAdmin(admin.ModelAdmin):
             items,
         )
         if count > len(errors):
-            html = format_html("{}<p>{} errors in all: the oldest and the newest {} are shown.</p>",
-                               html, count, ERRORS_SHOWN_EACH_END)
+            html = format_html(
+                "{}<p>{} errors in all: the oldest and the newest {} are shown.</p>", html, count, ERRORS_SHOWN_EACH_END
+            )
         return html
 
     @admin.display(description="worker ids (one per attempt)")
@@ -1010,9 +1067,7 @@ class JobAdmin(admin.ModelAdmin):
         ids = list(queryset.values_list("id", flat=True))
         requested = set(ids)
         if request.POST.get("select_across") != "1":
-            requested.update(
-                int(v) for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME) if v.isdigit()
-            )
+            requested.update(int(v) for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME) if v.isdigit())
         return ids, requested
 
     def _log(self, request, rows, flag, message):
@@ -1108,8 +1163,22 @@ HOT_RULE = (
 )
 
 DASHBOARD_COLUMNS = (
-    "shard", "owner", "host", "pid", "lease_left", "finished", "failed", "dead", "p50", "p99",
-    "mean", "max", "depth", "due", "oldest", "running",
+    "shard",
+    "owner",
+    "host",
+    "pid",
+    "lease_left",
+    "finished",
+    "failed",
+    "dead",
+    "p50",
+    "p99",
+    "mean",
+    "max",
+    "depth",
+    "due",
+    "oldest",
+    "running",
 )
 
 
@@ -1147,11 +1216,15 @@ def dashboard_data(minutes: int) -> dict:
             reasons.append(f"READY depth {r['depth']} > {HOT_FACTOR:g} × {median_depth:g} + {HOT_DEPTH_FLOOR}")
         wait = r["oldest"] or 0.0
         if wait > HOT_FACTOR * median_wait + HOT_WAIT_FLOOR_SECONDS:
-            reasons.append(f"oldest READY waits {human_seconds(wait)} > {HOT_FACTOR:g} × "
-                           f"{human_seconds(median_wait)} + {HOT_WAIT_FLOOR_SECONDS:g} s")
+            reasons.append(
+                f"oldest READY waits {human_seconds(wait)} > {HOT_FACTOR:g} × "
+                f"{human_seconds(median_wait)} + {HOT_WAIT_FLOOR_SECONDS:g} s"
+            )
         if median_p99 is not None and r in judged and r["p99"] > HOT_FACTOR * median_p99 + HOT_P99_FLOOR_SECONDS:
-            reasons.append(f"p99 {human_seconds(r['p99'])} > {HOT_FACTOR:g} × {human_seconds(median_p99)} "
-                           f"+ {HOT_P99_FLOOR_SECONDS:g} s")
+            reasons.append(
+                f"p99 {human_seconds(r['p99'])} > {HOT_FACTOR:g} × {human_seconds(median_p99)} "
+                f"+ {HOT_P99_FLOOR_SECONDS:g} s"
+            )
         r["hot_reasons"] = reasons
         r["throughput"] = r["finished"] / minutes
         held = r["owner"] is not None and r["lease_left"] is not None and r["lease_left"] > 0
@@ -1184,6 +1257,7 @@ def dashboard_data(minutes: int) -> dict:
 
 def bar_chart(title: str, shards: list[dict], key: str, label, height: int = 120, bar: int = 10) -> dict:
     """An inline SVG bar chart (drawn server-side: no JavaScript, no CDN)."""
+
     def bar_value(value):
         # An odd row's ±Infinity or NaN: +Infinity is a full bar, the others none.
         if value is None or math.isnan(value) or value < 0:
@@ -1196,13 +1270,23 @@ def bar_chart(title: str, shards: list[dict], key: str, label, height: int = 120
     bars = []
     for i, r in enumerate(shards):
         h = round(height * min(bar_value(r[key]) / top, 1.0), 1)
-        bars.append({
-            "x": i * bar + 1, "y": round(height - h, 1), "h": h, "w": bar - 2,
-            "hot": bool(r["hot_reasons"]),
-            "tip": f"shard {r['shard']}: {label(r[key]) if r[key] is not None else '—'}",
-        })
-    return {"title": title, "bars": bars, "width": len(shards) * bar + 2, "height": height,
-            "top": label(top) if any(values) else "0"}
+        bars.append(
+            {
+                "x": i * bar + 1,
+                "y": round(height - h, 1),
+                "h": h,
+                "w": bar - 2,
+                "hot": bool(r["hot_reasons"]),
+                "tip": f"shard {r['shard']}: {label(r[key]) if r[key] is not None else '—'}",
+            }
+        )
+    return {
+        "title": title,
+        "bars": bars,
+        "width": len(shards) * bar + 2,
+        "height": height,
+        "top": label(top) if any(values) else "0",
+    }
 
 
 @admin.register(Dashboard)
@@ -1220,7 +1304,7 @@ class DashboardAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         info = self.opts.app_label, self.opts.model_name
-        return [path("", self.admin_site.admin_view(self.dashboard_view), name="%s_%s_changelist" % info)]
+        return [path("", self.admin_site.admin_view(self.dashboard_view), name="{}_{}_changelist".format(*info))]
 
     def dashboard_view(self, request):
         if not self.has_view_permission(request):

@@ -272,6 +272,7 @@ class ShardqBackend(BaseTaskBackend):
         if deadline <= time.monotonic():  # the commit came too late to be worth it
             return
         with self._finished_lock:
+            assert self._unique is not None  # only called when the cache is on
             self._unique.set(unique_key, (deadline, result))
 
     def _cached_unique(self, unique_key):
@@ -306,7 +307,7 @@ class ShardqBackend(BaseTaskBackend):
             cursor = psycopg.Cursor(raw)
             # As Django's create_cursor(): timestamps in the connection's time zone.
             tz_loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, psycopg.pq.Format.TEXT)
-            if conn.timezone != tz_loader.timezone:
+            if conn.timezone != tz_loader.timezone:  # type: ignore[union-attr]  # psycopg: type[Loader] | None
                 _register_tzloader(conn.timezone, cursor)
             # Django turns psycopg's statement preparing off on its connections
             # (prepare_threshold=None); turn it on for this one statement only.
@@ -390,7 +391,7 @@ class ShardqBackend(BaseTaskBackend):
             prepared.append((args, kwargs, params, compute_unique_key(task, args, kwargs)))
         results = []
         inserted_results = []
-        by_key = {}
+        by_key: dict[str, TaskResult] = {}
         with transaction.atomic(using=self.database_alias):
             for args, kwargs, params, unique_key in prepared:
                 first = by_key.get(unique_key)
@@ -746,7 +747,7 @@ def _check_value(task, what, value, *, strings=True) -> None:
     if not isinstance(value, _CONTAINERS):
         return
     # (container, its depth, its path as a (parent path, step) chain)
-    stack = [(value, 1, None)]
+    stack: list[tuple[list | tuple | dict, int, tuple | None]] = [(value, 1, None)]
     pop, push = stack.pop, stack.append
     while stack:
         container, depth, path = pop()

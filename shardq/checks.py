@@ -16,7 +16,6 @@ from django.db import connections
 
 from .conf import DEFAULTS
 
-
 # PostgreSQL's NAMEDATALEN - 1: pg_notify() refuses a longer channel name and
 # LISTEN truncates it, so every enqueue would fail (and workers listen elsewhere).
 MAX_CHANNEL_BYTES = 63

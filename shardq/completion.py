@@ -82,8 +82,14 @@ def complete_in_transaction(context, return_value=None, *, using: str = DEFAULT_
     with connections[using].cursor() as cursor:
         cursor.execute(
             QUERIES["complete_job_in_transaction"],
-            {"id": job_id, "fence": context.fence, "rank": context.rank, "shard": context.shard,
-             "return_value": value_json, "idle_ms": idle_ms},
+            {
+                "id": job_id,
+                "fence": context.fence,
+                "rank": context.rank,
+                "shard": context.shard,
+                "return_value": value_json,
+                "idle_ms": idle_ms,
+            },
         )
         row = cursor.fetchone()
     if row is None:

@@ -63,8 +63,7 @@ class Schedule:
         The key stays taken well past the catch-up window, so no scheduler
         that can still enqueue this tick finds the key free again."""
         key = f"periodic:{self.name}:{tick.astimezone(UTC).isoformat()}"
-        return replace(self.task, unique_for=max(3600.0, 10 * CATCH_UP_SECONDS),
-                       unique_key=lambda args, kwargs: key)
+        return replace(self.task, unique_for=max(3600.0, 10 * CATCH_UP_SECONDS), unique_key=lambda args, kwargs: key)
 
 
 def periodic(cron: str, *, name: str | None = None, args=(), kwargs=None, timezone: str = "UTC"):
@@ -91,8 +90,9 @@ def periodic(cron: str, *, name: str | None = None, args=(), kwargs=None, timezo
         try:
             zone = ZoneInfo(timezone)
         except (ZoneInfoNotFoundError, ValueError, TypeError) as exc:
-            raise InvalidTask(f"{where}: timezone={timezone!r} is not an IANA time zone name (e.g. 'UTC', "
-                              "'Europe/Paris').") from exc
+            raise InvalidTask(
+                f"{where}: timezone={timezone!r} is not an IANA time zone name (e.g. 'UTC', 'Europe/Paris')."
+            ) from exc
         try:
             json.dumps([list(args), kwargs], allow_nan=False)
         except (TypeError, ValueError, RecursionError) as exc:
@@ -108,7 +108,12 @@ def periodic(cron: str, *, name: str | None = None, args=(), kwargs=None, timezo
         schedule = Schedule(schedule_name, task, cron, zone, tuple(args), kwargs)
         known = _schedules.get(schedule_name)
         if known is not None and (known.task.module_path, known.cron, known.timezone, known.args, known.kwargs) != (
-                task.module_path, cron, zone, schedule.args, kwargs):
+            task.module_path,
+            cron,
+            zone,
+            schedule.args,
+            kwargs,
+        ):
             raise InvalidTask(
                 f"{where}: the schedule name {schedule_name!r} is already used by {known.task.module_path} "
                 f"({known.cron!r}). Give each schedule of a task its own name=."

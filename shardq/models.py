@@ -25,9 +25,7 @@ class Job(models.Model):
     key_hash = models.IntegerField()
     shard_key = models.TextField(null=True, blank=True)
     ordered = models.BooleanField(default=False)
-    status = models.CharField(
-        max_length=10, choices=JOB_STATUSES, default=TaskResultStatus.READY
-    )
+    status = models.CharField(max_length=10, choices=JOB_STATUSES, default=TaskResultStatus.READY)
     # Monotonic state version: +1 at every transition (claim, ack, retry,
     # rescue, return). An ack carries the rank its claim produced + 1, so a
     # late message from an earlier claim can never move the job backwards.
@@ -60,12 +58,11 @@ class Job(models.Model):
                 name="shardq_job_ready_idx",
             ),
             # An idle fetcher finds when the next deferred job falls due.
-            models.Index(
-                fields=["run_after"], condition=Q(status="READY"), name="shardq_job_due_idx"
-            ),
+            models.Index(fields=["run_after"], condition=Q(status="READY"), name="shardq_job_due_idx"),
             # Takeover rescue finds a shard's in-flight jobs through this one.
             models.Index(
-                fields=["shard"], condition=Q(status__in=["CLAIMED", "RUNNING"]),
+                fields=["shard"],
+                condition=Q(status__in=["CLAIMED", "RUNNING"]),
                 name="shardq_job_inflight_idx",
             ),
         ]

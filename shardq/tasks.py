@@ -211,8 +211,10 @@ def validate_shard_options(task: Task) -> None:
     _check_sensitive(task)
     _check_salt(task)
     if task.on_worker_lost not in ("retry", "fail"):
-        raise InvalidTask(f"{name}: on_worker_lost must be 'retry' (run again, at-least-once) or 'fail' "
-                          f"(at-most-once), not {task.on_worker_lost!r}.")
+        raise InvalidTask(
+            f"{name}: on_worker_lost must be 'retry' (run again, at-least-once) or 'fail' "
+            f"(at-most-once), not {task.on_worker_lost!r}."
+        )
 
 
 # Sub-keys beyond the largest sensible shard count spread nothing further.
@@ -337,7 +339,7 @@ def redact_arguments(task: Task | None, args: Any, kwargs: Any) -> tuple[Any, An
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         return REDACTED, REDACTED
     params = list(_signature(task).parameters.values())
-    if task.takes_context and params:
+    if task is not None and task.takes_context and params:  # not None: names would be True
         params = params[1:]
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     var_positional = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
@@ -576,9 +578,7 @@ def resolve(task_path: str, extra_modules: tuple = ()) -> Task:
         return task
     module_name, _, attr = task_path.rpartition(".")
     allowed = [cfg.name for cfg in apps.get_app_configs()] + list(extra_modules)
-    if not module_name or not any(
-        module_name == root or module_name.startswith(root + ".") for root in allowed
-    ):
+    if not module_name or not any(module_name == root or module_name.startswith(root + ".") for root in allowed):
         raise UnknownTask(
             f"No task {task_path!r} is registered and its module is not part of an installed "
             "app: define the task in an installed app (or list its module in "
@@ -593,8 +593,7 @@ def resolve(task_path: str, extra_modules: tuple = ()) -> Task:
         raise UnknownTask(f"Task {task_path!r} does not exist: {module_name} has no {attr!r}.")
     if not isinstance(obj, Task):
         raise UnknownTask(
-            f"{task_path!r} is a {type(obj).__name__}, not a Task: decorate it with "
-            "@task or @shard_task."
+            f"{task_path!r} is a {type(obj).__name__}, not a Task: decorate it with @task or @shard_task."
         )
     _registry.setdefault(task_path, obj)
     return obj

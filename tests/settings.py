@@ -4,10 +4,16 @@ import os
 
 os.environ.setdefault("DJANGO_EXTRA_APPS", "tests.taskapp")
 
-from example_project.settings import *  # noqa: E402,F403
+from example_project.settings import *  # noqa: F403
 
-SHARDQ = {**SHARDQ, "TASK_MODULES": ["tests.taskapp.tasks", "tests.taskapp.fault_tasks",
-                                "tests.taskapp.isolation_tasks"]}  # noqa: F405
+SHARDQ = {
+    **SHARDQ,  # noqa: F405
+    "TASK_MODULES": [
+        "tests.taskapp.tasks",
+        "tests.taskapp.fault_tasks",
+        "tests.taskapp.isolation_tasks",
+    ],
+}
 # Workers started by the periodic-task test import its schedules; no other
 # process does (a per-second schedule would add jobs to every other test).
 if os.environ.get("SHARDQ_TEST_PERIODIC"):

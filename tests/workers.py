@@ -60,7 +60,7 @@ class WorkerPool:
         return env
 
     def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
-        log = open(self.tmp_path / f"worker-{len(self.procs)}.log", "w")
+        log = open(self.tmp_path / f"worker-{len(self.procs)}.log", "w")  # noqa: SIM115 (closed by stop_all)
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "shardq_worker", *args],
             cwd=ROOT,
@@ -78,8 +78,12 @@ class WorkerPool:
         # Returned once it handles SIGTERM (its stop rule is installed), as a
         # service manager would see it started: a test that signals it at
         # once then tests the rule, not Python's default action (exit -15).
-        wait_until(lambda: proc.poll() is not None or handles(proc.pid, signal.SIGTERM), timeout=60,
-                   interval=0.02, message=f"worker pid {proc.pid} to install its signal handlers")
+        wait_until(
+            lambda: proc.poll() is not None or handles(proc.pid, signal.SIGTERM),
+            timeout=60,
+            interval=0.02,
+            message=f"worker pid {proc.pid} to install its signal handlers",
+        )
         return proc
 
     def stop_all(self) -> None:
@@ -172,8 +176,13 @@ def scalar(sql: str, params=None):
 
 def worker_id_of(pid: int, timeout: float = 30.0) -> str:
     """The incarnation id a worker process registered with."""
-    return str(wait_until(lambda: scalar("SELECT id FROM shardq_worker WHERE pid = %s ORDER BY started_at DESC LIMIT 1", [pid]),
-                          timeout=timeout, message=f"worker pid {pid} to register"))
+    return str(
+        wait_until(
+            lambda: scalar("SELECT id FROM shardq_worker WHERE pid = %s ORDER BY started_at DESC LIMIT 1", [pid]),
+            timeout=timeout,
+            message=f"worker pid {pid} to register",
+        )
+    )
 
 
 def worker_stats(worker_id: str) -> dict:
@@ -182,7 +191,9 @@ def worker_stats(worker_id: str) -> dict:
 
 
 def shards_by_owner() -> dict[str, int]:
-    rows = query("SELECT owner::text, count(*) FROM shardq_shard WHERE owner IS NOT NULL AND lease_expires > clock_timestamp() GROUP BY 1")
+    rows = query(
+        "SELECT owner::text, count(*) FROM shardq_shard WHERE owner IS NOT NULL AND lease_expires > clock_timestamp() GROUP BY 1"
+    )
     return {owner: n for owner, n in rows}
 
 
@@ -191,8 +202,12 @@ def status_counts() -> dict[str, int]:
 
 
 def wait_drained(total: int, timeout: float = 120.0) -> None:
-    wait_until(lambda: status_counts().get("SUCCESSFUL", 0) + status_counts().get("FAILED", 0) >= total,
-               timeout=timeout, interval=0.2, message=f"{total} jobs to finish (now {status_counts()})")
+    wait_until(
+        lambda: status_counts().get("SUCCESSFUL", 0) + status_counts().get("FAILED", 0) >= total,
+        timeout=timeout,
+        interval=0.2,
+        message=f"{total} jobs to finish (now {status_counts()})",
+    )
 
 
 def monotonic() -> float:

@@ -5,7 +5,9 @@ from shardq import exponential, shard_task
 from .models import Order, Receipt
 
 
-@shard_task(key="customer_id", queue_name="emails", max_attempts=3, backoff=exponential(base=2, cap=60), takes_context=True)
+@shard_task(
+    key="customer_id", queue_name="emails", max_attempts=3, backoff=exponential(base=2, cap=60), takes_context=True
+)
 def send_receipt(context: TaskContext, customer_id: int, order_id: int) -> int:
     """Record that a receipt went out for the order (once: the order is unique)."""
     order = Order.objects.get(pk=order_id)

@@ -18,7 +18,7 @@ def create_order(request):
         body = json.loads(request.body or b"{}")
         customer_id, total = int(body["customer_id"]), int(body["total_cents"])
     except (ValueError, KeyError, TypeError):
-        return HttpResponseBadRequest("POST JSON {\"customer_id\": int, \"total_cents\": int}")
+        return HttpResponseBadRequest('POST JSON {"customer_id": int, "total_cents": int}')
     with transaction.atomic():
         order = Order.objects.create(customer_id=customer_id, total_cents=total)
         result = send_receipt.enqueue(customer_id=customer_id, order_id=order.pk)

@@ -39,21 +39,21 @@ class CircuitBreaker:
     """Closed → open → half-open → closed, over a sliding time window."""
 
     __slots__ = (
-        "failure_ratio",
-        "min_calls",
-        "window_seconds",
-        "base_backoff_seconds",
-        "max_backoff_seconds",
-        "_bucket_width",
-        "_nbuckets",
-        "_bucket_ids",
-        "_ok",
-        "_fail",
-        "_state",
-        "_opened_at",
         "_backoff",
+        "_bucket_ids",
+        "_bucket_width",
+        "_fail",
+        "_nbuckets",
+        "_ok",
+        "_opened_at",
         "_openings",
         "_probe_at",
+        "_state",
+        "base_backoff_seconds",
+        "failure_ratio",
+        "max_backoff_seconds",
+        "min_calls",
+        "window_seconds",
     )
 
     def __init__(
@@ -65,7 +65,7 @@ class CircuitBreaker:
         buckets: int = 10,
         base_backoff_seconds: float = 1.0,
         max_backoff_seconds: float = 60.0,
-    ):
+    ) -> None:
         if not 0.0 < failure_ratio <= 1.0:
             raise ValueError(f"failure_ratio must be in (0, 1], got {failure_ratio!r}")
         if min_calls < 1:
@@ -81,14 +81,14 @@ class CircuitBreaker:
         self.max_backoff_seconds = max_backoff_seconds
         self._nbuckets = buckets
         self._bucket_width = window_seconds / buckets
-        self._bucket_ids = [None] * buckets  # absolute bucket number held in each slot
+        self._bucket_ids: list[int | None] = [None] * buckets  # absolute bucket number held in each slot
         self._ok = [0] * buckets
         self._fail = [0] * buckets
-        self._state = CLOSED
+        self._state: str = CLOSED
         self._opened_at = 0.0
         self._backoff = 0.0
         self._openings = 0
-        self._probe_at = None  # when the in-flight half-open probe was admitted
+        self._probe_at: float | None = None  # when the in-flight half-open probe was admitted
 
     @property
     def state(self) -> str:
@@ -163,10 +163,10 @@ class CircuitBreaker:
         self._close()
 
     # -- internals -----------------------------------------------------------
-    def _slot(self, now):
+    def _slot(self, now: float) -> int:
         return floor(now / self._bucket_width) % self._nbuckets
 
-    def _bucket(self, now):
+    def _bucket(self, now: float) -> None:
         bucket_id = floor(now / self._bucket_width)
         slot = bucket_id % self._nbuckets
         if self._bucket_ids[slot] != bucket_id:
@@ -175,7 +175,7 @@ class CircuitBreaker:
             self._ok[slot] = 0
             self._fail[slot] = 0
 
-    def _open(self, now):
+    def _open(self, now: float) -> None:
         self._openings += 1
         self._backoff = min(
             self.base_backoff_seconds * 2.0 ** min(self._openings - 1, 60),
@@ -185,7 +185,7 @@ class CircuitBreaker:
         self._state = OPEN
         self._probe_at = None
 
-    def _close(self):
+    def _close(self) -> None:
         self._state = CLOSED
         self._openings = 0
         self._backoff = 0.0

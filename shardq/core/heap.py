@@ -21,6 +21,7 @@ measures both: heapq is 1.7–2.7× faster at 1k, 65k and 1M entries, so
 (docs/benchmarks.md). Neither is thread-safe: the owner locks.
 """
 
+from collections.abc import Hashable, Iterator
 from heapq import heapify, heappop, heappush
 from itertools import count
 
@@ -37,23 +38,26 @@ COMPACT_STALE_RATIO = 0.20
 # stale > ratio * len  <=>  stale * 5 > len for 0.20 (an integer test on the hot path)
 _COMPACT_FACTOR = 5
 
+#: A heap entry: ``(-priority, run_after, sequence, item_id, item)``.
+type Entry[I, T] = tuple[int, float, int, I, T]
 
-class _IndexedQueueBase:
-    __slots__ = ("_heap", "_index", "_counter", "_stale")
 
-    def __init__(self, counter=None):
-        self._heap = []
-        self._index = {}  # item id -> sequence (generation) of its live entry
-        self._counter = count() if counter is None else counter
+class _IndexedQueueBase[I: Hashable, T]:
+    __slots__ = ("_counter", "_heap", "_index", "_stale")
+
+    def __init__(self, counter: Iterator[int] | None = None) -> None:
+        self._heap: list[Entry[I, T]] = []
+        self._index: dict[I, int] = {}  # item id -> sequence (generation) of its live entry
+        self._counter: Iterator[int] = count() if counter is None else counter
         self._stale = 0
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._index)
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self._index)
 
-    def __contains__(self, item_id):
+    def __contains__(self, item_id: object) -> bool:
         return item_id in self._index
 
     @property
@@ -66,7 +70,7 @@ class _IndexedQueueBase:
         """Entries in the heap, live and stale."""
         return len(self._heap)
 
-    def remove(self, item_id):
+    def remove(self, item_id: I) -> bool:
         """Forget ``item_id`` in O(1); return True if it was queued.
 
         Its heap entry stays in place, stale, until it surfaces or compaction.
@@ -78,7 +82,7 @@ class _IndexedQueueBase:
             self._compact()
         return True
 
-    def _compact(self):
+    def _compact(self) -> None:
         index = self._index
         heap = [e for e in self._heap if index.get(e[3]) == e[2]]
         self._heapify(heap)
@@ -86,27 +90,27 @@ class _IndexedQueueBase:
         self._stale = 0
 
     @staticmethod
-    def _heapify(heap):
+    def _heapify(heap: list[Entry[I, T]]) -> None:
         heapify(heap)
 
-    def clear(self):
+    def clear(self) -> None:
         self._heap = []
         self._index.clear()
         self._stale = 0
 
-    def items(self):
+    def items(self) -> list[T]:
         """Live items in priority order (O(n log n); for tests and draining)."""
         index = self._index
         live = sorted(e for e in self._heap if index.get(e[3]) == e[2])
         return [e[4] for e in live]
 
 
-class HeapqIndexedQueue(_IndexedQueueBase):
+class HeapqIndexedQueue[I: Hashable, T](_IndexedQueueBase[I, T]):
     """Indexed priority queue on the C ``heapq`` module (binary heap)."""
 
     __slots__ = ()
 
-    def push(self, item_id, priority, run_after, item):
+    def push(self, item_id: I, priority: int, run_after: float, item: T) -> None:
         """Queue ``item``; an id already queued is replaced (old entry goes stale)."""
         seq = next(self._counter)
         index = self._index
@@ -117,7 +121,7 @@ class HeapqIndexedQueue(_IndexedQueueBase):
         if self._stale and self._stale * _COMPACT_FACTOR > len(self._heap):
             self._compact()
 
-    def peek(self):
+    def peek(self) -> Entry[I, T] | None:
         """The best live entry ``(-priority, run_after, seq, id, item)`` or None."""
         heap = self._heap
         index = self._index
@@ -129,7 +133,7 @@ class HeapqIndexedQueue(_IndexedQueueBase):
             self._stale -= 1
         return None
 
-    def pop(self):
+    def pop(self) -> T:
         """Remove and return the best live item; IndexError when empty."""
         heap = self._heap
         index = self._index
@@ -144,19 +148,19 @@ class HeapqIndexedQueue(_IndexedQueueBase):
         raise IndexError("pop from an empty queue")
 
 
-class QuaternaryIndexedQueue(_IndexedQueueBase):
+class QuaternaryIndexedQueue[I: Hashable, T](_IndexedQueueBase[I, T]):
     """Indexed priority queue on a pure-Python 4-ary min-heap."""
 
     __slots__ = ()
 
     @classmethod
-    def _heapify(cls, heap):
+    def _heapify(cls, heap: list[Entry[I, T]]) -> None:
         sift_down = cls._sift_down
         for pos in range((len(heap) - 2) // 4, -1, -1):
             sift_down(heap, pos)
 
     @staticmethod
-    def _sift_down(heap, pos):
+    def _sift_down[J, U](heap: list[Entry[J, U]], pos: int) -> None:
         n = len(heap)
         item = heap[pos]
         while True:
@@ -180,7 +184,7 @@ class QuaternaryIndexedQueue(_IndexedQueueBase):
                 break
         heap[pos] = item
 
-    def push(self, item_id, priority, run_after, item):
+    def push(self, item_id: I, priority: int, run_after: float, item: T) -> None:
         """Queue ``item``; an id already queued is replaced (old entry goes stale)."""
         seq = next(self._counter)
         index = self._index
@@ -203,7 +207,7 @@ class QuaternaryIndexedQueue(_IndexedQueueBase):
         if self._stale and self._stale * _COMPACT_FACTOR > len(heap):
             self._compact()
 
-    def _pop_top(self, heap):
+    def _pop_top(self, heap: list[Entry[I, T]]) -> Entry[I, T]:
         last = heap.pop()
         if heap:
             top = heap[0]
@@ -212,7 +216,7 @@ class QuaternaryIndexedQueue(_IndexedQueueBase):
             return top
         return last
 
-    def peek(self):
+    def peek(self) -> Entry[I, T] | None:
         """The best live entry ``(-priority, run_after, seq, id, item)`` or None."""
         heap = self._heap
         index = self._index
@@ -224,7 +228,7 @@ class QuaternaryIndexedQueue(_IndexedQueueBase):
             self._stale -= 1
         return None
 
-    def pop(self):
+    def pop(self) -> T:
         """Remove and return the best live item; IndexError when empty."""
         heap = self._heap
         index = self._index
@@ -244,7 +248,7 @@ class QuaternaryIndexedQueue(_IndexedQueueBase):
 FastestIndexedQueue = HeapqIndexedQueue
 
 
-def make_indexed_queue(counter=None):
+def make_indexed_queue[I: Hashable, T](counter: Iterator[int] | None = None) -> FastestIndexedQueue[I, T]:
     """A new indexed queue of the measured-fastest kind.
 
     ``counter`` (an ``itertools.count``) may be shared by several queues so

@@ -53,12 +53,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import count
 from threading import Lock
+from typing import TypedDict
 
 from .hashing import fnv1a_32
-from .heap import make_indexed_queue
-from .skiplist import make_delayed_index
+from .heap import Entry, FastestIndexedQueue, make_indexed_queue
+from .skiplist import DelayedIndex, make_delayed_index
 
-__all__ = ["DuplicateJob", "LocalQueue", "QueueFull", "QueuedJob"]
+__all__ = ["DuplicateJob", "LocalQueue", "QueueFull", "QueueSnapshot", "QueuedJob"]
 
 
 class QueueFull(Exception):
@@ -83,28 +84,38 @@ class QueuedJob:
     payload: object = None
 
 
+class QueueSnapshot(TypedDict):
+    """What :meth:`LocalQueue.snapshot` returns: jobs per place."""
+
+    buffered: int
+    delayed: int
+    waiting: int
+    lanes: list[int]
+    processing: int
+
+
 class LocalQueue:
     """Bounded, thread-safe, lane-partitioned priority queue of claimed jobs."""
 
     __slots__ = (
-        "_capacity",
-        "_mask",
-        "_lanes",
         "_active",
-        "_lane_of",
-        "_seq",
-        "_jobs",
         "_by_shard",
+        "_capacity",
         "_delayed",
         "_holders",
-        "_waiting",
-        "_processing",
         "_index_lock",
+        "_jobs",
+        "_lane_of",
+        "_lanes",
         "_lanes_lock",
+        "_mask",
+        "_processing",
         "_processing_lock",
+        "_seq",
+        "_waiting",
     )
 
-    def __init__(self, lane_count: int, capacity: int):
+    def __init__(self, lane_count: int, capacity: int) -> None:
         if lane_count < 1 or lane_count & (lane_count - 1):
             raise ValueError(f"lane_count must be a power of two ≥ 1, got {lane_count!r}")
         if capacity < 1:
@@ -112,16 +123,19 @@ class LocalQueue:
         self._capacity = capacity
         self._mask = lane_count - 1
         self._seq = count()
-        self._lanes = [make_indexed_queue(self._seq) for _ in range(lane_count)]
-        self._active = {}  # lane index -> lane, for non-empty lanes only
-        self._lane_of = {}  # queue name -> lane index (memo of the FNV-1a)
-        self._jobs = {}  # buffered job id -> job (lanes, delayed, waiting)
-        self._by_shard = {}  # shard -> set of buffered job ids
+        self._lanes: list[FastestIndexedQueue[int, QueuedJob]] = [
+            make_indexed_queue(self._seq) for _ in range(lane_count)
+        ]
+        self._active: dict[int, FastestIndexedQueue[int, QueuedJob]] = {}  # lane index -> lane, non-empty only
+        self._lane_of: dict[str, int] = {}  # queue name -> lane index (memo of the FNV-1a)
+        self._jobs: dict[int, QueuedJob] = {}  # buffered job id -> job (lanes, delayed, waiting)
+        self._by_shard: dict[int, set[int]] = {}  # shard -> set of buffered job ids
         # Sized by capacity: the delayed index never holds more than that.
-        self._delayed = make_delayed_index(capacity)
-        self._holders = {}  # ordered key -> id of its job in a lane or processing
-        self._waiting = {}  # ordered key -> OrderedDict(id -> job) not yet admitted
-        self._processing = {}  # job id -> job
+        self._delayed: DelayedIndex[int, QueuedJob] = make_delayed_index(capacity)
+        self._holders: dict[str, int] = {}  # ordered key -> id of its job in a lane or processing
+        # ordered key -> OrderedDict(id -> job) not yet admitted
+        self._waiting: dict[str, OrderedDict[int, QueuedJob]] = {}
+        self._processing: dict[int, QueuedJob] = {}  # job id -> job
         self._index_lock = Lock()
         self._lanes_lock = Lock()
         self._processing_lock = Lock()
@@ -170,9 +184,7 @@ class LocalQueue:
                     raise DuplicateJob(f"job {job_id} is already processing")
                 held = len(jobs) + len(self._processing)
             if held >= self._capacity:
-                raise QueueFull(
-                    f"local queue is full ({held} of {self._capacity}); fetch only `free` jobs"
-                )
+                raise QueueFull(f"local queue is full ({held} of {self._capacity}); fetch only `free` jobs")
             jobs[job_id] = job
             ids = self._by_shard.get(job.shard)
             if ids is None:
@@ -191,23 +203,23 @@ class LocalQueue:
             delayed = self._delayed
             if delayed:
                 due_at = delayed.next_time()
-                if due_at <= now:
+                if due_at is not None and due_at <= now:  # not None: delayed is non-empty
                     self._promote(delayed.pop_due(now))
             with self._lanes_lock:
                 active = self._active
                 if not active:
                     return None
                 if len(active) == 1:
-                    for index, lane in active.items():
-                        break
+                    index, lane = next(iter(active.items()))
                     job = lane.pop()
                     if not lane:
                         del active[index]
                 else:
-                    best = None
+                    best: Entry[int, QueuedJob] | None = None
                     best_index = -1
                     for index, lane in active.items():
                         head = lane.peek()
+                        assert head is not None  # an active lane is never empty
                         if best is None or head < best:
                             best = head
                             best_index = index
@@ -275,11 +287,7 @@ class LocalQueue:
             with self._processing_lock:
                 processing = self._processing
                 # Only keys held by a processing job stay held.
-                self._holders = {
-                    key: job_id
-                    for key, job_id in self._holders.items()
-                    if job_id in processing
-                }
+                self._holders = {key: job_id for key, job_id in self._holders.items() if job_id in processing}
             return out
 
     def next_due(self) -> float | None:
@@ -287,7 +295,7 @@ class LocalQueue:
         with self._index_lock:
             return self._delayed.next_time()
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> QueueSnapshot:
         """Counts per place, for metrics and tests (takes the locks)."""
         with self._index_lock:
             with self._lanes_lock:
@@ -301,7 +309,7 @@ class LocalQueue:
             }
 
     # -- internals: callers hold _index_lock -----------------------------------
-    def _to_lane(self, job):
+    def _to_lane(self, job: QueuedJob) -> None:
         index = self._lane_of.get(job.queue_name)
         if index is None:
             index = self.lane_for(job.queue_name)
@@ -310,8 +318,9 @@ class LocalQueue:
             lane.push(job.id, job.priority, job.run_after, job)
             self._active[index] = lane
 
-    def _admit_ordered(self, job):
+    def _admit_ordered(self, job: QueuedJob) -> None:
         key = job.key
+        assert key is not None  # only ordered jobs with a key come here
         if key in self._holders:
             waiting = self._waiting.get(key)
             if waiting is None:
@@ -321,14 +330,14 @@ class LocalQueue:
             self._holders[key] = job.id
             self._to_lane(job)
 
-    def _promote(self, due):
+    def _promote(self, due: list[QueuedJob]) -> None:
         for job in due:
             if job.ordered and job.key is not None:
                 self._admit_ordered(job)
             else:
                 self._to_lane(job)
 
-    def _release_key(self, key, job_id):
+    def _release_key(self, key: str, job_id: int) -> None:
         if self._holders.get(key) != job_id:
             return
         waiting = self._waiting.get(key)
@@ -341,7 +350,7 @@ class LocalQueue:
         else:
             del self._holders[key]
 
-    def _unlink(self, job):
+    def _unlink(self, job: QueuedJob) -> None:
         """Take a buffered job (already out of _jobs/_by_shard) out of its place."""
         job_id = job.id
         if self._delayed.remove(job_id):
@@ -364,5 +373,5 @@ class LocalQueue:
             self._release_key(key, job_id)
 
 
-def _job_id(job):
+def _job_id(job: QueuedJob) -> int:
     return job.id

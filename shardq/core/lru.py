@@ -20,47 +20,66 @@ owner locks.
 """
 
 from collections import OrderedDict
+from collections.abc import Hashable
+from enum import Enum
+from typing import Any, Final, overload
 
 __all__ = ["FastestLRU", "LinkedLRU", "OrderedDictLRU", "make_lru"]
 
-_MISSING = object()
+
+class _Missing(Enum):
+    MISSING = 0
 
 
-def _check_capacity(capacity):
+# An enum member rather than ``object()`` so that ``is _MISSING`` narrows the type.
+_MISSING: Final = _Missing.MISSING
+
+
+def _check_capacity(capacity: int) -> None:
     if capacity < 1:
         raise ValueError(f"LRU capacity must be at least 1, got {capacity!r}")
 
 
-class _Link:
-    __slots__ = ("prev", "next", "key", "value")
+class _Link[K, V]:
+    __slots__ = ("key", "next", "prev", "value")
+
+    prev: "_Link[K, V]"
+    next: "_Link[K, V]"
+    key: K
+    value: V
 
 
-class LinkedLRU:
+class LinkedLRU[K: Hashable, V]:
     """LRU map on a dict plus a circular doubly linked list."""
 
     __slots__ = ("_capacity", "_map", "_root")
 
-    def __init__(self, capacity):
+    def __init__(self, capacity: int) -> None:
         _check_capacity(capacity)
         self._capacity = capacity
-        self._map = {}
-        root = _Link()
+        self._map: dict[K, _Link[K, V]] = {}
+        # The sentinel carries no entry: its key and value are never read.
+        root: _Link[Any, Any] = _Link()
         root.prev = root.next = root
         root.key = root.value = None
-        self._root = root  # root.next is the least recent, root.prev the most
+        self._root: _Link[K, V] = root  # root.next is the least recent, root.prev the most
 
     @property
-    def capacity(self):
+    def capacity(self) -> int:
         return self._capacity
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._map)
 
-    def __contains__(self, key):
+    def __contains__(self, key: object) -> bool:
         """Membership without touching recency."""
         return key in self._map
 
-    def get(self, key, default=None):
+    @overload
+    def get(self, key: K) -> V | None: ...
+    @overload
+    def get[D](self, key: K, default: D) -> V | D: ...
+    def get(self, key: K, default: object = None) -> object:
         """Value of ``key`` (now the most recent) or ``default``."""
         link = self._map.get(key)
         if link is None:
@@ -78,12 +97,16 @@ class LinkedLRU:
         root.prev = link
         return link.value
 
-    def peek(self, key, default=None):
+    @overload
+    def peek(self, key: K) -> V | None: ...
+    @overload
+    def peek[D](self, key: K, default: D) -> V | D: ...
+    def peek(self, key: K, default: object = None) -> object:
         """Value of ``key`` without touching recency."""
         link = self._map.get(key)
         return default if link is None else link.value
 
-    def set(self, key, value):
+    def set(self, key: K, value: V) -> tuple[K, V] | None:
         """Store ``value`` as the most recent; evict the least recent if full.
 
         Returns the evicted ``(key, value)`` or None.
@@ -103,7 +126,7 @@ class LinkedLRU:
             link.next = root
             root.prev = link
             return None
-        evicted = None
+        evicted: tuple[K, V] | None = None
         if len(mapping) >= self._capacity:
             # Reuse the oldest link for the new entry: no allocation on a full cache.
             link = root.next
@@ -126,7 +149,11 @@ class LinkedLRU:
 
     __setitem__ = set
 
-    def pop(self, key, default=None):
+    @overload
+    def pop(self, key: K) -> V | None: ...
+    @overload
+    def pop[D](self, key: K, default: D) -> V | D: ...
+    def pop(self, key: K, default: object = None) -> object:
         """Remove ``key`` and return its value (or ``default``)."""
         link = self._map.pop(key, None)
         if link is None:
@@ -137,9 +164,9 @@ class LinkedLRU:
         nxt.prev = prev
         return link.value
 
-    def keys(self):
+    def keys(self) -> list[K]:
         """Keys from least to most recent."""
-        out = []
+        out: list[K] = []
         root = self._root
         link = root.next
         while link is not root:
@@ -147,34 +174,38 @@ class LinkedLRU:
             link = link.next
         return out
 
-    def clear(self):
+    def clear(self) -> None:
         self._map.clear()
         root = self._root
         root.prev = root.next = root
 
 
-class OrderedDictLRU:
+class OrderedDictLRU[K: Hashable, V]:
     """LRU map on ``collections.OrderedDict``."""
 
     __slots__ = ("_capacity", "_map")
 
-    def __init__(self, capacity):
+    def __init__(self, capacity: int) -> None:
         _check_capacity(capacity)
         self._capacity = capacity
-        self._map = OrderedDict()
+        self._map: OrderedDict[K, V] = OrderedDict()
 
     @property
-    def capacity(self):
+    def capacity(self) -> int:
         return self._capacity
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._map)
 
-    def __contains__(self, key):
+    def __contains__(self, key: object) -> bool:
         """Membership without touching recency."""
         return key in self._map
 
-    def get(self, key, default=None):
+    @overload
+    def get(self, key: K) -> V | None: ...
+    @overload
+    def get[D](self, key: K, default: D) -> V | D: ...
+    def get(self, key: K, default: object = None) -> object:
         """Value of ``key`` (now the most recent) or ``default``."""
         mapping = self._map
         value = mapping.get(key, _MISSING)
@@ -183,11 +214,15 @@ class OrderedDictLRU:
         mapping.move_to_end(key)
         return value
 
-    def peek(self, key, default=None):
+    @overload
+    def peek(self, key: K) -> V | None: ...
+    @overload
+    def peek[D](self, key: K, default: D) -> V | D: ...
+    def peek(self, key: K, default: object = None) -> object:
         """Value of ``key`` without touching recency."""
         return self._map.get(key, default)
 
-    def set(self, key, value):
+    def set(self, key: K, value: V) -> tuple[K, V] | None:
         """Store ``value`` as the most recent; evict the least recent if full.
 
         Returns the evicted ``(key, value)`` or None.
@@ -203,15 +238,19 @@ class OrderedDictLRU:
 
     __setitem__ = set
 
-    def pop(self, key, default=None):
+    @overload
+    def pop(self, key: K) -> V | None: ...
+    @overload
+    def pop[D](self, key: K, default: D) -> V | D: ...
+    def pop(self, key: K, default: object = None) -> object:
         """Remove ``key`` and return its value (or ``default``)."""
         return self._map.pop(key, default)
 
-    def keys(self):
+    def keys(self) -> list[K]:
         """Keys from least to most recent."""
         return list(self._map)
 
-    def clear(self):
+    def clear(self) -> None:
         self._map.clear()
 
 
@@ -219,6 +258,10 @@ class OrderedDictLRU:
 FastestLRU = OrderedDictLRU
 
 
-def make_lru(capacity):
-    """A new LRU map of the measured-fastest kind."""
+def make_lru(capacity: int) -> FastestLRU[Any, Any]:
+    """A new LRU map of the measured-fastest kind.
+
+    Untyped entries, so an unannotated attribute may hold it; annotate the
+    attribute (``FastestLRU[K, V]``) for checked keys and values.
+    """
     return FastestLRU(capacity)

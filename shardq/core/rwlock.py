@@ -37,6 +37,7 @@ is not reentrant, and a thread holding it for reading must not ask to write.
 """
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from threading import Lock
 
@@ -46,14 +47,14 @@ __all__ = ["RWLock"]
 class RWLock:
     """Many readers or one writer; writers are preferred over new readers."""
 
-    __slots__ = ("_mutex", "_readers", "_writer", "_writers_waiting", "_readers_waiting")
+    __slots__ = ("_mutex", "_readers", "_readers_waiting", "_writer", "_writers_waiting")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._mutex = Lock()
         self._readers = 0
         self._writer = False
-        self._writers_waiting = OrderedDict()
-        self._readers_waiting = OrderedDict()
+        self._writers_waiting: OrderedDict[Lock, None] = OrderedDict()
+        self._readers_waiting: OrderedDict[Lock, None] = OrderedDict()
 
     # -- introspection (racy by nature; for tests and metrics) --------------
     @property
@@ -118,7 +119,7 @@ class RWLock:
 
     # -- context managers ----------------------------------------------------
     @contextmanager
-    def read_locked(self, timeout: float | None = None):
+    def read_locked(self, timeout: float | None = None) -> Iterator["RWLock"]:
         """``with lock.read_locked():`` — raises TimeoutError on timeout."""
         if not self.acquire_read(timeout):
             raise TimeoutError(f"read lock not acquired within {timeout} s")
@@ -128,7 +129,7 @@ class RWLock:
             self.release_read()
 
     @contextmanager
-    def write_locked(self, timeout: float | None = None):
+    def write_locked(self, timeout: float | None = None) -> Iterator["RWLock"]:
         """``with lock.write_locked():`` — raises TimeoutError on timeout."""
         if not self.acquire_write(timeout):
             raise TimeoutError(f"write lock not acquired within {timeout} s")
@@ -138,19 +139,19 @@ class RWLock:
             self.release_write()
 
     # -- internals (called with the mutex held) ------------------------------
-    def _grant_writer(self):
+    def _grant_writer(self) -> None:
         waiter, _ = self._writers_waiting.popitem(last=False)
         self._writer = True  # hand-off: state changes on the waiter's behalf
         waiter.release()
 
-    def _grant_readers(self):
+    def _grant_readers(self) -> None:
         waiting = self._readers_waiting
         self._readers += len(waiting)
         for waiter in waiting:
             waiter.release()
         waiting.clear()
 
-    def _park(self, waiter, queue, timeout):
+    def _park(self, waiter: Lock, queue: OrderedDict[Lock, None], timeout: float | None) -> bool:
         if waiter.acquire(True, -1 if timeout is None else timeout):
             return True
         with self._mutex:

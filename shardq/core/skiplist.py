@@ -24,14 +24,17 @@ skip list, and a worker configured with a larger buffer gets SortedList. Equal t
 insertion (FIFO) order. Not thread-safe: the owner locks.
 """
 
+from collections.abc import Hashable
 from itertools import count
 from math import inf
 from random import Random
+from typing import Any, Protocol
 
 from sortedcontainers import SortedList
 
 __all__ = [
     "SKIPLIST_MAX_ENTRIES",
+    "DelayedIndex",
     "SkipListDelayedIndex",
     "SortedListDelayedIndex",
     "delayed_index_class",
@@ -41,41 +44,57 @@ __all__ = [
 _MAX_LEVEL = 32
 
 
-class _Node:
-    __slots__ = ("time", "seq", "id", "item", "next")
+class DelayedIndex[I: Hashable, T](Protocol):
+    """The interface both implementations share."""
 
-    def __init__(self, time, seq, item_id, item, level):
+    def __len__(self) -> int: ...
+    def __bool__(self) -> bool: ...
+    def __contains__(self, item_id: object) -> bool: ...
+    def add(self, item_id: I, time: float, item: T) -> None: ...
+    def remove(self, item_id: I) -> bool: ...
+    def next_time(self) -> float | None: ...
+    def pop_due(self, now: float) -> list[T]: ...
+    def items(self) -> list[T]: ...
+    def clear(self) -> None: ...
+
+
+class _Node[I, T]:
+    __slots__ = ("id", "item", "next", "seq", "time")
+
+    def __init__(self, time: float, seq: int, item_id: I, item: T, level: int) -> None:
         self.time = time
         self.seq = seq
         self.id = item_id
         self.item = item
-        self.next = [None] * level
+        self.next: list[_Node[I, T] | None] = [None] * level
 
 
-class SkipListDelayedIndex:
+class SkipListDelayedIndex[I: Hashable, T]:
     """Skip list keyed by ``(time, sequence)`` with O(log n) remove by id."""
 
-    __slots__ = ("_head", "_level", "_nodes", "_counter", "_bits")
+    __slots__ = ("_bits", "_counter", "_head", "_level", "_nodes")
 
-    def __init__(self, seed=None):
-        self._head = _Node(-inf, -1, None, None, _MAX_LEVEL)
+    def __init__(self, seed: int | None = None) -> None:
+        # The head sentinel carries no entry: its id and item are never read.
+        head: _Node[Any, Any] = _Node(-inf, -1, None, None, _MAX_LEVEL)
+        self._head: _Node[I, T] = head
         self._level = 1
-        self._nodes = {}
+        self._nodes: dict[I, _Node[I, T]] = {}
         self._counter = count()
         # A private generator: levels need no cryptographic quality, and a
         # seed makes a run reproducible.
         self._bits = Random(seed).getrandbits
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._nodes)
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self._nodes)
 
-    def __contains__(self, item_id):
+    def __contains__(self, item_id: object) -> bool:
         return item_id in self._nodes
 
-    def add(self, item_id, time, item):
+    def add(self, item_id: I, time: float, item: T) -> None:
         """Index ``item`` under ``time``; an id already present is moved."""
         if item_id in self._nodes:
             self.remove(item_id)
@@ -86,13 +105,11 @@ class SkipListDelayedIndex:
         head = self._head
         if level > self._level:
             self._level = level
-        update = [head] * level
+        update: list[_Node[I, T]] = [head] * level
         x = head
         for lvl in range(self._level - 1, -1, -1):
             nxt = x.next[lvl]
-            while nxt is not None and (
-                nxt.time < time or (nxt.time == time and nxt.seq < seq)
-            ):
+            while nxt is not None and (nxt.time < time or (nxt.time == time and nxt.seq < seq)):
                 x = nxt
                 nxt = x.next[lvl]
             if lvl < level:
@@ -105,7 +122,7 @@ class SkipListDelayedIndex:
             prev.next[lvl] = node
         self._nodes[item_id] = node
 
-    def remove(self, item_id):
+    def remove(self, item_id: I) -> bool:
         """Remove ``item_id``; True if it was present. O(log n) expected."""
         node = self._nodes.pop(item_id, None)
         if node is None:
@@ -115,11 +132,7 @@ class SkipListDelayedIndex:
         x = self._head
         for lvl in range(self._level - 1, -1, -1):
             nxt = x.next[lvl]
-            while (
-                nxt is not None
-                and nxt is not node
-                and (nxt.time < time or (nxt.time == time and nxt.seq < seq))
-            ):
+            while nxt is not None and nxt is not node and (nxt.time < time or (nxt.time == time and nxt.seq < seq)):
                 x = nxt
                 nxt = x.next[lvl]
             if nxt is node:
@@ -127,19 +140,19 @@ class SkipListDelayedIndex:
         self._shrink()
         return True
 
-    def _shrink(self):
+    def _shrink(self) -> None:
         head_next = self._head.next
         level = self._level
         while level > 1 and head_next[level - 1] is None:
             level -= 1
         self._level = level
 
-    def next_time(self):
+    def next_time(self) -> float | None:
         """Earliest time indexed, or None when empty."""
         first = self._head.next[0]
         return None if first is None else first.time
 
-    def pop_due(self, now):
+    def pop_due(self, now: float) -> list[T]:
         """Remove and return every item with ``time <= now``, earliest first."""
         head = self._head
         first = head.next[0]
@@ -156,50 +169,51 @@ class SkipListDelayedIndex:
             head_next[lvl] = nxt
         stop = head_next[0]
         nodes = self._nodes
-        out = []
-        node = first
-        while node is not stop:
+        out: list[T] = []
+        node: _Node[I, T] | None = first
+        while node is not None and node is not stop:  # stop is in the chain or None
             out.append(node.item)
             del nodes[node.id]
             node = node.next[0]
         self._shrink()
         return out
 
-    def items(self):
+    def items(self) -> list[T]:
         """Items in time order (for tests and draining)."""
-        out = []
+        out: list[T] = []
         node = self._head.next[0]
         while node is not None:
             out.append(node.item)
             node = node.next[0]
         return out
 
-    def clear(self):
-        self._head = _Node(-inf, -1, None, None, _MAX_LEVEL)
+    def clear(self) -> None:
+        head: _Node[Any, Any] = _Node(-inf, -1, None, None, _MAX_LEVEL)
+        self._head = head
         self._level = 1
         self._nodes.clear()
 
 
-class SortedListDelayedIndex:
+class SortedListDelayedIndex[I: Hashable, T]:
     """The same interface on ``sortedcontainers.SortedList``."""
 
-    __slots__ = ("_sorted", "_entries", "_counter")
+    __slots__ = ("_counter", "_entries", "_sorted")
 
-    def __init__(self, seed=None):
-        self._sorted = SortedList()
-        self._entries = {}  # id -> (time, seq, item)
+    def __init__(self, seed: int | None = None) -> None:
+        self._sorted = SortedList()  # of (time, seq, id)
+        self._entries: dict[I, tuple[float, int, T]] = {}  # id -> (time, seq, item)
         self._counter = count()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._entries)
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self._entries)
 
-    def __contains__(self, item_id):
+    def __contains__(self, item_id: object) -> bool:
         return item_id in self._entries
 
-    def add(self, item_id, time, item):
+    def add(self, item_id: I, time: float, item: T) -> None:
         """Index ``item`` under ``time``; an id already present is moved."""
         if item_id in self._entries:
             self.remove(item_id)
@@ -207,7 +221,7 @@ class SortedListDelayedIndex:
         self._entries[item_id] = (time, seq, item)
         self._sorted.add((time, seq, item_id))
 
-    def remove(self, item_id):
+    def remove(self, item_id: I) -> bool:
         """Remove ``item_id``; True if it was present."""
         entry = self._entries.pop(item_id, None)
         if entry is None:
@@ -215,11 +229,14 @@ class SortedListDelayedIndex:
         self._sorted.remove((entry[0], entry[1], item_id))
         return True
 
-    def next_time(self):
+    def next_time(self) -> float | None:
         """Earliest time indexed, or None when empty."""
-        return self._sorted[0][0] if self._entries else None
+        if not self._entries:
+            return None
+        first: float = self._sorted[0][0]
+        return first
 
-    def pop_due(self, now):
+    def pop_due(self, now: float) -> list[T]:
         """Remove and return every item with ``time <= now``, earliest first."""
         sl = self._sorted
         if not sl or sl[0][0] > now:
@@ -230,11 +247,11 @@ class SortedListDelayedIndex:
         entries = self._entries
         return [entries.pop(key[2])[2] for key in due]
 
-    def items(self):
+    def items(self) -> list[T]:
         """Items in time order (for tests and draining)."""
         return [self._entries[key[2]][2] for key in self._sorted]
 
-    def clear(self):
+    def clear(self) -> None:
         self._sorted.clear()
         self._entries.clear()
 
@@ -243,14 +260,16 @@ class SortedListDelayedIndex:
 SKIPLIST_MAX_ENTRIES = 2_048
 
 
-def delayed_index_class(size_hint=None):
+def delayed_index_class(
+    size_hint: int | None = None,
+) -> type[SkipListDelayedIndex[Any, Any]] | type[SortedListDelayedIndex[Any, Any]]:
     """The measured-faster implementation for about ``size_hint`` entries."""
     if size_hint is not None and size_hint <= SKIPLIST_MAX_ENTRIES:
         return SkipListDelayedIndex
     return SortedListDelayedIndex
 
 
-def make_delayed_index(size_hint=None, seed=None):
+def make_delayed_index[I: Hashable, T](size_hint: int | None = None, seed: int | None = None) -> DelayedIndex[I, T]:
     """A new delayed-job index of the kind measured faster at ``size_hint``.
 
     Without a hint (unbounded use) SortedList is chosen: it degrades least.

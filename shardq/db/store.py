@@ -21,21 +21,63 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import RowFactory, RowMaker, TupleRow, dict_row
 
 from ..conf import get_config
 from ..core.breaker import CircuitBreaker
 from ..exceptions import DatabaseUnavailable, StatementRejected
 from .queries import QUERIES
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 logger = logging.getLogger("shardq.store")
 
 
-def ensure_shards(sender=None, using=DEFAULT_DB_ALIAS, **kwargs):
+class JobRef(Protocol):
+    """A claimed job as the store reads it (``ClaimedJob`` in the worker)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def fence(self) -> int: ...
+    @property
+    def status_rank(self) -> int: ...
+
+
+class OutcomeRef(Protocol):
+    """A job's outcome as the store writes it (``Outcome`` in the worker)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def fence(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def return_value_json(self) -> str | None: ...
+    @property
+    def error_json(self) -> str | None: ...
+    @property
+    def delay(self) -> float: ...
+
+
+#: Rows by name, as ``named=True`` statements return them.
+type NamedRow = dict[str, Any]
+
+#: What a statement's result is read as: every row, the first row, or the row count.
+type Fetch = Literal["all", "one", "none"]
+
+
+def ensure_shards(sender: object = None, using: str = DEFAULT_DB_ALIAS, **kwargs: object) -> None:
     """post_migrate: one shardq_shard row per configured shard."""
     connection = connections[using]
     if connection.vendor != "postgresql":
@@ -44,7 +86,7 @@ def ensure_shards(sender=None, using=DEFAULT_DB_ALIAS, **kwargs):
         cursor.execute(QUERIES["ensure_shards"], {"count": get_config().shard_count})
 
 
-def connection_kwargs(alias: str = DEFAULT_DB_ALIAS) -> dict:
+def connection_kwargs(alias: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     """psycopg connect() arguments of a Django database alias."""
     params = dict(connections[alias].get_connection_params())
     params.pop("cursor_factory", None)
@@ -56,23 +98,23 @@ def connection_kwargs(alias: str = DEFAULT_DB_ALIAS) -> dict:
     return params
 
 
-def connect(alias: str = DEFAULT_DB_ALIAS, autocommit: bool = True, application_name: str = "shardq") -> psycopg.Connection:
+def connect(
+    alias: str = DEFAULT_DB_ALIAS, autocommit: bool = True, application_name: str = "shardq"
+) -> psycopg.Connection[TupleRow]:
     try:
-        return psycopg.connect(
-            **connection_kwargs(alias), autocommit=autocommit, application_name=application_name
-        )
+        return psycopg.connect(**connection_kwargs(alias), autocommit=autocommit, application_name=application_name)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {exc}".strip()) from exc
 
 
-def dumps(value) -> str:
+def dumps(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
 def is_connection_error(exc: Exception) -> bool:
     """The server is unreachable or went away (not a statement-level error
     such as a deadlock): only these count toward opening the circuit."""
-    state = getattr(exc, "sqlstate", None)
+    state: str | None = getattr(exc, "sqlstate", None)
     return state is None or state.startswith(("08", "57"))
 
 
@@ -89,7 +131,7 @@ def is_transient(exc: BaseException) -> bool:
     A client-side error with no SQLSTATE is transient only when it is about
     the connection (OperationalError, InterfaceError); a loader's DataError
     (a value psycopg cannot decode) is about the data."""
-    state = getattr(exc, "sqlstate", None)
+    state: str | None = getattr(exc, "sqlstate", None)
     if state is None:
         return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
     return state.startswith(TRANSIENT_CLASSES)
@@ -109,10 +151,11 @@ class DatabaseGuard:
     doubling up to 5 s), instead of every service hammering a dead server.
     """
 
-    def __init__(self, clock=time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self.breaker = CircuitBreaker(failure_ratio=0.5, min_calls=3, window_seconds=10.0,
-                                      base_backoff_seconds=0.5, max_backoff_seconds=5.0)
+        self.breaker = CircuitBreaker(
+            failure_ratio=0.5, min_calls=3, window_seconds=10.0, base_backoff_seconds=0.5, max_backoff_seconds=5.0
+        )
         self.lock = threading.Lock()
 
     def admit(self, what: str) -> None:
@@ -122,7 +165,8 @@ class DatabaseGuard:
                 return
             retry_in = self.breaker.retry_in(now)
         raise DatabaseUnavailable(
-            f"database unavailable (circuit open; next probe in {retry_in:.1f}s): {what} not sent")
+            f"database unavailable (circuit open; next probe in {retry_in:.1f}s): {what} not sent"
+        )
 
     def succeeded(self) -> None:
         with self.lock:
@@ -138,7 +182,7 @@ class DatabaseGuard:
             return self.breaker.state
 
 
-def outcome_batch_json(outcomes: list) -> str:
+def outcome_batch_json(outcomes: Iterable[OutcomeRef]) -> str:
     """The outcomes as one JSON array for ``jsonb_to_recordset``.
 
     Built by string formatting because the return values and errors already
@@ -151,8 +195,11 @@ def outcome_batch_json(outcomes: list) -> str:
             extra += ',"return_value":' + o.return_value_json
         if o.error_json is not None:
             extra += ',"error":' + o.error_json
-        parts.append(f'{{"id":{o.id:d},"fence":{o.fence:d},"rank":{o.rank:d},"status":"{o.status}",'
-                     f'"delay":{float(o.delay)!r}{extra}}}')
+        # %-formatting on purpose: %d renders any integral number as an integer.
+        parts.append(
+            '{"id":%d,"fence":%d,"rank":%d,"status":"%s","delay":%r%s}'  # noqa: UP031
+            % (o.id, o.fence, o.rank, o.status, float(o.delay), extra)
+        )
     return "[" + ",".join(parts) + "]"
 
 
@@ -164,15 +211,20 @@ class WorkerStore:
     next call; the failed call raises ``DatabaseUnavailable``.
     """
 
-    def __init__(self, alias: str = DEFAULT_DB_ALIAS, application_name: str = "shardq",
-                 guard: "DatabaseGuard | None" = None, synchronous_commit: bool = True):
+    def __init__(
+        self,
+        alias: str = DEFAULT_DB_ALIAS,
+        application_name: str = "shardq",
+        guard: "DatabaseGuard | None" = None,
+        synchronous_commit: bool = True,
+    ):
         self.alias = alias
         self.application_name = application_name
         self.guard = guard or DatabaseGuard()
         self.synchronous_commit = synchronous_commit
-        self.conn: psycopg.Connection | None = None
+        self.conn: psycopg.Connection[TupleRow] | None = None
 
-    def _cursor(self, named: bool = False, row_factory=None):
+    def _cursor(self, named: bool = False, row_factory: RowFactory[Any] | None = None) -> psycopg.Cursor[Any]:
         if self.conn is None or self.conn.closed:
             self.conn = connect(self.alias, application_name=self.application_name)
             if not self.synchronous_commit:
@@ -181,13 +233,66 @@ class WorkerStore:
             return self.conn.cursor(row_factory=row_factory)
         return self.conn.cursor(row_factory=dict_row) if named else self.conn.cursor()
 
-    def run(self, name: str, params: dict, fetch: str = "all", binary: bool = False, named: bool = False):
+    @overload
+    def run(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        fetch: Literal["all"] = "all",
+        binary: bool = False,
+        named: Literal[False] = False,
+    ) -> list[TupleRow]: ...
+    @overload
+    def run(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        fetch: Literal["all"] = "all",
+        binary: bool = False,
+        *,
+        named: Literal[True],
+    ) -> list[NamedRow]: ...
+    @overload
+    def run(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        fetch: Literal["one"],
+        binary: bool = False,
+        named: Literal[False] = False,
+    ) -> TupleRow | None: ...
+    @overload
+    def run(
+        self, name: str, params: Mapping[str, Any], fetch: Literal["none"], binary: bool = False, named: bool = False
+    ) -> int: ...
+    def run(
+        self, name: str, params: Mapping[str, Any], fetch: Fetch = "all", binary: bool = False, named: bool = False
+    ) -> Any:
         """Run one named statement; rows as dicts when ``named``."""
-        return self.guarded(name, lambda cursor: self._execute(cursor, name, params, fetch, binary),
-                            named=named)
+        return self.guarded(name, lambda cursor: self._execute(cursor, name, params, fetch, binary), named=named)
 
+    @overload
     @staticmethod
-    def _execute(cursor, name: str, params: dict, fetch: str = "all", binary: bool = False):
+    def _execute(
+        cursor: psycopg.Cursor[Any],
+        name: str,
+        params: Mapping[str, Any],
+        fetch: Literal["all"] = "all",
+        binary: bool = False,
+    ) -> list[Any]: ...
+    @overload
+    @staticmethod
+    def _execute(
+        cursor: psycopg.Cursor[Any],
+        name: str,
+        params: Mapping[str, Any],
+        fetch: Literal["one", "none"],
+        binary: bool = False,
+    ) -> Any: ...
+    @staticmethod
+    def _execute(
+        cursor: psycopg.Cursor[Any], name: str, params: Mapping[str, Any], fetch: Fetch = "all", binary: bool = False
+    ) -> Any:
         cursor.execute(QUERIES[name], params, prepare=True, binary=binary)
         if fetch == "all":
             return cursor.fetchall()
@@ -195,7 +300,13 @@ class WorkerStore:
             return cursor.fetchone()
         return cursor.rowcount
 
-    def guarded(self, what: str, work, named: bool = False, row_factory=None):
+    def guarded[R](
+        self,
+        what: str,
+        work: Callable[[psycopg.Cursor[Any]], R],
+        named: bool = False,
+        row_factory: RowFactory[Any] | None = None,
+    ) -> R:
         """Run ``work(cursor)`` behind the circuit breaker, translating driver
         errors into their domain: ``DatabaseUnavailable`` (connection) or
         ``StatementRejected`` (the statement's data)."""
@@ -221,7 +332,9 @@ class WorkerStore:
         self.guard.succeeded()
         return result
 
-    def run_split(self, items: list, run_batch):
+    def run_split[I, R](
+        self, items: list[I], run_batch: Callable[[list[I]], Iterable[R]]
+    ) -> tuple[list[R], list[tuple[I, StatementRejected]]]:
         """``run_batch(items)`` (returning a list of rows), split in halves on
         ``StatementRejected`` until the bad items are alone: returns (rows of
         the batches that ran, [(item, StatementRejected)] of the ones that
@@ -251,33 +364,48 @@ class WorkerStore:
         self.run("register_worker", {"worker": worker, "host": host, "pid": pid, "queues": dumps(queues),
                                      "name": name or ""}, fetch="none")
 
-    def heartbeat(self, worker: str, stats: dict, ttl: float) -> list[str]:
+    def heartbeat(self, worker: str, stats: Mapping[str, object], ttl: float) -> list[str]:
         rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl})
         return [str(row[0]) for row in rows]
 
-    def claim_shards(self, worker: str, wanted: int, ttl: float, shard_count: int,
-                     max_worker_losses: int) -> list[dict]:
+    def claim_shards(
+        self, worker: str, wanted: int, ttl: float, shard_count: int, max_worker_losses: int
+    ) -> list[NamedRow]:
         """Take up to ``wanted`` free or expired shards, rescue the jobs their
         previous owners left in flight and log each claim: one transaction.
         Rows: shard, claim_version, previous_owner, rescued."""
 
-        def work(cursor):
-            taken = self._execute(cursor, "claim_shards", {
-                "worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count})
+        def work(cursor: psycopg.Cursor[NamedRow]) -> list[NamedRow]:
+            taken = self._execute(
+                cursor, "claim_shards", {"worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count}
+            )
             if not taken:
                 return []
             taken.sort(key=lambda row: row["shard"])
             pairs = {row["shard"]: row["claim_version"] for row in taken}
-            rescued = Counter(row["shard"] for row in self._execute(cursor, "rescue_jobs", {
-                "shards": list(pairs), "versions": list(pairs.values()),
-                "max_worker_losses": max_worker_losses}))
-            self._execute(cursor, "log_shard_claims", {
-                "worker": worker, "shards": list(pairs), "versions": list(pairs.values()),
-                "previous": [row["previous_owner"] for row in taken],
-                "rescued": [rescued[row["shard"]] for row in taken]}, fetch="none")
+            rescued = Counter(
+                row["shard"]
+                for row in self._execute(
+                    cursor,
+                    "rescue_jobs",
+                    {"shards": list(pairs), "versions": list(pairs.values()), "max_worker_losses": max_worker_losses},
+                )
+            )
+            self._execute(
+                cursor,
+                "log_shard_claims",
+                {
+                    "worker": worker,
+                    "shards": list(pairs),
+                    "versions": list(pairs.values()),
+                    "previous": [row["previous_owner"] for row in taken],
+                    "rescued": [rescued[row["shard"]] for row in taken],
+                },
+                fetch="none",
+            )
             return [{**row, "rescued": rescued[row["shard"]]} for row in taken]
 
-        def in_transaction(cursor):
+        def in_transaction(cursor: psycopg.Cursor[NamedRow]) -> list[NamedRow]:
             with cursor.connection.transaction():
                 return work(cursor)
 
@@ -299,7 +427,7 @@ class WorkerStore:
         )
         return {row[0] for row in rows}
 
-    def stop_worker(self, worker: str, stats: dict) -> None:
+    def stop_worker(self, worker: str, stats: Mapping[str, object]) -> None:
         self.run("stop_worker", {"worker": worker, "stats": dumps(stats)}, fetch="none")
 
     def notify(self, channel: str, payload: str) -> None:
@@ -307,9 +435,19 @@ class WorkerStore:
 
     # -- jobs -----------------------------------------------------------------
 
-    def claim_jobs(self, worker: str, shards: list[int], queues: list[str] | None, per_shard: int,
-                   limit: int, lookahead: float = 0.0, row_factory=None, start: int = 0,
-                   exclude_queues: list[str] | None = None, backend: str | None = None) -> list:
+    def claim_jobs(
+        self,
+        worker: str,
+        shards: list[int],
+        queues: list[str] | None,
+        per_shard: int,
+        limit: int,
+        lookahead: float = 0.0,
+        row_factory: "type[DataclassInstance] | None" = None,
+        start: int = 0,
+        exclude_queues: list[str] | None = None,
+        backend: str | None = None,
+    ) -> list[Any]:
         """Claim a batch (rows by name: dicts, or ``row_factory(**columns)``;
         a row with ``problem`` set was quarantined, not claimed; one with
         ``started`` true was started by the claim, see queries.sql)."""
@@ -331,38 +469,56 @@ class WorkerStore:
         }
         if row_factory is None:
             return self.run("claim_jobs", params, binary=True, named=True)
-        return self.guarded("claim_jobs", lambda cursor: self._execute(
-            cursor, "claim_jobs", params, binary=True), row_factory=fields_row(row_factory))
+        return self.guarded(
+            "claim_jobs",
+            lambda cursor: self._execute(cursor, "claim_jobs", params, binary=True),
+            row_factory=fields_row(row_factory),
+        )
 
-    def start_jobs(self, worker: str, jobs: list) -> tuple[dict[int, dict], list]:
+    def start_jobs[J: JobRef](
+        self, worker: str, jobs: list[J]
+    ) -> tuple[dict[int, NamedRow], list[tuple[J, StatementRejected]]]:
         """Record the real start of claimed jobs (objects with id, fence,
         status_rank) in one statement. Returns ({id: row} of the jobs started,
         [(job, StatementRejected)] of rows PostgreSQL refused). A job missing
         from both lost its claim: it must not start."""
 
-        def batch(part):
-            return self.run("start_jobs", {
-                "worker": worker, "ids": [j.id for j in part], "fences": [j.fence for j in part],
-                "ranks": [j.status_rank for j in part]}, named=True)
+        def batch(part: list[J]) -> list[NamedRow]:
+            return self.run(
+                "start_jobs",
+                {
+                    "worker": worker,
+                    "ids": [j.id for j in part],
+                    "fences": [j.fence for j in part],
+                    "ranks": [j.status_rank for j in part],
+                },
+                named=True,
+            )
 
         rows, rejected = self.run_split(jobs, batch)
         return {row["id"]: row for row in rows}, rejected
 
-    def my_claimed_jobs(self, worker: str, shards: list[int]) -> list[dict]:
+    def my_claimed_jobs(self, worker: str, shards: list[int]) -> list[NamedRow]:
         return self.run("my_claimed_jobs", {"worker": worker, "shards": shards}, named=True)
 
     def seconds_until_due(self, shards: list[int]) -> float | None:
         row = self.run("seconds_until_due", {"shards": shards}, fetch="one")
-        return row[0] if row else None
+        seconds: float | None = row[0] if row else None
+        return seconds
 
-    def rescue_jobs(self, held: dict[int, int], max_worker_losses: int) -> list[dict]:
+    def rescue_jobs(self, held: dict[int, int], max_worker_losses: int) -> list[NamedRow]:
         """The one rescue (see ``rescue_jobs`` in queries.sql) over the
         (shard, claim_version) pairs ``held``: rows shard, id, started, dead."""
         shards = sorted(held)
-        return self.run("rescue_jobs", {"shards": shards, "versions": [held[s] for s in shards],
-                                        "max_worker_losses": max_worker_losses}, named=True)
+        return self.run(
+            "rescue_jobs",
+            {"shards": shards, "versions": [held[s] for s in shards], "max_worker_losses": max_worker_losses},
+            named=True,
+        )
 
-    def complete_jobs(self, outcomes: list) -> tuple[set[tuple[int, int]], list]:
+    def complete_jobs[O: OutcomeRef](
+        self, outcomes: list[O]
+    ) -> tuple[set[tuple[int, int]], list[tuple[O, StatementRejected]]]:
         """Write outcomes (objects with id, fence, rank, status, return_value_json,
         error_json, delay) in one statement; returns the (id, rank) pairs
         written and [(outcome, StatementRejected)] of those PostgreSQL refused
@@ -372,7 +528,7 @@ class WorkerStore:
         one and the one written again under a later claim, see
         ``Completer.recall``), and only one of them can land."""
 
-        def batch(part):
+        def batch(part: list[O]) -> list[TupleRow]:
             # The ids as one array literal: psycopg's list dumper costs a Python
             # call per element, a tenth of the completer's time at no-op rates.
             ids = "{" + ",".join([str(o.id) for o in part]) + "}"
@@ -381,27 +537,35 @@ class WorkerStore:
         rows, rejected = self.run_split(outcomes, batch)
         return {(job_id, rank) for job_id, rank in rows}, rejected
 
-    def outcomes_applied(self, outcomes: list) -> set[tuple[int, int]]:
+    def outcomes_applied(self, outcomes: Sequence[OutcomeRef]) -> set[tuple[int, int]]:
         rows = self.run(
             "outcomes_applied",
-            {"ids": [o.id for o in outcomes], "fences": [o.fence for o in outcomes],
-             "ranks": [o.rank for o in outcomes]},
+            {
+                "ids": [o.id for o in outcomes],
+                "fences": [o.fence for o in outcomes],
+                "ranks": [o.rank for o in outcomes],
+            },
         )
         return {(job_id, rank) for job_id, rank in rows}
 
-    def return_jobs(self, jobs: list) -> set[int]:
+    def return_jobs(self, jobs: Sequence[JobRef]) -> set[int]:
         """Put claimed jobs that never ran here back to READY (objects with id,
         fence, status_rank, and ``started``/``previous_attempt_at`` when the
         claim started them)."""
-        rows = self.run("return_jobs", {
-            "ids": [j.id for j in jobs], "fences": [j.fence for j in jobs],
-            "ranks": [j.status_rank + 1 for j in jobs],
-            "started": [bool(getattr(j, "started", False)) for j in jobs],
-            "previous_attempt_at": [getattr(j, "previous_attempt_at", None) for j in jobs]})
+        rows = self.run(
+            "return_jobs",
+            {
+                "ids": [j.id for j in jobs],
+                "fences": [j.fence for j in jobs],
+                "ranks": [j.status_rank + 1 for j in jobs],
+                "started": [bool(getattr(j, "started", False)) for j in jobs],
+                "previous_attempt_at": [getattr(j, "previous_attempt_at", None) for j in jobs],
+            },
+        )
         return {row[0] for row in rows}
 
 
-def fields_row(cls):
+def fields_row[R: "DataclassInstance"](cls: type[R]) -> RowFactory[R]:
     """A psycopg row factory building the dataclass ``cls`` from a row by
     name, at the cost of a positional call: the columns are matched to the
     fields once per result (a missing or unknown column raises), then each
@@ -410,7 +574,7 @@ def fields_row(cls):
     measurable share of the worker's CPU."""
     fields = [f.name for f in dataclasses.fields(cls)]
 
-    def factory(cursor):
+    def factory(cursor: psycopg.Cursor[Any]) -> RowMaker[R]:
         names = [column.name for column in cursor.description or ()]
         unknown = set(names) - set(fields)
         if unknown:
@@ -421,7 +585,7 @@ def fields_row(cls):
         trailing = [name for name in fields if name not in names]
         if any(fields.index(name) < len(order) for name in trailing):
             # A field without a column before the last column: by keyword.
-            return lambda values: cls(**dict(zip(names, values, strict=True)))
+            return lambda values: cls(**dict(zip(names, values, strict=False)))
         return lambda values: cls(*[values[i] for i in order])
 
     return factory

@@ -45,6 +45,5 @@ def printable(text) -> str:
     escape: row text printed to an operator's terminal cannot drive it."""
     text = str(text)
     return "".join(
-        ch if ch != "\\" and not unicodedata.category(ch).startswith("C") else ascii(ch)[1:-1]
-        for ch in text
+        ch if ch != "\\" and not unicodedata.category(ch).startswith("C") else ascii(ch)[1:-1] for ch in text
     )

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections import Counter
+from typing import cast
 
 from ..core.hashing import lane_count
 from ..core.localqueue import DuplicateJob, LocalQueue, QueuedJob, QueueFull
@@ -17,7 +18,10 @@ from .jobs import ClaimedJob
 
 
 class Buffer:
-    def __init__(self, capacity: int, lanes: int | None = None):
+    # Every QueuedJob pushed here carries its ClaimedJob as the payload, hence
+    # the casts where a payload comes back.
+
+    def __init__(self, capacity: int, lanes: int | None = None) -> None:
         self.queue = LocalQueue(lanes or lane_count(os.cpu_count() or 1), capacity)
         self.capacity = capacity
         self._ready = threading.Condition(threading.Lock())
@@ -49,8 +53,9 @@ class Buffer:
         for job in jobs:
             try:
                 push(
-                    QueuedJob(job.id, job.queue_name, job.priority, job.run_after, job.shard,
-                              job.shard_key, job.ordered, job),
+                    QueuedJob(
+                        job.id, job.queue_name, job.priority, job.run_after, job.shard, job.shard_key, job.ordered, job
+                    ),
                     now,
                 )
             except (DuplicateJob, QueueFull):
@@ -86,23 +91,23 @@ class Buffer:
                     queued = self._pop_counted(time.time())
                     if queued is None:
                         return None
-        return queued.payload
+        return cast(ClaimedJob, queued.payload)
 
     def pop_more(self, limit: int) -> list[ClaimedJob]:
         """Up to ``limit`` more ready jobs, without waiting (a batch of short
         jobs one executor thread starts with one start write)."""
-        jobs = []
+        jobs: list[ClaimedJob] = []
         now = time.time()
         while len(jobs) < limit:
             queued = self._pop_counted(now)
             if queued is None:
                 break
-            jobs.append(queued.payload)
+            jobs.append(cast(ClaimedJob, queued.payload))
         return jobs
 
     def processing_jobs(self) -> list[ClaimedJob]:
         """The jobs popped and not yet done (a snapshot, for shutdown logs)."""
-        return [queued.payload for queued in list(self.queue._processing.values())]
+        return [cast(ClaimedJob, queued.payload) for queued in list(self.queue._processing.values())]
 
     def done(self, job: ClaimedJob) -> None:
         with self._count_lock:
@@ -125,10 +130,10 @@ class Buffer:
             return self._processing_by_shard.get(shard, 0)
 
     def drop_shard(self, shard: int) -> list[ClaimedJob]:
-        return [queued.payload for queued in self.queue.drop_shard(shard)]
+        return [cast(ClaimedJob, queued.payload) for queued in self.queue.drop_shard(shard)]
 
     def drain(self) -> list[ClaimedJob]:
-        return [queued.payload for queued in self.queue.drain()]
+        return [cast(ClaimedJob, queued.payload) for queued in self.queue.drain()]
 
     def wake_all(self) -> None:
         with self._ready:

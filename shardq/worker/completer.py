@@ -24,10 +24,14 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from ..core.fifoset import FifoSet
-from ..exceptions import DatabaseUnavailable
-from .jobs import ClaimedJob, Outcome
+from ..db.store import JobRef, WorkerStore
+from ..exceptions import DatabaseUnavailable, StatementRejected
+from .jobs import Outcome
+from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.completer")
 
@@ -39,20 +43,27 @@ REMEMBERED_OUTCOMES = 8192
 REMEMBERED_RESULT_BYTES = 16384
 
 
+class ReturnedJob(JobRef, Protocol):
+    """A claimed job handed back (a ``ClaimedJob``, or the fetcher's ``LostClaim``)."""
+
+    @property
+    def shard(self) -> int: ...
+
+
 class Completer:
-    def __init__(self, store, stats, *, batch: int, flush_seconds: float):
+    def __init__(self, store: WorkerStore, stats: Stats, *, batch: int, flush_seconds: float) -> None:
         self.store = store
         self.stats = stats
         self.batch = batch
         self.flush_seconds = flush_seconds
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._returns: list[ClaimedJob] = []
+        self._queue: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
+        self._returns: list[ReturnedJob] = []
         self._returns_lock = threading.Lock()
         self._pending_by_shard: Counter[int] = Counter()
         # Counted: a recalled outcome can be queued while the rejected one
         # it replaces is still being written.
         self._pending_ids: Counter[int] = Counter()
-        self._finished_ids = FifoSet(REMEMBERED_OUTCOMES)
+        self._finished_ids: FifoSet[int] = FifoSet(REMEMBERED_OUTCOMES)
         self._finished_outcomes: dict[int, Outcome] = {}
         self._pending_lock = threading.Lock()
         self._stop = threading.Event()
@@ -72,14 +83,14 @@ class Completer:
                 self._finished_outcomes[outcome.id] = outcome
         self._queue.put(outcome)
 
-    def recall(self, job_ids) -> dict[int, Outcome]:
+    def recall(self, job_ids: Iterable[int]) -> dict[int, Outcome]:
         """The remembered SUCCESSFUL outcomes of these jobs: finished here, the
         write not (yet) known to have landed."""
         with self._pending_lock:
             remembered = self._finished_outcomes
             return {job_id: remembered[job_id] for job_id in job_ids if job_id in remembered}
 
-    def return_jobs(self, jobs: list[ClaimedJob]) -> None:
+    def return_jobs(self, jobs: Sequence[ReturnedJob]) -> None:
         """Claimed jobs that will not start here: back to READY (fenced).
 
         Counted as pending in their shards until written: a shard is released
@@ -158,7 +169,7 @@ class Completer:
         if returns:
             self._write_returns(returns, deadline)
 
-    def _retrying(self, call, what: str, deadline: float | None):
+    def _retrying[R](self, call: Callable[[], R], what: str, deadline: float | None) -> tuple[R, bool]:
         """Run ``call`` until it succeeds; returns (result, whether a try failed)."""
         delay, failed = 0.05, False
         while True:
@@ -184,8 +195,12 @@ class Completer:
                 replacements = [self._refused(outcome, error) for outcome, error in refused]
                 more, more_uncertain, still = self._write_batch(replacements, deadline)
                 for outcome, error in still:
-                    logger.error("job %s: even its failure could not be written (%s); its shard's "
-                                 "next owner will find it in flight", outcome.id, error)
+                    logger.error(
+                        "job %s: even its failure could not be written (%s); its shard's "
+                        "next owner will find it in flight",
+                        outcome.id,
+                        error,
+                    )
                 applied |= more
                 uncertain = uncertain or more_uncertain
                 outcomes = [o for o in outcomes if all(o is not r for r, _ in refused)] + replacements
@@ -195,8 +210,10 @@ class Completer:
                 landed, _ = self._retrying(lambda: self.store.outcomes_applied(missing), "ack check", deadline)
                 applied |= landed
         except DatabaseUnavailable:
-            logger.error("shutdown deadline passed with %s outcomes unwritten; their shards' "
-                         "next owner will run them again", len(outcomes))
+            logger.error(
+                "shutdown deadline passed with %s outcomes unwritten; their shards' next owner will run them again",
+                len(outcomes),
+            )
             applied = set()
             self._settle(outcomes)
             return
@@ -214,14 +231,17 @@ class Completer:
                 logger.warning(
                     "outcome of job %s rejected: this worker's fence %s is no longer current "
                     "(shard %s changed hands or the job moved on); not written",
-                    outcome.id, outcome.fence, outcome.shard,
+                    outcome.id,
+                    outcome.fence,
+                    outcome.shard,
                 )
         self._settle(outcomes)
 
-    def _write_batch(self, outcomes: list[Outcome], deadline: float | None):
+    def _write_batch(
+        self, outcomes: list[Outcome], deadline: float | None
+    ) -> tuple[set[tuple[int, int]], bool, list[tuple[Outcome, StatementRejected]]]:
         """(applied pairs, whether a try failed, [(outcome, StatementRejected)])."""
-        (applied, refused), uncertain = self._retrying(
-            lambda: self.store.complete_jobs(outcomes), "ack", deadline)
+        (applied, refused), uncertain = self._retrying(lambda: self.store.complete_jobs(outcomes), "ack", deadline)
         return applied, uncertain, refused
 
     def _refused(self, outcome: Outcome, error: Exception) -> Outcome:
@@ -234,13 +254,21 @@ class Completer:
             self._pending_by_shard[outcome.shard] += 1
             self._pending_ids[outcome.id] += 1
         reason = str(error).encode("ascii", "backslashreplace").decode("ascii").replace("\x00", "\\x00")[:2000]
-        text = (f"shardq.exceptions.OutcomeRejected: PostgreSQL refused to store the {outcome.status} "
-                f"outcome of job {outcome.id} (its return value or error text): {reason}\n")
-        return Outcome(outcome.id, outcome.fence, outcome.rank, "FAILED",
-                       error_json=Outcome.error("shardq.exceptions.OutcomeRejected", text),
-                       shard=outcome.shard, attempts=outcome.attempts)
+        text = (
+            f"shardq.exceptions.OutcomeRejected: PostgreSQL refused to store the {outcome.status} "
+            f"outcome of job {outcome.id} (its return value or error text): {reason}\n"
+        )
+        return Outcome(
+            outcome.id,
+            outcome.fence,
+            outcome.rank,
+            "FAILED",
+            error_json=Outcome.error("shardq.exceptions.OutcomeRejected", text),
+            shard=outcome.shard,
+            attempts=outcome.attempts,
+        )
 
-    def _settle(self, outcomes: list[Outcome] | list[ClaimedJob], *, returns: bool = False) -> None:
+    def _settle(self, outcomes: Sequence[Outcome] | Sequence[ReturnedJob], *, returns: bool = False) -> None:
         with self._pending_lock:
             for outcome in outcomes:
                 if not returns:  # returns are counted per shard only
@@ -255,7 +283,7 @@ class Completer:
                 else:
                     del self._pending_by_shard[outcome.shard]
 
-    def _write_returns(self, jobs: list[ClaimedJob], deadline: float | None) -> None:
+    def _write_returns(self, jobs: list[ReturnedJob], deadline: float | None) -> None:
         try:
             returned, _ = self._retrying(lambda: self.store.return_jobs(jobs), "return", deadline)
         except DatabaseUnavailable:

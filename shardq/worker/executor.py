@@ -15,19 +15,27 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from inspect import iscoroutinefunction
+from typing import Any, NoReturn
 
 from django.db import close_old_connections
-from django.utils import timezone
-from django.tasks import TaskContext, TaskResult, TaskResultStatus
+from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
 from django.tasks.signals import log_task_finished, log_task_started, task_finished, task_started
+from django.utils import timezone
 
 from ..conf import get_config
+from ..db.store import WorkerStore
 from ..dispatch import SignalGate
 from ..exceptions import FenceLost, ResultTooLarge, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
+from .buffer import Buffer
+from .completer import Completer
+from .fetcher import Fetcher
 from .jobs import ClaimedJob, Outcome
+from .leaser import Leaser
 from .starter import LOST, REJECTED, UNAVAILABLE, Starter
+from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.executor")
 
@@ -66,7 +74,7 @@ def sanitize_text(text: str) -> str:
     return text
 
 
-def unstorable_json_text(value, path: str = "value") -> str | None:
+def unstorable_json_text(value: object, path: str = "value") -> str | None:
     """Where ``value`` holds a string jsonb refuses (a NUL, a lone
     surrogate), or None. Only called when the JSON text has a \\u escape."""
     if isinstance(value, str):
@@ -96,8 +104,20 @@ def _class_path(exc: BaseException) -> str:
 
 
 class Executor:
-    def __init__(self, buffer, completer, leaser, fetcher, stats, *, worker_id: str,
-                 concurrency: int, backend_class, start_store, task_modules: tuple = ()):
+    def __init__(
+        self,
+        buffer: Buffer,
+        completer: Completer,
+        leaser: Leaser,
+        fetcher: Fetcher,
+        stats: Stats,
+        *,
+        worker_id: str,
+        concurrency: int,
+        backend_class: type[BaseTaskBackend],
+        start_store: WorkerStore,
+        task_modules: tuple[str, ...] = (),
+    ) -> None:
         self.buffer = buffer
         self.completer = completer
         self.leaser = leaser
@@ -123,9 +143,18 @@ class Executor:
         self._loop_thread: threading.Thread | None = None
         self.failure: BaseException | None = None
         # Records each job's start before a thread runs it (starter.py).
-        self.starter = Starter(start_store, stats, worker_id=worker_id, buffer=buffer, leaser=leaser,
-                               completer=completer, fetcher=fetcher, concurrency=concurrency,
-                               task_seconds=self.measured_task_seconds, task_modules=task_modules)
+        self.starter = Starter(
+            start_store,
+            stats,
+            worker_id=worker_id,
+            buffer=buffer,
+            leaser=leaser,
+            completer=completer,
+            fetcher=fetcher,
+            concurrency=concurrency,
+            task_seconds=self.measured_task_seconds,
+            task_modules=task_modules,
+        )
 
     def measured_task_seconds(self) -> float | None:
         """The average task time, or None before any task has finished."""
@@ -180,11 +209,16 @@ class Executor:
             return self.execute(job)
         except Exception as exc:
             logger.exception("job %s could not be run", job.id)
-            text = sanitize_text(f"shardq could not run job {job.id}: "
-                                 + "".join(traceback.format_exception(exc)))
-            return Outcome(job.id, job.fence, job.status_rank + 1, "FAILED",
-                           error_json=Outcome.error(_class_path(exc), text),
-                           shard=job.shard, attempts=job.attempts)
+            text = sanitize_text(f"shardq could not run job {job.id}: " + "".join(traceback.format_exception(exc)))
+            return Outcome(
+                job.id,
+                job.fence,
+                job.status_rank + 1,
+                "FAILED",
+                error_json=Outcome.error(_class_path(exc), text),
+                shard=job.shard,
+                attempts=job.attempts,
+            )
 
     def execute(self, job: ClaimedJob) -> Outcome | None:
         """Run one job; its outcome for the completer, or None when there is
@@ -195,16 +229,30 @@ class Executor:
             task = resolve(job.task_path, self.task_modules)
         except UnknownTask as exc:
             logger.error("job %s failed: %s", job.id, exc)
-            return Outcome(job.id, job.fence, job.status_rank + 1, "FAILED",
-                           error_json=Outcome.error(_class_path(exc), f"{_class_path(exc)}: {exc}\n"),
-                           shard=job.shard, attempts=job.attempts)
+            return Outcome(
+                job.id,
+                job.fence,
+                job.status_rank + 1,
+                "FAILED",
+                error_json=Outcome.error(_class_path(exc), f"{_class_path(exc)}: {exc}\n"),
+                shard=job.shard,
+                attempts=job.attempts,
+            )
         if job.worker_losses and getattr(task, "on_worker_lost", "retry") == "fail":
             # At-most-once: an earlier attempt may have had effects.
-            text = (f"shardq.exceptions.WorkerLost: attempt {job.attempts} was interrupted by a lost "
-                    "worker; the task has on_worker_lost='fail', so it is not run again\n")
-            return Outcome(job.id, job.fence, job.status_rank + 1, "FAILED",
-                           error_json=Outcome.error("shardq.exceptions.WorkerLost", text),
-                           shard=job.shard, attempts=job.attempts)
+            text = (
+                f"shardq.exceptions.WorkerLost: attempt {job.attempts} was interrupted by a lost "
+                "worker; the task has on_worker_lost='fail', so it is not run again\n"
+            )
+            return Outcome(
+                job.id,
+                job.fence,
+                job.status_rank + 1,
+                "FAILED",
+                error_json=Outcome.error("shardq.exceptions.WorkerLost", text),
+                shard=job.shard,
+                attempts=job.attempts,
+            )
         # The starter recorded the start (Starter.start_jobs) before handing
         # the job over.
         verdict, problem = job.start_verdict or (UNAVAILABLE, None)
@@ -215,10 +263,18 @@ class Executor:
             self.completer.return_jobs([job])
             return None
         if verdict == REJECTED:
-            text = sanitize_text(f"shardq.exceptions.UnreadableJob: PostgreSQL refused to start job {job.id}: {problem}\n")
-            return Outcome(job.id, job.fence, job.status_rank + 1, "FAILED",
-                           error_json=Outcome.error("shardq.exceptions.UnreadableJob", text),
-                           shard=job.shard, attempts=job.attempts)
+            text = sanitize_text(
+                f"shardq.exceptions.UnreadableJob: PostgreSQL refused to start job {job.id}: {problem}\n"
+            )
+            return Outcome(
+                job.id,
+                job.fence,
+                job.status_rank + 1,
+                "FAILED",
+                error_json=Outcome.error("shardq.exceptions.UnreadableJob", text),
+                shard=job.shard,
+                attempts=job.attempts,
+            )
         rank = job.status_rank + 1
         if job.worker_losses:
             # An earlier attempt recorded no outcome (its worker died or lost
@@ -269,16 +325,18 @@ class Executor:
         if result is not None:
             object.__setattr__(result, "_return_value", json.loads(return_json))
         self._finished(result, TaskResultStatus.SUCCESSFUL)
-        return Outcome(job.id, job.fence, rank, "SUCCESSFUL", return_value_json=return_json,
-                       shard=job.shard, attempts=job.attempts)
+        return Outcome(
+            job.id, job.fence, rank, "SUCCESSFUL", return_value_json=return_json, shard=job.shard, attempts=job.attempts
+        )
 
-    def _encode_result(self, value) -> str:
+    def _encode_result(self, value: object) -> str:
         """The return value as JSON PostgreSQL will store, or the job's error."""
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
         if len(text) > self.max_result_bytes:
             raise ResultTooLarge(
                 f"the return value is {len(text)} bytes of JSON, over SHARDQ['MAX_RESULT_BYTES'] = "
-                f"{self.max_result_bytes}: store large results elsewhere (a model, a file) and return its id")
+                f"{self.max_result_bytes}: store large results elsewhere (a model, a file) and return its id"
+            )
         if "\\u" in text:
             unstorable = unstorable_json_text(value)
             if unstorable:
@@ -299,7 +357,7 @@ class Executor:
             close_old_connections()
             self._local.next_connection_check = now + 1.0
 
-    def _result(self, task, job: ClaimedJob) -> TaskResult:
+    def _result(self, task: Task, job: ClaimedJob) -> TaskResult:
         return TaskResult(
             task=task,
             id=str(job.id),
@@ -323,7 +381,7 @@ class Executor:
             object.__setattr__(result, "finished_at", timezone.now())
         task_finished.send(sender=self.backend_class, task_result=result)
 
-    def _call(self, task, job: ClaimedJob, result: TaskResult | None, state: dict):
+    def _call(self, task: Task, job: ClaimedJob, result: TaskResult | None, state: dict[str, Any]) -> Any:
         args, kwargs = job.args, job.kwargs
         if not isinstance(args, list):
             _bad_payload("args", args, list)
@@ -337,17 +395,31 @@ class Executor:
                 "elsewhere (a model, a file) and pass its id."
             )
         if task.takes_context:
-            args = [ShardqTaskContext(task_result=result, fence=job.fence, shard=job.shard,
-                                      rank=job.status_rank + 1, completion_state=state), *args]
+            args = [
+                ShardqTaskContext(
+                    task_result=result,
+                    fence=job.fence,
+                    shard=job.shard,
+                    rank=job.status_rank + 1,
+                    completion_state=state,
+                ),
+                *args,
+            ]
         if iscoroutinefunction(task.func):
             future = asyncio.run_coroutine_threadsafe(task.func(*args, **kwargs), self.loop)
             return future.result()
         return task.func(*args, **kwargs)
 
-    def _failure(self, task, job: ClaimedJob, rank: int, error: BaseException, result) -> Outcome:
+    def _failure(
+        self, task: Task, job: ClaimedJob, rank: int, error: BaseException, result: TaskResult | None
+    ) -> Outcome:
         path = _class_path(error)
         text = sanitize_text("".join(traceback.format_exception(error)))
-        if isinstance(error, (TypeError, ValueError)) and "JSON" in str(error) and "is not JSON serializable" in str(error):
+        if (
+            isinstance(error, (TypeError, ValueError))
+            and "JSON" in str(error)
+            and "is not JSON serializable" in str(error)
+        ):
             text = f"the return value is not JSON ({error}); return str, int, float, bool, None, list or dict\n" + text
         if result is not None:
             result.errors.append(TaskError(exception_class_path=path, traceback=text))
@@ -356,11 +428,26 @@ class Executor:
         retry = isinstance(task, ShardTask) and job.attempts < job.max_attempts and isinstance(error, Exception)
         if retry:
             backoff = task.backoff or DEFAULT_BACKOFF
-            return Outcome(job.id, job.fence, rank, "READY", error_json=Outcome.error(path, text),
-                           delay=backoff.delay(job.attempts), shard=job.shard, attempts=job.attempts)
-        return Outcome(job.id, job.fence, rank, "FAILED", error_json=Outcome.error(path, text),
-                       shard=job.shard, attempts=job.attempts)
+            return Outcome(
+                job.id,
+                job.fence,
+                rank,
+                "READY",
+                error_json=Outcome.error(path, text),
+                delay=backoff.delay(job.attempts),
+                shard=job.shard,
+                attempts=job.attempts,
+            )
+        return Outcome(
+            job.id,
+            job.fence,
+            rank,
+            "FAILED",
+            error_json=Outcome.error(path, text),
+            shard=job.shard,
+            attempts=job.attempts,
+        )
 
 
-def _bad_payload(name, value, expected):
+def _bad_payload(name: str, value: object, expected: type) -> NoReturn:
     raise TypeError(f"the job's {name} are a {type(value).__name__} in the table, not a {expected.__name__}")

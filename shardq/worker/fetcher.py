@@ -15,14 +15,18 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
 
-from ..db.store import connect, listen_statement
+from ..db.store import WorkerStore, connect, listen_statement
 from ..exceptions import DatabaseUnavailable, StatementRejected
+from .buffer import Buffer
+from .completer import Completer
 from .jobs import STARTED_BY_CLAIM, ClaimedJob, Outcome
-from .leaser import LEASE_CHANNEL
+from .leaser import LEASE_CHANNEL, Leaser
+from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.fetcher")
 
@@ -32,9 +36,10 @@ LOOKAHEAD_SECONDS = 0.5
 
 
 class Fetcher:
-    def __init__(self, store, leaser, buffer, completer, stats, *, worker_id: str,
-                 queues: list[str] | None, poll_interval_seconds: float, demand, start_now=None,
-                 exclude_queues: list[str] | None = None, backend: str | None = None):
+    def __init__(self, store: WorkerStore, leaser: Leaser, buffer: Buffer, completer: Completer, stats: Stats, *,
+                 worker_id: str, queues: list[str] | None, poll_interval_seconds: float,
+                 demand: Callable[[], tuple[int, int]], start_now: Callable[[], int] | None = None,
+                 exclude_queues: list[str] | None = None, backend: str | None = None) -> None:
         self.store = store
         self.leaser = leaser
         self.buffer = buffer
@@ -259,7 +264,7 @@ class WakeLimiter:
     within the interval is delivered once when it ends (``due``), so a flood
     of NOTIFYs costs a bounded number of statements and none is lost."""
 
-    def __init__(self, interval: float, clock=time.monotonic):
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval = interval
         self.clock = clock
         self.last = -math.inf
@@ -295,7 +300,8 @@ class Listener:
     FETCH_WAKE_SECONDS = 0.002
     LEASE_WAKE_SECONDS = 0.25
 
-    def __init__(self, channel: str, leaser, fetcher, stats, alias: str = "default", shard_count: int = 64):
+    def __init__(self, channel: str, leaser: Leaser, fetcher: Fetcher, stats: Stats, alias: str = "default",
+                 shard_count: int = 64) -> None:
         self.channel = channel
         self.leaser = leaser
         self.fetcher = fetcher

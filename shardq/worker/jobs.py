@@ -3,7 +3,7 @@
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-
+from typing import Any
 
 # The start verdict of a job the claim started (see claim_jobs): as the
 # starter's own ("started", None).
@@ -63,12 +63,17 @@ class ClaimedJob:
         return self.shard_key
 
     @property
-    def args(self):
+    def args(self) -> list[Any]:
         return [] if self.args_json == "[]" else json.loads(self.args_json)
 
     @property
-    def kwargs(self):
+    def kwargs(self) -> dict[str, Any]:
         return {} if self.kwargs_json == "{}" else json.loads(self.kwargs_json)
+
+    @property
+    def is_started(self) -> bool:
+        """Is its start recorded (by the claim, or by the starter's write)?"""
+        return self.started or self.started_by is not None
 
     @property
     def worker_ids(self) -> list:
@@ -83,12 +88,19 @@ class ClaimedJob:
         raw = json.loads(self.errors_json)
         errors = []
         for entry in raw if isinstance(raw, list) else []:
-            if (isinstance(entry, dict) and set(entry) == {"exception_class_path", "traceback"}
-                    and all(isinstance(v, str) for v in entry.values())):
+            if (
+                isinstance(entry, dict)
+                and set(entry) == {"exception_class_path", "traceback"}
+                and all(isinstance(v, str) for v in entry.values())
+            ):
                 errors.append(entry)
             else:
-                errors.append({"exception_class_path": "shardq.exceptions.UnreadableJob",
-                               "traceback": f"an unreadable error entry: {json.dumps(entry)[:200]}"})
+                errors.append(
+                    {
+                        "exception_class_path": "shardq.exceptions.UnreadableJob",
+                        "traceback": f"an unreadable error entry: {json.dumps(entry)[:200]}",
+                    }
+                )
         return errors
 
 

@@ -34,11 +34,13 @@ brings for shards no longer held.
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ..core.rwlock import RWLock
+from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable
+from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.leaser")
 
@@ -56,9 +58,9 @@ def fair_share(shard_count: int, live: list[str], me: str) -> int:
 class Leaser:
     def __init__(
         self,
-        store,
+        store: WorkerStore,
         worker_id: str,
-        stats,
+        stats: Stats,
         *,
         shard_count: int,
         lease_ttl_seconds: float,
@@ -69,7 +71,7 @@ class Leaser:
         clock: Callable[[], float] = time.monotonic,
         expected_workers: int = 1,
         max_worker_losses: int = 3,
-    ):
+    ) -> None:
         self.store = store
         self.worker_id = worker_id
         self.stats = stats
@@ -211,14 +213,17 @@ class Leaser:
 
     def _claim(self, wanted: int) -> None:
         sent = self.clock()
-        rows = self.store.claim_shards(self.worker_id, wanted, self.ttl, self.shard_count,
-                                       self.max_worker_losses)
+        rows = self.store.claim_shards(self.worker_id, wanted, self.ttl, self.shard_count, self.max_worker_losses)
         if not rows:
             return
         gained = set()
         for row in rows:
             shard, version, previous_owner, rescued = (
-                row["shard"], row["claim_version"], row["previous_owner"], row["rescued"])
+                row["shard"],
+                row["claim_version"],
+                row["previous_owner"],
+                row["rescued"],
+            )
             self.held[shard] = version
             gained.add(shard)
             self.stats.add("shard_claims")
@@ -240,12 +245,15 @@ class Leaser:
             self.on_lost({shard})
 
     @contextmanager
-    def _dropping(self):
+    def _dropping(self) -> Iterator[None]:
         """The write side of ``ownership``, waited for at most a heartbeat."""
         locked = self.ownership.acquire_write(timeout=self.heartbeat)
         if not locked:
-            logger.warning("a claim has not come back in %.1fs; dropping shards without waiting for it "
-                           "(it hands back what it brings for them)", self.heartbeat)
+            logger.warning(
+                "a claim has not come back in %.1fs; dropping shards without waiting for it "
+                "(it hands back what it brings for them)",
+                self.heartbeat,
+            )
         try:
             yield
         finally:
@@ -298,7 +306,7 @@ class Leaser:
         except DatabaseUnavailable:
             pass  # others claim at their next heartbeat anyway
 
-    def release_all(self, keep: set[int] = frozenset()) -> int:
+    def release_all(self, keep: set[int] | frozenset[int] = frozenset()) -> int:
         """Release every held shard except ``keep`` (shutdown). Returns how many."""
         pairs = {s: v for s, v in self.held.items() if s not in keep}
         if not pairs:
@@ -310,4 +318,3 @@ class Leaser:
         if released:
             self._notify_release()
         return len(released)
-

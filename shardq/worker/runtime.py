@@ -166,21 +166,21 @@ class Worker:
         """Jobs not finished here: (started: RUNNING in the table under this
         worker's claim; being started: a start write may be in flight)."""
         jobs = self.buffer.processing_jobs()
-        return (sorted(job.id for job in jobs if job.started_by),
-                sorted(job.id for job in jobs if not job.started_by))
+        return (sorted(job.id for job in jobs if job.is_started),
+                sorted(job.id for job in jobs if not job.is_started))
 
     def _exit_now(self, signum: int) -> None:
         logger.warning("%s: exiting now without waiting for running jobs; %s; leases expire after %gs "
                        "and are taken over", signal_name(signum), self._abandoned(*self.abandoned_jobs()),
                        self.config.lease_ttl_seconds)
-        for handler in [*logging.getLogger().handlers, logging.lastResort]:
+        for handler in filter(None, [*logging.getLogger().handlers, logging.lastResort]):
             try:
                 handler.flush()
             except Exception:
                 pass
         os._exit(1)
 
-    def _abandoned(self, started: list[int], starting: list[int] = ()) -> str:
+    def _abandoned(self, started: list[int], starting: list[int] | tuple[int, ...] = ()) -> str:
         """What exiting now costs, by job id (an operator greps for them)."""
         text = "no job is running"
         if started:

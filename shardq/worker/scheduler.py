@@ -18,19 +18,27 @@ where it was, and the next look retries the same ticks.
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from django.db import close_old_connections, connections
 from django.db.utils import Error as DatabaseError
 
 from ..cron import CATCH_UP_SECONDS, MAX_TICKS_PER_LOOK, Schedule, due_ticks
+from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.scheduler")
 
 
 class Scheduler:
-    def __init__(self, schedules: list[Schedule], stats, *, interval_seconds: float = 1.0,
-                 clock=time.time):
+    def __init__(
+        self,
+        schedules: list[Schedule],
+        stats: Stats,
+        *,
+        interval_seconds: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.schedules = schedules
         self.stats = stats
         self.interval = interval_seconds

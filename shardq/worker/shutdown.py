@@ -66,7 +66,7 @@ class ShutdownSignals:
         if self.first is not None:
             graceful(self.first[0])
 
-    def handle(self, signum: int, frame=None) -> None:
+    def handle(self, signum: int, frame: object = None) -> None:
         at = self.clock()
         if signum in NOW:
             self._exit_now(signum)
@@ -79,8 +79,12 @@ class ShutdownSignals:
         if at - self.first[1] < DUPLICATE_SECONDS:
             # The same stop request delivered twice (group + forward, systemd's
             # control group): not a second signal.
-            logger.info("%s within %.0fs of %s: the same stop request, ignored",
-                        signal_name(signum), DUPLICATE_SECONDS, signal_name(self.first[0]))
+            logger.info(
+                "%s within %.0fs of %s: the same stop request, ignored",
+                signal_name(signum),
+                DUPLICATE_SECONDS,
+                signal_name(self.first[0]),
+            )
             return
         self._exit_now(signum)
 

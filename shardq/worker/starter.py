@@ -29,21 +29,45 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
+from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected, UnknownTask
 from ..tasks import resolve
+from .buffer import Buffer
+from .completer import Completer
+from .fetcher import Fetcher
+from .jobs import ClaimedJob
+from .leaser import Leaser
+from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.starter")
 
 STARTED, LOST, REJECTED, UNAVAILABLE = "started", "lost", "rejected", "unavailable"
+
+#: A start write's verdict on one job: one of the four words above, and the
+#: error behind REJECTED or UNAVAILABLE.
+type Verdict = tuple[str, Exception | None]
 
 AHEAD_SECONDS = 0.02
 AHEAD_MAX = 1024
 
 
 class Starter:
-    def __init__(self, store, stats, *, worker_id: str, buffer, leaser, completer, fetcher,
-                 concurrency: int, task_seconds, task_modules: tuple = ()):
+    def __init__(
+        self,
+        store: WorkerStore,
+        stats: Stats,
+        *,
+        worker_id: str,
+        buffer: Buffer,
+        leaser: Leaser,
+        completer: Completer,
+        fetcher: Fetcher,
+        concurrency: int,
+        task_seconds: Callable[[], float | None],
+        task_modules: tuple[str, ...] = (),
+    ) -> None:
         self.store = store
         self.stats = stats
         self.worker_id = worker_id
@@ -59,7 +83,7 @@ class Starter:
         self._lock = threading.Lock()
         self._jobs = threading.Condition(self._lock)
         self._room = threading.Condition(self._lock)
-        self._ready: deque = deque()
+        self._ready: deque[ClaimedJob] = deque()
         self._idle = 0
         self._low_water = 0  # refill once the ready jobs fall to this
         self._stop = threading.Event()
@@ -69,7 +93,7 @@ class Starter:
 
     # -- executor side -------------------------------------------------------------
 
-    def take(self, timeout: float):
+    def take(self, timeout: float) -> ClaimedJob | None:
         """The next job to run (its start recorded, see ``verdict_of``), or None."""
         with self._lock:
             ready = self._ready
@@ -138,7 +162,7 @@ class Starter:
             logger.exception("the starter died; the worker stops")
             raise
 
-    def start_jobs(self, jobs: list) -> None:
+    def start_jobs(self, jobs: list[ClaimedJob]) -> None:
         """Record the start of ``jobs`` (popped from the buffer) and make them
         ready, each with its verdict (``job.start_verdict``)."""
         startable, ready = [], []
@@ -154,13 +178,13 @@ class Starter:
             if not job.started and self._needs_start(job):
                 startable.append(job)
         if startable:
-            for job, verdict in zip(startable, self._write(startable)):
+            for job, verdict in zip(startable, self._write(startable), strict=False):
                 job.start_verdict = verdict
         with self._lock:
             self._ready.extend(ready)
             self._jobs.notify(len(ready))
 
-    def _needs_start(self, job) -> bool:
+    def _needs_start(self, job: ClaimedJob) -> bool:
         """False for a job the executor fails without running: an unknown
         task, or an interrupted attempt of an on_worker_lost='fail' task."""
         fails_on_loss = self._fails_on_loss.get(job.task_path)
@@ -172,7 +196,7 @@ class Starter:
             fails_on_loss = self._fails_on_loss[job.task_path] = getattr(task, "on_worker_lost", "retry") == "fail"
         return not (job.worker_losses and fails_on_loss)
 
-    def _write(self, jobs: list) -> list[tuple]:
+    def _write(self, jobs: list[ClaimedJob]) -> list[Verdict]:
         try:
             started, rejected = self.store.start_jobs(self.worker_id, jobs)
         except DatabaseUnavailable as exc:
@@ -184,7 +208,7 @@ class Starter:
             time.sleep(0.05)  # do not spin while the database is away
             return [(UNAVAILABLE, exc)] * len(jobs)
         refused: dict[int, StatementRejected] = {job.id: error for job, error in rejected}
-        verdicts = []
+        verdicts: list[Verdict] = []
         for job in jobs:
             row = started.get(job.id)
             if row is not None:

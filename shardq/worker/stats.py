@@ -29,7 +29,7 @@ COUNTERS = (
 
 
 class Stats:
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values = dict.fromkeys(COUNTERS, 0)
 
@@ -37,7 +37,7 @@ class Stats:
         with self._lock:
             self._values[name] += n
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._values)
 

@@ -26,6 +26,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 from . import shutdown as shutdown_signals
 from .shutdown import HANDLED, signal_name
@@ -49,7 +50,7 @@ def _die_with_parent() -> None:
 class ForkedChild:
     """One worker process forked from the supervisor (Popen-like: poll, send_signal)."""
 
-    def __init__(self, run_child, env: dict[str, str]):
+    def __init__(self, run_child: Callable[[], int], env: dict[str, str]) -> None:
         from django.db import connections
 
         connections.close_all()  # a connection must never be shared across a fork
@@ -105,7 +106,7 @@ class ForkedChild:
 
 
 class Supervisor:
-    def __init__(self, run_child, processes: int):
+    def __init__(self, run_child: Callable[[], int], processes: int) -> None:
         """``run_child()`` runs one worker in the child and returns its exit code."""
         self.run_child = run_child
         self.processes = processes

@@ -1,5 +1,6 @@
 """Real ``shardq_worker`` processes against real PostgreSQL (issue: the worker)."""
 
+import itertools
 import os
 import signal
 import time
@@ -27,8 +28,11 @@ def test_two_workers_run_5000_ledger_jobs_once_each_and_split_shards_32_32(worke
     a = workers.start("--concurrency", "4")
     b = workers.start("--concurrency", "4")
     ids_a, ids_b = worker_id_of(a.pid), worker_id_of(b.pid)
-    wait_until(lambda: shards_by_owner() == {ids_a: 32, ids_b: 32} or shards_by_owner() == {ids_b: 32, ids_a: 32},
-               timeout=30, message="shards to split 32/32")
+    wait_until(
+        lambda: shards_by_owner() == {ids_a: 32, ids_b: 32} or shards_by_owner() == {ids_b: 32, ids_a: 32},
+        timeout=30,
+        message="shards to split 32/32",
+    )
     results = shardq.enqueue_many(tasks.ledger, [((), {"n": i}) for i in range(5000)])
     wait_drained(5000, timeout=180)
     assert status_counts() == {"SUCCESSFUL": 5000}
@@ -46,8 +50,13 @@ def test_sigkill_one_of_two_workers_the_survivor_takes_all_shards_and_rescues_it
     ids_a, ids_b = worker_id_of(a.pid), worker_id_of(b.pid)
     wait_until(lambda: len(shards_by_owner()) == 2 and sum(shards_by_owner().values()) == 64, timeout=30)
     shardq.enqueue_many(tasks.ledger, [((), {"n": i, "sleep": 0.05}) for i in range(600)])
-    wait_until(lambda: scalar("SELECT count(*) FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a]) > 0,
-               timeout=30, message="worker A to run jobs")
+    wait_until(
+        lambda: (
+            scalar("SELECT count(*) FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a]) > 0
+        ),
+        timeout=30,
+        message="worker A to run jobs",
+    )
     a.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     a.wait(timeout=10)
@@ -83,17 +92,34 @@ def test_a_paused_worker_past_its_ttl_cannot_write_outcomes_and_self_fences(work
     # Pause A mid-task: once its first jobs are done its threads are busy
     # (a pause right after its first claim could catch every job claimed but
     # not yet started, and then there is no late completion to refuse).
-    wait_until(lambda: scalar("SELECT count(*) FROM taskapp_ledger WHERE worker = %s", [ids_a]) >= 4,
-               timeout=30, message="A to finish its first jobs")
+    wait_until(
+        lambda: scalar("SELECT count(*) FROM taskapp_ledger WHERE worker = %s", [ids_a]) >= 4,
+        timeout=30,
+        message="A to finish its first jobs",
+    )
     running = wait_until(
-        lambda: {r[0] for r in query("SELECT id FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a])},
-        timeout=30, message="A to hold RUNNING jobs")
+        lambda: {
+            r[0] for r in query("SELECT id FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a])
+        },
+        timeout=30,
+        message="A to hold RUNNING jobs",
+    )
     a.send_signal(signal.SIGSTOP)
-    paused_running = dict(query("SELECT id, fence FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a]))
+    paused_running = dict(
+        query("SELECT id, fence FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a])
+    )
     assert paused_running, running
     wait_until(lambda: shards_by_owner() == {ids_b: 64}, timeout=30, message="B to take over every shard")
-    wait_until(lambda: not set(r[0] for r in query("SELECT id FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a])),
-               timeout=30, message="A's jobs to be rescued")
+    wait_until(
+        lambda: (
+            not set(
+                r[0]
+                for r in query("SELECT id FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a])
+            )
+        ),
+        timeout=30,
+        message="A's jobs to be rescued",
+    )
     resumed_at = scalar("SELECT clock_timestamp()")
     a.send_signal(signal.SIGCONT)
     wait_drained(200, timeout=120)
@@ -101,8 +127,11 @@ def test_a_paused_worker_past_its_ttl_cannot_write_outcomes_and_self_fences(work
     # An ack A's completer had already sent when it was stopped may still
     # commit (the server finishes it), before the takeover: such a job keeps
     # A's fence. Every other job RUNNING at the pause was rescued and re-run.
-    landed = {job_id for job_id, fence in paused_running.items()
-              if scalar("SELECT fence FROM shardq_job WHERE id = %s", [job_id]) == fence}
+    landed = {
+        job_id
+        for job_id, fence in paused_running.items()
+        if scalar("SELECT fence FROM shardq_job WHERE id = %s", [job_id]) == fence
+    }
     paused_running = {job_id: fence for job_id, fence in paused_running.items() if job_id not in landed}
     assert paused_running, landed
 
@@ -112,14 +141,23 @@ def test_a_paused_worker_past_its_ttl_cannot_write_outcomes_and_self_fences(work
         # (its ledger row may predate the pause if it was paused in between).
         # Only attempts under the fence A held at the pause: after waking A
         # may legitimately claim a rescued job again under a new lease.
-        return scalar("SELECT count(*) FROM taskapp_ledger l JOIN unnest(%s::bigint[], %s::bigint[]) AS p(id, fence) "
-                      "ON l.job_id = p.id AND l.fence = p.fence WHERE l.worker = %s",
-                      [list(paused_running), list(paused_running.values()), ids_a])
+        return scalar(
+            "SELECT count(*) FROM taskapp_ledger l JOIN unnest(%s::bigint[], %s::bigint[]) AS p(id, fence) "
+            "ON l.job_id = p.id AND l.fence = p.fence WHERE l.worker = %s",
+            [list(paused_running), list(paused_running.values()), ids_a],
+        )
 
     stats = wait_until(
-        lambda: (s := worker_stats(ids_a)).get("self_fences")
-        and s.get("fence_rejections", 0) == completions_attempted_after_waking() > 0 and s,
-        timeout=30, message=lambda: f"A to count every rejected completion ({completions_attempted_after_waking()}) and self-fence; stats {worker_stats(ids_a)}")
+        lambda: (
+            (s := worker_stats(ids_a)).get("self_fences")
+            and s.get("fence_rejections", 0) == completions_attempted_after_waking() > 0
+            and s
+        ),
+        timeout=30,
+        message=lambda: (
+            f"A to count every rejected completion ({completions_attempted_after_waking()}) and self-fence; stats {worker_stats(ids_a)}"
+        ),
+    )
     # Nothing A tried to write for the jobs it ran while paused landed: the
     # committed outcome of each is the takeover owner's.
     for job_id, fence_at_pause in paused_running.items():
@@ -128,12 +166,21 @@ def test_a_paused_worker_past_its_ttl_cannot_write_outcomes_and_self_fences(work
     # It started nothing on the shards it lost: every ledger row A wrote after
     # waking is one of the jobs already running at the pause, or a job it
     # claimed later under a new lease (a higher claim version).
-    late = query("SELECT l.job_id, j.fence FROM taskapp_ledger l JOIN shardq_job j ON j.id = l.job_id "
-                 "WHERE l.worker = %s AND l.at >= %s", [ids_a, resumed_at])
+    late = query(
+        "SELECT l.job_id, j.fence FROM taskapp_ledger l JOIN shardq_job j ON j.id = l.job_id "
+        "WHERE l.worker = %s AND l.at >= %s",
+        [ids_a, resumed_at],
+    )
     for job_id, _fence in late:
-        assert job_id in paused_running or scalar(
-            "SELECT count(*) FROM shardq_shard_event e JOIN shardq_job j ON j.shard = e.shard "
-            "WHERE j.id = %s AND e.worker = %s AND e.at >= %s", [job_id, ids_a, resumed_at]) > 0
+        assert (
+            job_id in paused_running
+            or scalar(
+                "SELECT count(*) FROM shardq_shard_event e JOIN shardq_job j ON j.shard = e.shard "
+                "WHERE j.id = %s AND e.worker = %s AND e.at >= %s",
+                [job_id, ids_a, resumed_at],
+            )
+            > 0
+        )
 
 
 def test_a_third_worker_joining_two_moves_shares_to_22_21_21_without_double_ownership(workers):
@@ -177,13 +224,19 @@ def test_a_job_naming_a_missing_task_fails_clearly_and_the_worker_keeps_going(wo
     good = tasks.add.enqueue(2, 3)
     bad_ids = []
     with connection.cursor() as cursor:
-        for path in ("tests.taskapp.tasks.deleted_function", "tests.taskapp.tasks.NOT_A_TASK",
-                     "tests.taskapp.tasks.plain_function", "os.system", "no_such_module.task"):
+        for path in (
+            "tests.taskapp.tasks.deleted_function",
+            "tests.taskapp.tasks.NOT_A_TASK",
+            "tests.taskapp.tasks.plain_function",
+            "os.system",
+            "no_such_module.task",
+        ):
             cursor.execute(
                 "INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, "
                 "ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at) "
                 "VALUES (%s, 'default', 'default', 0, now(), 3, 3, false, 'READY', 0, 0, 0, 1, '[\"echo pwned\"]', '{}', '[]', '[]', now()) RETURNING id",
-                [path])
+                [path],
+            )
             bad_ids.append(cursor.fetchone()[0])
     wait_drained(6, timeout=60)
     assert a.poll() is None, "the worker is still running"
@@ -202,9 +255,18 @@ def test_processes_flag_runs_a_supervisor_that_restarts_a_killed_child(workers):
     wait_until(lambda: scalar("SELECT count(*) FROM shardq_worker WHERE state = 'RUNNING'") == 2, timeout=60)
     child_pid = scalar("SELECT pid FROM shardq_worker WHERE state = 'RUNNING' ORDER BY started_at LIMIT 1")
     os.kill(child_pid, signal.SIGKILL)
-    wait_until(lambda: scalar("SELECT count(*) FROM shardq_worker WHERE state = 'RUNNING' AND pid <> %s "
-                              "AND heartbeat_at > clock_timestamp() - interval '2 seconds'", [child_pid]) == 2,
-               timeout=60, message="the supervisor to restart the killed child")
+    wait_until(
+        lambda: (
+            scalar(
+                "SELECT count(*) FROM shardq_worker WHERE state = 'RUNNING' AND pid <> %s "
+                "AND heartbeat_at > clock_timestamp() - interval '2 seconds'",
+                [child_pid],
+            )
+            == 2
+        ),
+        timeout=60,
+        message="the supervisor to restart the killed child",
+    )
     result = tasks.add.enqueue(20, 22)
     wait_until(lambda: (result.refresh(), result.status)[1] == "SUCCESSFUL", timeout=30)
     sup.send_signal(signal.SIGTERM)
@@ -237,8 +299,9 @@ def test_a_worker_that_regains_a_shard_writes_the_result_it_already_has_instead_
     ids_a = worker_id_of(a.pid)
     wait_until(lambda: shards_by_owner() == {ids_a: 64}, timeout=30)
     results = shardq.enqueue_many(fault_tasks.acked, [((), {"n": i, "sleep": 2.0}) for i in range(4)])
-    wait_until(lambda: scalar("SELECT count(*) FROM taskapp_execution") == 4, timeout=30,
-               message="A to start all four jobs")
+    wait_until(
+        lambda: scalar("SELECT count(*) FROM taskapp_execution") == 4, timeout=30, message="A to start all four jobs"
+    )
     a.send_signal(signal.SIGSTOP)
     paused = {r[0] for r in query("SELECT id FROM shardq_job WHERE status = 'RUNNING'")}
     assert paused, "the jobs to be running at the pause"
@@ -262,9 +325,13 @@ def test_a_worker_that_regains_a_shard_writes_the_result_it_already_has_instead_
     # each (the rescue of A's interrupted attempts).
     assert {r[0] for r in query("SELECT id FROM shardq_job WHERE attempts = 1 AND worker_losses = 1")} == paused
     # Counters are published at each heartbeat: wait for one after the writes.
-    wait_until(lambda: (s := worker_stats(ids_a)).get("recalled") == len(paused) == s.get("fence_rejections"),
-               timeout=30, message=lambda: f"A to count {len(paused)} recalled results and as many refused "
-                                           f"writes; stats {worker_stats(ids_a)}")
+    wait_until(
+        lambda: (s := worker_stats(ids_a)).get("recalled") == len(paused) == s.get("fence_rejections"),
+        timeout=30,
+        message=lambda: (
+            f"A to count {len(paused)} recalled results and as many refused writes; stats {worker_stats(ids_a)}"
+        ),
+    )
 
 
 def test_two_workers_run_each_tick_of_a_periodic_task_once(workers):
@@ -279,19 +346,29 @@ def test_two_workers_run_each_tick_of_a_periodic_task_once(workers):
 
     wait_until(lambda: ticks_run() >= 5, timeout=60, message=lambda: f"5 ticks to run (now {ticks_run()})")
     # Both schedulers offered every tick; the table kept one job a tick.
-    wait_until(lambda: all(worker_stats(w).get("ticks", 0) >= 5 for w in ids), timeout=30,
-               message=lambda: f"both schedulers to offer ticks: {[worker_stats(w) for w in ids]}")
-    ticks = [key.rsplit(":periodic:", 1)[1].split(":", 1)[1] for (key,) in query(
-        "SELECT u.key FROM shardq_unique u JOIN shardq_job j ON j.id = u.job_id WHERE j.task_path = %s "
-        "ORDER BY u.key", [path])]
+    wait_until(
+        lambda: all(worker_stats(w).get("ticks", 0) >= 5 for w in ids),
+        timeout=30,
+        message=lambda: f"both schedulers to offer ticks: {[worker_stats(w) for w in ids]}",
+    )
+    ticks = [
+        key.rsplit(":periodic:", 1)[1].split(":", 1)[1]
+        for (key,) in query(
+            "SELECT u.key FROM shardq_unique u JOIN shardq_job j ON j.id = u.job_id WHERE j.task_path = %s "
+            "ORDER BY u.key",
+            [path],
+        )
+    ]
     jobs = scalar("SELECT count(*) FROM shardq_job WHERE task_path = %s", [path])
     assert jobs == len(ticks) == len(set(ticks)) >= 5
     seconds = [datetime.fromisoformat(t) for t in ticks]
-    assert all((later - earlier).total_seconds() == 1 for earlier, later in zip(seconds, seconds[1:])), ticks
+    assert all((later - earlier).total_seconds() == 1 for earlier, later in itertools.pairwise(seconds)), ticks
     assert scalar("SELECT count(*) FROM shardq_job WHERE task_path = %s", [path]) == len(ticks)
     # A schedule's own arguments reach its jobs.
-    labelled = query("SELECT args::text, kwargs::text, return_value::text FROM shardq_job "
-                     "WHERE task_path = 'tests.taskapp.periodic_tasks.labelled' AND status = 'SUCCESSFUL'")
+    labelled = query(
+        "SELECT args::text, kwargs::text, return_value::text FROM shardq_job "
+        "WHERE task_path = 'tests.taskapp.periodic_tasks.labelled' AND status = 'SUCCESSFUL'"
+    )
     assert labelled and set(labelled) == {("[2]", '{"label": "even"}', '"even:2"')}
 
 
@@ -303,12 +380,18 @@ def test_cancelling_a_running_job_discards_its_outcome_and_a_retry_runs_it_again
     ids_a = worker_id_of(a.pid)
     wait_until(lambda: shards_by_owner() == {ids_a: 64}, timeout=30)
     result = fault_tasks.acked.enqueue(n=7, sleep=1.5)
-    wait_until(lambda: scalar("SELECT count(*) FROM taskapp_execution WHERE job_id = %s", [int(result.id)]) == 1,
-               timeout=30, message="the job to start")
+    wait_until(
+        lambda: scalar("SELECT count(*) FROM taskapp_execution WHERE job_id = %s", [int(result.id)]) == 1,
+        timeout=30,
+        message="the job to start",
+    )
     assert shardq.cancel(result, reason="no longer wanted") == [result.id]
     # The attempt runs to its end; its outcome is refused and counted.
-    wait_until(lambda: worker_stats(ids_a).get("fence_rejections") == 1, timeout=30,
-               message=lambda: f"A to refuse the cancelled job's outcome; stats {worker_stats(ids_a)}")
+    wait_until(
+        lambda: worker_stats(ids_a).get("fence_rejections") == 1,
+        timeout=30,
+        message=lambda: f"A to refuse the cancelled job's outcome; stats {worker_stats(ids_a)}",
+    )
     result.refresh()
     assert result.status == "FAILED"
     assert scalar("SELECT return_value FROM shardq_job WHERE id = %s", [int(result.id)]) is None
@@ -316,8 +399,9 @@ def test_cancelling_a_running_job_discards_its_outcome_and_a_retry_runs_it_again
     # An operator's retry asks for a new run: A still remembers the refused
     # result, but does not write it in place of running the task again.
     query(QUERIES["admin_retry_failed_jobs"], {"ids": [int(result.id)], "notify": True, "channel": "shardq"})
-    wait_until(lambda: (result.refresh(), result.status)[1] == "SUCCESSFUL", timeout=30,
-               message="the retried job to run")
+    wait_until(
+        lambda: (result.refresh(), result.status)[1] == "SUCCESSFUL", timeout=30, message="the retried job to run"
+    )
     assert result.return_value == 7
     assert scalar("SELECT count(*) FROM taskapp_execution WHERE job_id = %s", [int(result.id)]) == 2
     assert worker_stats(ids_a).get("recalled", 0) == 0

@@ -32,8 +32,15 @@ def sql(statement: str, params=None) -> list[tuple]:
         return cursor.fetchall() if cursor.description else []
 
 
-def register_worker(host: str, pid: int, *, heartbeat_age: float = 0.0, state: str = "RUNNING",
-                    stats: dict | None = None, queues=("default",)) -> str:
+def register_worker(
+    host: str,
+    pid: int,
+    *,
+    heartbeat_age: float = 0.0,
+    state: str = "RUNNING",
+    stats: dict | None = None,
+    queues=("default",),
+) -> str:
     """A worker incarnation whose last heartbeat was ``heartbeat_age`` seconds
     ago by the database clock (``register_worker`` + ``heartbeat``)."""
     worker = str(uuid.uuid4())
@@ -41,8 +48,7 @@ def register_worker(host: str, pid: int, *, heartbeat_age: float = 0.0, state: s
         "INSERT INTO shardq_worker (id, host, pid, queues, started_at, heartbeat_at, state, stats) "
         "VALUES (%s, %s, %s, %s::jsonb, clock_timestamp() - make_interval(secs => %s + 60), "
         "clock_timestamp() - make_interval(secs => %s), %s, %s::jsonb)",
-        [worker, host, pid, json.dumps(list(queues)), heartbeat_age, heartbeat_age, state,
-         json.dumps(stats or {})],
+        [worker, host, pid, json.dumps(list(queues)), heartbeat_age, heartbeat_age, state, json.dumps(stats or {})],
     )
     return worker
 
@@ -97,8 +103,15 @@ def job_row(job_id) -> dict | None:
     if not rows:
         return None
     status, attempts, max_attempts, rank, errors, finished_at, due_ago = rows[0]
-    return {"status": status, "attempts": attempts, "max_attempts": max_attempts, "status_rank": rank,
-            "errors": json.loads(errors), "finished_at": finished_at, "due_seconds_ago": due_ago}
+    return {
+        "status": status,
+        "attempts": attempts,
+        "max_attempts": max_attempts,
+        "status_rank": rank,
+        "errors": json.loads(errors),
+        "finished_at": finished_at,
+        "due_seconds_ago": due_ago,
+    }
 
 
 def shard_of(job_id) -> int:

@@ -130,13 +130,17 @@ def test_retry_puts_a_dead_lettered_job_back_to_ready_with_a_fresh_budget(open_a
         select(page, first, second)
         # Meanwhile another operator retries the second job: it is no longer
         # FAILED when this retry runs, and must be left alone.
-        sql("UPDATE shardq_job SET status = 'READY', status_rank = status_rank + 1, attempts = 0 WHERE id = %s",
-            [int(second)])
+        sql(
+            "UPDATE shardq_job SET status = 'READY', status_rank = status_rank + 1, attempts = 0 WHERE id = %s",
+            [int(second)],
+        )
         second_before = job_row(second)
         run_action(page, "retry_failed")
 
         expect(page.locator("ul.messagelist")).to_contain_text("Retried 1 job: now READY with a fresh attempt budget.")
-        expect(page.locator("ul.messagelist .warning")).to_contain_text(f"Skipped 1 job not FAILED (any more): #{second}")
+        expect(page.locator("ul.messagelist .warning")).to_contain_text(
+            f"Skipped 1 job not FAILED (any more): #{second}"
+        )
         after = job_row(first)
         assert after["status"] == "READY"
         assert after["attempts"] == 0
@@ -186,8 +190,9 @@ def test_staff_without_the_permissions_gets_no_dead_letter_action_and_a_forged_p
 
     # The same POST the retry button sends, made by hand: refused.
     for action in ("retry_failed", "discard_failed"):
-        response = csrf_post(page, "/admin/shardq/job/?dead_letter=yes",
-                             {"action": action, "_selected_action": str(dead), "index": "0"})
+        response = csrf_post(
+            page, "/admin/shardq/job/?dead_letter=yes", {"action": action, "_selected_action": str(dead), "index": "0"}
+        )
         assert response.status in (200, 302, 403)
         assert stable(job_row(dead)) == stable(before)
 
@@ -196,8 +201,11 @@ def test_staff_without_the_permissions_gets_no_dead_letter_action_and_a_forged_p
     page.goto("/admin/shardq/job/?dead_letter=yes")
     names = page.locator("#changelist-form select[name=action] option").evaluate_all("os => os.map(o => o.value)")
     assert "retry_failed" in names and "discard_failed" not in names
-    response = csrf_post(page, "/admin/shardq/job/?dead_letter=yes",
-                         {"action": "discard_failed", "_selected_action": str(dead), "index": "0"})
+    response = csrf_post(
+        page,
+        "/admin/shardq/job/?dead_letter=yes",
+        {"action": "discard_failed", "_selected_action": str(dead), "index": "0"},
+    )
     assert response.status in (200, 302, 403)
     assert job_row(dead) is not None
 

@@ -91,7 +91,8 @@ def check_invariants(query: Query, expected_jobs: int, shard_count: int = 64) ->
     open_jobs = query(
         "SELECT id, status, attempts, max_attempts FROM shardq_job "
         "WHERE NOT (status = 'SUCCESSFUL' OR (status = 'FAILED' AND attempts >= max_attempts)) "
-        "ORDER BY id LIMIT 20")
+        "ORDER BY id LIMIT 20"
+    )
     if open_jobs:
         problems.append(f"(a) jobs neither SUCCESSFUL nor dead-lettered: {open_jobs}")
 
@@ -101,32 +102,38 @@ def check_invariants(query: Query, expected_jobs: int, shard_count: int = 64) ->
         "LEFT JOIN taskapp_faultledger l ON l.job_id = j.id "
         "WHERE j.task_path = %s GROUP BY j.id, j.status "
         "HAVING count(l.id) <> CASE WHEN j.status = 'SUCCESSFUL' THEN 1 ELSE 0 END "
-        "ORDER BY j.id LIMIT 20", [LEDGER_TASK])
+        "ORDER BY j.id LIMIT 20",
+        [LEDGER_TASK],
+    )
     if bad_ledger:
         problems.append(f"(b) ledger rows per job wrong (id, status, rows, workers): {bad_ledger}")
     stray = query(
         "SELECT l.job_id, l.attempt, l.fence, j.attempts, j.fence FROM taskapp_faultledger l "
         "JOIN shardq_job j ON j.id = l.job_id "
-        "WHERE l.attempt <> j.attempts OR l.fence <> j.fence OR l.worker <> j.worker_ids->>-1 LIMIT 20")
+        "WHERE l.attempt <> j.attempts OR l.fence <> j.fence OR l.worker <> j.worker_ids->>-1 LIMIT 20"
+    )
     if stray:
         problems.append(f"(b) ledger rows of a claim that is not the committed one: {stray}")
     double_commits = query(
-        "SELECT count(*) FROM (SELECT job_id FROM taskapp_faultledger GROUP BY 1 HAVING count(*) > 1) d")[0][0]
+        "SELECT count(*) FROM (SELECT job_id FROM taskapp_faultledger GROUP BY 1 HAVING count(*) > 1) d"
+    )[0][0]
 
     # (c) executions: each claim at most once; extra executions explained.
     twice = query(
-        "SELECT job_id, attempt, fence, count(*) FROM taskapp_execution GROUP BY 1, 2, 3 "
-        "HAVING count(*) > 1 LIMIT 20")
+        "SELECT job_id, attempt, fence, count(*) FROM taskapp_execution GROUP BY 1, 2, 3 HAVING count(*) > 1 LIMIT 20"
+    )
     if twice:
         problems.append(f"(c) one claim executed twice (job, attempt, fence, n): {twice}")
     beyond = query(
         "SELECT e.job_id, e.attempt, j.attempts FROM taskapp_execution e JOIN shardq_job j ON j.id = e.job_id "
-        "WHERE e.attempt > j.attempts LIMIT 20")
+        "WHERE e.attempt > j.attempts LIMIT 20"
+    )
     if beyond:
         problems.append(f"(c) an execution of an attempt the job never reached: {beyond}")
     executions, extra = query(
         "SELECT coalesce(sum(n), 0), coalesce(sum(greatest(n - 1, 0)), 0) "
-        "FROM (SELECT job_id, count(*) AS n FROM taskapp_execution GROUP BY 1) e")[0]
+        "FROM (SELECT job_id, count(*) AS n FROM taskapp_execution GROUP BY 1) e"
+    )[0]
     # Per job: attempts - 1 re-claims, each after a retry (an error recorded
     # while the job went on) or a rescue; a dead-lettered job's last error is
     # its final failure, a WorkerLost one a rescue of its own.
@@ -135,14 +142,17 @@ def check_invariants(query: Query, expected_jobs: int, shard_count: int = 64) ->
         "  SELECT attempts, jsonb_array_length(errors) - CASE WHEN status = 'FAILED' THEN 1 ELSE 0 END AS retries,"
         "         CASE WHEN status = 'FAILED' AND errors->-1->>'exception_class_path' = 'shardq.exceptions.WorkerLost'"
         "              THEN 1 ELSE 0 END AS lost"
-        "  FROM shardq_job WHERE attempts > 0) j")[0]
+        "  FROM shardq_job WHERE attempts > 0) j"
+    )[0]
     rescued = query("SELECT coalesce(sum(rescued), 0) FROM shardq_shard_event")[0][0]
     # A rescue of a started attempt is a worker loss, counted on the job; the
     # shard history also counts claimed-but-unstarted jobs put back for free.
     losses = query("SELECT coalesce(sum(worker_losses), 0) FROM shardq_job")[0][0]
     if rescues_needed != losses:
-        problems.append(f"(c) the jobs' attempts need {rescues_needed} rescues of started attempts, "
-                        f"the jobs counted {losses} worker losses")
+        problems.append(
+            f"(c) the jobs' attempts need {rescues_needed} rescues of started attempts, "
+            f"the jobs counted {losses} worker losses"
+        )
     if losses > rescued:
         problems.append(f"(c) {losses} worker losses, the shard history counted only {rescued} rescues")
     if extra > rescued + retries:
@@ -155,18 +165,21 @@ def check_invariants(query: Query, expected_jobs: int, shard_count: int = 64) ->
         "         max(claim_version) OVER (PARTITION BY shard ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_version"
         "  FROM shardq_shard_event) e "
         "WHERE (reason <> 'release' AND claim_version <= coalesce(prev_version, 0))"
-        "   OR (reason = 'release' AND claim_version <> prev_version) LIMIT 20")
+        "   OR (reason = 'release' AND claim_version <> prev_version) LIMIT 20"
+    )
     if falling:
         problems.append(f"(d) claim_version did not rise (shard, event, reason, version, previous): {falling}")
     releases_not_own = query(
         "SELECT r.shard, r.claim_version FROM shardq_shard_event r WHERE r.reason = 'release' AND NOT EXISTS ("
         "  SELECT 1 FROM shardq_shard_event c WHERE c.shard = r.shard AND c.claim_version = r.claim_version"
-        "  AND c.reason <> 'release' AND c.worker = r.worker) LIMIT 20")
+        "  AND c.reason <> 'release' AND c.worker = r.worker) LIMIT 20"
+    )
     if releases_not_own:
         problems.append(f"(d) a release of a version its worker never claimed: {releases_not_own}")
     behind = query(
         "SELECT s.shard, s.claim_version, max(e.claim_version) FROM shardq_shard s "
-        "JOIN shardq_shard_event e ON e.shard = s.shard GROUP BY 1, 2 HAVING s.claim_version <> max(e.claim_version) LIMIT 20")
+        "JOIN shardq_shard_event e ON e.shard = s.shard GROUP BY 1, 2 HAVING s.claim_version <> max(e.claim_version) LIMIT 20"
+    )
     if behind:
         problems.append(f"(d) shard rows not at their newest version: {behind}")
     shards = query("SELECT count(*) FROM shardq_shard WHERE shard < %s", [shard_count])[0][0]
@@ -174,13 +187,13 @@ def check_invariants(query: Query, expected_jobs: int, shard_count: int = 64) ->
         problems.append(f"(d) {shards} shard rows, expected {shard_count}")
 
     # (e) committed outcomes carry the shard's version at COMMIT.
-    stale = query(
-        "SELECT job_id, fence, shard_version FROM taskapp_faultledger WHERE fence < shard_version LIMIT 20")
+    stale = query("SELECT job_id, fence, shard_version FROM taskapp_faultledger WHERE fence < shard_version LIMIT 20")
     if stale:
         problems.append(f"(e) outcomes committed under a stale fence (job, fence, shard version): {stale}")
     ahead = query(
         "SELECT j.id, j.fence, s.claim_version FROM shardq_job j JOIN shardq_shard s ON s.shard = j.shard "
-        "WHERE j.fence > s.claim_version LIMIT 20")
+        "WHERE j.fence > s.claim_version LIMIT 20"
+    )
     if ahead:
         problems.append(f"(e) a job fenced by a version its shard never had: {ahead}")
 
@@ -208,8 +221,16 @@ def check_invariants(query: Query, expected_jobs: int, shard_count: int = 64) ->
 # -- enqueue and wait -----------------------------------------------------------
 
 
-def insert_jobs(query: Query, task_path: str, count: int, *, kwargs_sql: str = "jsonb_build_object('n', g)",
-                args_sql: str = "'[]'::jsonb", max_attempts: int = 10, shard_count: int = 64) -> None:
+def insert_jobs(
+    query: Query,
+    task_path: str,
+    count: int,
+    *,
+    kwargs_sql: str = "jsonb_build_object('n', g)",
+    args_sql: str = "'[]'::jsonb",
+    max_attempts: int = 10,
+    shard_count: int = 64,
+) -> None:
     """Insert READY jobs directly (one statement), spread over every shard, and
     NOTIFY their shards — what enqueue_many writes, for a server the test's
     Django connection is not on."""
@@ -219,7 +240,8 @@ def insert_jobs(query: Query, task_path: str, count: int, *, kwargs_sql: str = "
         f"SELECT %s, 'default', 'default', 0, clock_timestamp(), g %% %s, g, false, 'READY', 0, 0, 0, %s, "
         f"{args_sql}, {kwargs_sql}, '[]', '[]', clock_timestamp() FROM generate_series(1, %s) AS g RETURNING shard) "
         "SELECT count(pg_notify('shardq', s::text)) FROM (SELECT DISTINCT shard AS s FROM j) d",
-        [task_path, shard_count, max_attempts, count])
+        [task_path, shard_count, max_attempts, count],
+    )
 
 
 def finished(query: Query) -> int:
@@ -227,10 +249,15 @@ def finished(query: Query) -> int:
 
 
 def wait_all_finished(query: Query, total: int, timeout: float) -> None:
-    wait_until(lambda: finished(query) >= total and not query(
-        "SELECT 1 FROM shardq_job WHERE status NOT IN ('SUCCESSFUL', 'FAILED') LIMIT 1"),
-        timeout=timeout, interval=0.25,
-        message=f"{total} jobs to finish (now {dict(query('SELECT status, count(*) FROM shardq_job GROUP BY 1'))})")
+    wait_until(
+        lambda: (
+            finished(query) >= total
+            and not query("SELECT 1 FROM shardq_job WHERE status NOT IN ('SUCCESSFUL', 'FAILED') LIMIT 1")
+        ),
+        timeout=timeout,
+        interval=0.25,
+        message=f"{total} jobs to finish (now {dict(query('SELECT status, count(*) FROM shardq_job GROUP BY 1'))})",
+    )
 
 
 # -- fault injectors -------------------------------------------------------------
@@ -275,7 +302,9 @@ class BackendKiller:
     def __call__(self) -> bool:
         rows = self.conn.execute(
             "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name LIKE %s AND pid <> pg_backend_pid()", [self.pattern]).fetchall()
+            "AND application_name LIKE %s AND pid <> pg_backend_pid()",
+            [self.pattern],
+        ).fetchall()
         rows = [r for r in rows if r[1] not in self.exclude]
         if not rows:
             return False

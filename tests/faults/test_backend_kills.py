@@ -33,13 +33,30 @@ def test_killing_worker_connections_every_half_second_loses_and_doubles_nothing(
     assert scalar("SELECT count(*) FROM shardq_job WHERE status = 'RUNNING'") == 0
     report = check_invariants(query, expected_jobs=JOBS)
     assert report["statuses"] == {"SUCCESSFUL": JOBS}, report
-    acked_values = scalar("SELECT count(*) FROM shardq_job WHERE task_path = %s AND status = 'SUCCESSFUL' "
-                          "AND return_value = kwargs->'n'", ["tests.taskapp.fault_tasks.acked"])
+    acked_values = scalar(
+        "SELECT count(*) FROM shardq_job WHERE task_path = %s AND status = 'SUCCESSFUL' AND return_value = kwargs->'n'",
+        ["tests.taskapp.fault_tasks.acked"],
+    )
     assert acked_values == JOBS - half
     logs = "".join(workers.log(p) for p in procs)
-    figures("backend_kills", jobs=JOBS, kills=sum(killer.killed.values()), killed_by_name=killer.killed,
-            ack_resends=logs.count("ack failed, sending the same fenced write again"),
-            **{k: report[k] for k in ("extra_executions", "rescued", "retries", "fence_rejections",
-                                      "self_fences", "double_commits", "lost")})
+    figures(
+        "backend_kills",
+        jobs=JOBS,
+        kills=sum(killer.killed.values()),
+        killed_by_name=killer.killed,
+        ack_resends=logs.count("ack failed, sending the same fenced write again"),
+        **{
+            k: report[k]
+            for k in (
+                "extra_executions",
+                "rescued",
+                "retries",
+                "fence_rejections",
+                "self_fences",
+                "double_commits",
+                "lost",
+            )
+        },
+    )
     assert sum(killer.killed.values()) >= 10
     assert killer.killed.get("shardq-completer", 0) > 0 or killer.killed.get("shardq-task", 0) > 0

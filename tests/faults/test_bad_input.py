@@ -12,22 +12,24 @@ HUGE = 3 * 1024 * 1024  # over the default SHARDQ["MAX_PAYLOAD_BYTES"] (1 MiB)
 
 # (task path, args json, kwargs json, what the error must say)
 BAD_ROWS = {
-    "object_as_args": ("tests.taskapp.tasks.add", '{"a": 1, "b": 2}', "{}",
-                       "args {\"a\": 1, \"b\": 2} is not a JSON array"),
-    "string_as_args": ("tests.taskapp.tasks.add", '"1, 2"', "{}",
-                       "args \"1, 2\" is not a JSON array"),
-    "list_as_kwargs": ("tests.taskapp.tasks.add", "[]", "[1, 2]",
-                       "kwargs [1, 2] is not a JSON object"),
-    "wrong_arity": ("tests.taskapp.tasks.add", "[1]", "{}",
-                    "missing 1 required positional argument"),
-    "unknown_task": ("tests.taskapp.tasks.deleted_function", "[]", "{}",
-                     "does not exist: tests.taskapp.tasks has no 'deleted_function'"),
-    "unknown_module": ("no_such_app.tasks.job", "[]", "{}",
-                       "its module is not part of an installed app"),
-    "not_a_task": ("tests.taskapp.tasks.plain_function", "[]", "{}",
-                   "is a function, not a Task"),
-    "huge_payload": ("tests.taskapp.tasks.add", json.dumps([1, "x" * HUGE]), "{}",
-                     "over SHARDQ['MAX_PAYLOAD_BYTES']"),
+    "object_as_args": (
+        "tests.taskapp.tasks.add",
+        '{"a": 1, "b": 2}',
+        "{}",
+        'args {"a": 1, "b": 2} is not a JSON array',
+    ),
+    "string_as_args": ("tests.taskapp.tasks.add", '"1, 2"', "{}", 'args "1, 2" is not a JSON array'),
+    "list_as_kwargs": ("tests.taskapp.tasks.add", "[]", "[1, 2]", "kwargs [1, 2] is not a JSON object"),
+    "wrong_arity": ("tests.taskapp.tasks.add", "[1]", "{}", "missing 1 required positional argument"),
+    "unknown_task": (
+        "tests.taskapp.tasks.deleted_function",
+        "[]",
+        "{}",
+        "does not exist: tests.taskapp.tasks has no 'deleted_function'",
+    ),
+    "unknown_module": ("no_such_app.tasks.job", "[]", "{}", "its module is not part of an installed app"),
+    "not_a_task": ("tests.taskapp.tasks.plain_function", "[]", "{}", "is a function, not a Task"),
+    "huge_payload": ("tests.taskapp.tasks.add", json.dumps([1, "x" * HUGE]), "{}", "over SHARDQ['MAX_PAYLOAD_BYTES']"),
 }
 
 
@@ -41,7 +43,9 @@ def insert_raw(task_path: str, args: str, kwargs: str) -> int:
         "INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, "
         "ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at) "
         "VALUES (%s, 'default', 'reports', 0, now(), 5, 5, false, 'READY', 0, 0, 0, 1, %s::jsonb, %s::jsonb, "
-        "'[]', '[]', now()) RETURNING id", [task_path, args, kwargs])
+        "'[]', '[]', now()) RETURNING id",
+        [task_path, args, kwargs],
+    )
 
 
 def test_bad_rows_fail_clearly_while_the_worker_keeps_processing_good_jobs(workers):
@@ -73,5 +77,6 @@ def test_bad_rows_fail_clearly_while_the_worker_keeps_processing_good_jobs(worke
     late.refresh()
     assert late.return_value == 42
     stats = worker_stats(worker_id)
-    figures("bad_input", bad_rows=len(bad) + 1, good_jobs=len(good_before) + len(good_after) + 1,
-            failed=stats.get("failed"))
+    figures(
+        "bad_input", bad_rows=len(bad) + 1, good_jobs=len(good_before) + len(good_after) + 1, failed=stats.get("failed")
+    )

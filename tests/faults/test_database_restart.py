@@ -46,20 +46,40 @@ class PrivatePostgres:
         self.url = f"postgres://postgres@127.0.0.1:{self.port}/shardq_private"
 
     def _as_postgres(self, *cmd: str) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", *cmd], check=True, cwd=self.base,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", *cmd],
+            check=True,
+            cwd=self.base,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=120,
+        )
 
     def init(self) -> None:
-        self._as_postgres(str(BINDIR / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
-                          "-E", "UTF8", "--no-sync")
+        self._as_postgres(
+            str(BINDIR / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"
+        )
 
     def start(self) -> None:
         # fsync off: an immediate stop kills the server processes, not the OS,
         # so committed data stays in the page cache and recovery replays WAL.
-        options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.base} "
-                   "-c fsync=off -c max_connections=100")
-        self._as_postgres(str(BINDIR / "pg_ctl"), "-D", str(self.data), "-o", options,
-                          "-l", str(self.base / "server.log"), "-w", "-t", "60", "start")
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.base} "
+            "-c fsync=off -c max_connections=100"
+        )
+        self._as_postgres(
+            str(BINDIR / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.base / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
 
     def crash(self) -> None:
         self._as_postgres(str(BINDIR / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
@@ -106,8 +126,9 @@ def private_postgres():
         with psycopg.connect(f"postgres://postgres@127.0.0.1:{server.port}/postgres", autocommit=True) as conn:
             conn.execute("CREATE DATABASE shardq_private")
         env = dict(os.environ, DATABASE_URL=server.url, DJANGO_SETTINGS_MODULE="tests.settings")
-        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
-                       check=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=300
+        )
         yield server
     finally:
         server.destroy()
@@ -119,15 +140,21 @@ def test_workers_survive_three_database_crashes_and_resume_within_30s(private_po
     pool = WorkerPool(tmp_path)
     try:
         procs = [pool.start("--concurrency", "4", env={"DATABASE_URL": server.url}) for _ in range(2)]
-        wait_until(lambda: query("SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL")[0][0] == 64,
-                   timeout=90, message="the workers to own every shard")
+        wait_until(
+            lambda: query("SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL")[0][0] == 64,
+            timeout=90,
+            message="the workers to own every shard",
+        )
         insert_jobs(query, LEDGER_TASK, JOBS, kwargs_sql=f"jsonb_build_object('n', g, 'sleep', {JOB_SECONDS})")
 
         resumes: list[float] = []
         for _ in range(RESTARTS):
             done_before = query("SELECT count(*) FROM shardq_job WHERE status = 'SUCCESSFUL'")[0][0]
-            wait_until(lambda: query("SELECT count(*) FROM shardq_job WHERE status = 'SUCCESSFUL'")[0][0]
-                       >= done_before + 50, timeout=60, message="progress before the crash")
+            wait_until(
+                lambda: query("SELECT count(*) FROM shardq_job WHERE status = 'SUCCESSFUL'")[0][0] >= done_before + 50,
+                timeout=60,
+                message="progress before the crash",
+            )
             versions = dict(query("SELECT shard, claim_version FROM shardq_shard"))
             server.crash()
             time.sleep(DOWN_SECONDS)  # pacing: the server stays down this long
@@ -136,11 +163,21 @@ def test_workers_survive_three_database_crashes_and_resume_within_30s(private_po
             rows = query("SELECT shard, claim_version FROM shardq_shard")
             assert len(rows) == 64 and all(v >= versions[s] for s, v in rows), "lease rows lost in the crash"
             started = query("SELECT pg_postmaster_start_time()")[0][0]
-            wait_until(lambda: query(
-                "SELECT count(*) FROM shardq_worker WHERE state = 'RUNNING' AND heartbeat_at > %s", [started])[0][0] == 2
-                and (query("SELECT count(*) FROM shardq_job WHERE finished_at > %s", [started])[0][0] > 0
-                     or not query("SELECT 1 FROM shardq_job WHERE status <> 'SUCCESSFUL' LIMIT 1")),
-                timeout=RESUME_BOUND + 30, interval=0.1, message="both workers to resume")
+            wait_until(
+                lambda: (
+                    query(
+                        "SELECT count(*) FROM shardq_worker WHERE state = 'RUNNING' AND heartbeat_at > %s", [started]
+                    )[0][0]
+                    == 2
+                    and (
+                        query("SELECT count(*) FROM shardq_job WHERE finished_at > %s", [started])[0][0] > 0
+                        or not query("SELECT 1 FROM shardq_job WHERE status <> 'SUCCESSFUL' LIMIT 1")
+                    )
+                ),
+                timeout=RESUME_BOUND + 30,
+                interval=0.1,
+                message="both workers to resume",
+            )
             resumes.append(time.monotonic() - back)
 
         wait_all_finished(query, JOBS, timeout=size(180, 900))
@@ -149,10 +186,25 @@ def test_workers_survive_three_database_crashes_and_resume_within_30s(private_po
         assert all("database unavailable" in log for log in logs), "each worker reports the outage"
         report = check_invariants(query, expected_jobs=JOBS)
         assert report["statuses"] == {"SUCCESSFUL": JOBS}, report
-        figures("database_restart", restarts=RESTARTS, jobs=JOBS, resume_max=max(resumes),
-                resume_all=[round(r, 2) for r in resumes],
-                **{k: report[k] for k in ("extra_executions", "rescued", "retries", "fence_rejections",
-                                          "self_fences", "double_commits", "lost")})
+        figures(
+            "database_restart",
+            restarts=RESTARTS,
+            jobs=JOBS,
+            resume_max=max(resumes),
+            resume_all=[round(r, 2) for r in resumes],
+            **{
+                k: report[k]
+                for k in (
+                    "extra_executions",
+                    "rescued",
+                    "retries",
+                    "fence_rejections",
+                    "self_fences",
+                    "double_commits",
+                    "lost",
+                )
+            },
+        )
         assert max(resumes) <= RESUME_BOUND, resumes
     finally:
         pool.stop_all()

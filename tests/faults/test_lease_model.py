@@ -29,7 +29,8 @@ MAX_WORKER_LOSSES = 2  # small, so the model reaches dead-lettering by worker lo
 
 ADMIN_RETRY = (  # what the dead-letter queue's retry action does: one more attempt
     "UPDATE shardq_job SET status = 'READY', status_rank = status_rank + 1, max_attempts = attempts + 1, "
-    "run_after = clock_timestamp(), finished_at = NULL WHERE id = %s AND status = 'FAILED' RETURNING id")
+    "run_after = clock_timestamp(), finished_at = NULL WHERE id = %s AND status = 'FAILED' RETURNING id"
+)
 
 
 class LeaseProtocol(RuleBasedStateMachine):
@@ -37,7 +38,9 @@ class LeaseProtocol(RuleBasedStateMachine):
         super().__init__()
         self.admin = connect(application_name="faults-model")
         self.admin.execute("TRUNCATE shardq_job, shardq_shard_event, shardq_worker")
-        self.admin.execute("UPDATE shardq_shard SET owner = NULL, lease_expires = NULL, claim_version = 0, claimed_at = NULL")
+        self.admin.execute(
+            "UPDATE shardq_shard SET owner = NULL, lease_expires = NULL, claim_version = 0, claimed_at = NULL"
+        )
         self.stores = {w: WorkerStore(application_name="shardq-model") for w in WORKERS}
         self.shards = {s: {"owner": None, "version": 0, "expired": False} for s in range(SHARDS)}
         self.held = {w: {} for w in WORKERS}
@@ -49,9 +52,18 @@ class LeaseProtocol(RuleBasedStateMachine):
                 "status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at) "
                 "VALUES ('tests.taskapp.tasks.noop', 'default', 'default', 0, clock_timestamp(), %s, %s, false, "
                 "'READY', 0, 0, 0, %s, '[]', '{}', '[]', '[]', clock_timestamp()) RETURNING id",
-                [i % SHARDS, i, MAX_ATTEMPTS]).fetchone()[0]
-            self.jobs[job_id] = {"status": "READY", "rank": 0, "fence": 0, "attempts": 0, "losses": 0,
-                                 "max_attempts": MAX_ATTEMPTS, "shard": i % SHARDS, "run_after": self.tick()}
+                [i % SHARDS, i, MAX_ATTEMPTS],
+            ).fetchone()[0]
+            self.jobs[job_id] = {
+                "status": "READY",
+                "rank": 0,
+                "fence": 0,
+                "attempts": 0,
+                "losses": 0,
+                "max_attempts": MAX_ATTEMPTS,
+                "shard": i % SHARDS,
+                "run_after": self.tick(),
+            }
         self.claims: list[dict] = []  # every claim ever returned: (job, fence, rank) messages
         self.seen = {job_id: dict(state) for job_id, state in self.jobs.items()}
         self.seen_versions = {s: 0 for s in range(SHARDS)}
@@ -92,8 +104,10 @@ class LeaseProtocol(RuleBasedStateMachine):
                     rescued += 1
             self.held[worker][s] = shard["version"]
             expected.append((s, shard["version"], previous, rescued))
-        got = [(r["shard"], r["claim_version"], str(r["previous_owner"]) if r["previous_owner"] else None,
-                r["rescued"]) for r in rows]
+        got = [
+            (r["shard"], r["claim_version"], str(r["previous_owner"]) if r["previous_owner"] else None, r["rescued"])
+            for r in rows
+        ]
         assert got == expected, (got, expected)
 
     @rule(worker=st.sampled_from(WORKERS))
@@ -108,8 +122,11 @@ class LeaseProtocol(RuleBasedStateMachine):
 
     @rule(shard=st.integers(0, SHARDS - 1))
     def expire(self, shard):
-        self.admin.execute("UPDATE shardq_shard SET lease_expires = clock_timestamp() - interval '1 second' "
-                           "WHERE shard = %s AND owner IS NOT NULL", [shard])
+        self.admin.execute(
+            "UPDATE shardq_shard SET lease_expires = clock_timestamp() - interval '1 second' "
+            "WHERE shard = %s AND owner IS NOT NULL",
+            [shard],
+        )
         if self.shards[shard]["owner"] is not None:
             self.shards[shard]["expired"] = True
 
@@ -138,8 +155,11 @@ class LeaseProtocol(RuleBasedStateMachine):
             shard = self.shards[s]
             if shard["owner"] != worker or shard["expired"]:
                 continue
-            ready = sorted((job["run_after"], job_id) for job_id, job in self.jobs.items()
-                           if job["shard"] == s and job["status"] == "READY")
+            ready = sorted(
+                (job["run_after"], job_id)
+                for job_id, job in self.jobs.items()
+                if job["shard"] == s and job["status"] == "READY"
+            )
             for _, job_id in ready[:per_shard]:
                 job = self.jobs[job_id]
                 job.update(status="CLAIMED", rank=job["rank"] + 1, fence=shard["version"])
@@ -162,8 +182,12 @@ class LeaseProtocol(RuleBasedStateMachine):
         assert refused == []
         job = self.jobs[claim["id"]]
         shard = self.shards[job["shard"]]
-        applies = (job["status"] == "CLAIMED" and job["fence"] == claim["fence"] and job["rank"] == claim["rank"]
-                   and shard["version"] == job["fence"])
+        applies = (
+            job["status"] == "CLAIMED"
+            and job["fence"] == claim["fence"]
+            and job["rank"] == claim["rank"]
+            and shard["version"] == job["fence"]
+        )
         assert set(started) == ({claim["id"]} if applies else set()), (claim, job)
         if applies:
             job.update(status="RUNNING", rank=job["rank"] + 1, attempts=job["attempts"] + 1)
@@ -175,9 +199,17 @@ class LeaseProtocol(RuleBasedStateMachine):
     def write_outcome(self, data, status, latest):
         """Complete, fail or retry one claim: the newest, or any earlier one (a late message)."""
         claim = self.claims[-1] if latest else data.draw(st.sampled_from(self.claims))
-        outcome = Outcome(claim["id"], claim["fence"], claim["rank"] + 1, status,
-                          return_value_json="null", error_json=None if status == "SUCCESSFUL" else
-                          Outcome.error("builtins.RuntimeError", "RuntimeError: model\n"), delay=0.0)
+        outcome = Outcome(
+            claim["id"],
+            claim["fence"],
+            claim["rank"] + 1,
+            status,
+            return_value_json="null",
+            error_json=None
+            if status == "SUCCESSFUL"
+            else Outcome.error("builtins.RuntimeError", "RuntimeError: model\n"),
+            delay=0.0,
+        )
         written, refused = self.stores[WORKERS[0]].complete_jobs([outcome])
         assert refused == []
         job = self.jobs[claim["id"]]
@@ -203,11 +235,17 @@ class LeaseProtocol(RuleBasedStateMachine):
     @invariant()
     def table_matches_the_model_and_nothing_goes_backwards(self):
         rows = self.admin.execute(
-            "SELECT id, status, status_rank, fence, attempts, worker_losses FROM shardq_job").fetchall()
+            "SELECT id, status, status_rank, fence, attempts, worker_losses FROM shardq_job"
+        ).fetchall()
         for job_id, status, rank, fence, attempts, losses in rows:
             model = self.jobs[job_id]
             assert (status, rank, fence, attempts, losses) == (
-                model["status"], model["rank"], model["fence"], model["attempts"], model["losses"]), (job_id, model)
+                model["status"],
+                model["rank"],
+                model["fence"],
+                model["attempts"],
+                model["losses"],
+            ), (job_id, model)
             before = self.seen[job_id]
             assert rank >= before["rank"] and fence >= before["fence"] and attempts >= before["attempts"]
             if before["status"] == "SUCCESSFUL":
@@ -217,7 +255,8 @@ class LeaseProtocol(RuleBasedStateMachine):
             self.seen[job_id] = dict(model)
         self.retried_by_admin.clear()
         for s, version in self.admin.execute(
-                "SELECT shard, claim_version FROM shardq_shard WHERE shard < %s", [SHARDS]).fetchall():
+            "SELECT shard, claim_version FROM shardq_shard WHERE shard < %s", [SHARDS]
+        ).fetchall():
             assert version == self.shards[s]["version"] >= self.seen_versions[s]
             self.seen_versions[s] = version
 
@@ -228,6 +267,10 @@ def test_the_lease_protocol_matches_its_model_against_real_postgresql(transactio
     ensure_shards()
     run_state_machine_as_test(
         LeaseProtocol,
-        settings=settings(max_examples=size(40, 400), stateful_step_count=size(30, 60), deadline=None,
-                          suppress_health_check=list(HealthCheck)),
+        settings=settings(
+            max_examples=size(40, 400),
+            stateful_step_count=size(30, 60),
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
     )

@@ -6,7 +6,15 @@ import random
 import time
 
 from tests.conftest import wait_until
-from tests.faults.harness import BackendKiller, Repeating, check_invariants, figures, percentile, size, wait_all_finished
+from tests.faults.harness import (
+    BackendKiller,
+    Repeating,
+    check_invariants,
+    figures,
+    percentile,
+    size,
+    wait_all_finished,
+)
 from tests.taskapp import fault_tasks
 from tests.workers import query, shards_by_owner, worker_id_of
 
@@ -34,12 +42,20 @@ def test_jobs_are_picked_up_within_the_poll_interval_while_listen_keeps_dying(wo
         kills.stop()
     wait_all_finished(query, jobs, timeout=60)
 
-    latencies = [float(s) for (s,) in query(
-        "SELECT extract(epoch FROM started_at - enqueued_at) FROM shardq_job ORDER BY id")]
+    latencies = [
+        float(s) for (s,) in query("SELECT extract(epoch FROM started_at - enqueued_at) FROM shardq_job ORDER BY id")
+    ]
     report = check_invariants(query, expected_jobs=jobs)
-    figures("notify_loss", jobs=jobs, listener_kills=killer.killed.get("shardq-listener", 0),
-            pickup_p50=percentile(latencies, 50), pickup_p99=percentile(latencies, 99),
-            pickup_max=max(latencies), bound=POLL_SECONDS + 0.5, lost=report["lost"])
+    figures(
+        "notify_loss",
+        jobs=jobs,
+        listener_kills=killer.killed.get("shardq-listener", 0),
+        pickup_p50=percentile(latencies, 50),
+        pickup_p99=percentile(latencies, 99),
+        pickup_max=max(latencies),
+        bound=POLL_SECONDS + 0.5,
+        lost=report["lost"],
+    )
     assert killer.killed.get("shardq-listener", 0) >= RUN_SECONDS // KILL_EVERY - 1
     assert worker.poll() is None
     assert max(latencies) <= POLL_SECONDS + 0.5, sorted(latencies)[-5:]

@@ -24,14 +24,25 @@ def test_a_poison_job_runs_max_worker_losses_times_then_is_dead_lettered(workers
     # A supervisor restarts each killed child; the other child takes the
     # killed one's shards over after the lease TTL and rescues the job.
     supervisor = workers.start("--processes", "2", "--concurrency", "2")
-    wait_until(lambda: scalar("SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL") == 64, timeout=60,
-               message="the two children to own every shard")
+    wait_until(
+        lambda: scalar("SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL") == 64,
+        timeout=60,
+        message="the two children to own every shard",
+    )
     once = fault_tasks.poison_once.enqueue()
-    wait_until(lambda: job_state(int(once.id))[0] == "FAILED", timeout=60, interval=0.2,
-               message="the on_worker_lost='fail' poison job to be failed")
+    wait_until(
+        lambda: job_state(int(once.id))[0] == "FAILED",
+        timeout=60,
+        interval=0.2,
+        message="the on_worker_lost='fail' poison job to be failed",
+    )
     poison = fault_tasks.poison.enqueue()
-    wait_until(lambda: job_state(int(poison.id))[0] == "FAILED", timeout=120, interval=0.2,
-               message="the poison job to be dead-lettered")
+    wait_until(
+        lambda: job_state(int(poison.id))[0] == "FAILED",
+        timeout=120,
+        interval=0.2,
+        message="the poison job to be dead-lettered",
+    )
 
     status, attempts, errors = job_state(int(poison.id))
     runs = executions_of(int(poison.id))
@@ -48,5 +59,10 @@ def test_a_poison_job_runs_max_worker_losses_times_then_is_dead_lettered(workers
 
     assert supervisor.poll() is None, "the supervisor keeps running"
     report = check_invariants(query, expected_jobs=2)
-    figures("poison_job", poison_runs=len(runs), once_runs=1, worker_incarnations=scalar("SELECT count(*) FROM shardq_worker"),
-            rescued=report["rescued"])
+    figures(
+        "poison_job",
+        poison_runs=len(runs),
+        once_runs=1,
+        worker_incarnations=scalar("SELECT count(*) FROM shardq_worker"),
+        rescued=report["rescued"],
+    )

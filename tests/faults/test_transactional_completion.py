@@ -23,29 +23,36 @@ def claimed(transactional_db):
         "INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, ordered, "
         "status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at) "
         "VALUES ('tests.taskapp.fault_tasks.tx_ledger', 'default', 'default', 0, now(), 0, 0, false, 'READY', 0, 0, "
-        "0, 3, '[]', '{}', '[]', '[]', now()) RETURNING id")
+        "0, 3, '[]', '{}', '[]', '[]', now()) RETURNING id"
+    )
     store = WorkerStore(application_name="shardq-test")
     store.claim_shards(WORKER, 1, 30.0, 1, 3)
     (row,) = store.claim_jobs(WORKER, [0], None, 1, 1)
     job = SimpleNamespace(id=row["id"], fence=row["fence"], status_rank=row["status_rank"])
     started, _ = store.start_jobs(WORKER, [job])
-    context = ShardqTaskContext(task_result=SimpleNamespace(id=str(job_id), worker_ids=[WORKER]),
-                                fence=row["fence"], shard=0, rank=started[job_id]["status_rank"] + 1,
-                                completion_state={})
+    context = ShardqTaskContext(
+        task_result=SimpleNamespace(id=str(job_id), worker_ids=[WORKER]),
+        fence=row["fence"],
+        shard=0,
+        rank=started[job_id]["status_rank"] + 1,
+        completion_state={},
+    )
     yield store, context
     store.close()
 
 
 def job(context):
-    return query("SELECT status, status_rank, return_value FROM shardq_job WHERE id = %s",
-                 [int(context.task_result.id)])[0]
+    return query(
+        "SELECT status, status_rank, return_value FROM shardq_job WHERE id = %s", [int(context.task_result.id)]
+    )[0]
 
 
 def test_the_outcome_and_the_tasks_writes_commit_together(claimed):
     _store, context = claimed
     with shardq.fenced(context) as done:
-        FaultLedger.objects.create(job_id=int(context.task_result.id), attempt=1, fence=context.fence,
-                                   shard_version=0, worker=WORKER)
+        FaultLedger.objects.create(
+            job_id=int(context.task_result.id), attempt=1, fence=context.fence, shard_version=0, worker=WORKER
+        )
         done.return_value = {"ok": 1}
     assert done.shard_version == context.fence
     assert job(context) == ("SUCCESSFUL", context.rank, '{"ok": 1}')
@@ -65,7 +72,7 @@ def test_an_error_after_the_completion_rolls_both_back(claimed):
 
 
 def test_a_taken_over_shard_raises_fence_lost_and_commits_nothing(claimed):
-    store, context = claimed
+    _store, context = claimed
     query("UPDATE shardq_shard SET lease_expires = clock_timestamp() - interval '1 second' WHERE shard = 0")
     other = WorkerStore(application_name="shardq-test")
     try:

@@ -8,7 +8,6 @@ from django.db import connection, connections
 from django.tasks import task_backends
 from django.test import override_settings
 
-
 JSON_COLUMNS = {"args", "kwargs", "return_value", "errors", "worker_ids"}
 
 

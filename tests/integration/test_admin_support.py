@@ -57,7 +57,10 @@ def test_unknown_tasks_and_ill_fitting_rows_hide_everything():
     assert redact_arguments(None, [1, 2], {"a": 3}) == ([REDACTED, REDACTED], {"a": REDACTED})
     narrow = shard_task(sensitive=("body",))(by_key)
     # A third positional value has no parameter to name it: hidden, not guessed at.
-    assert redact_arguments(narrow, ["a@b.c", "hi", "x"], {"zz": 1}) == (["a@b.c", REDACTED, REDACTED], {"zz": REDACTED})
+    assert redact_arguments(narrow, ["a@b.c", "hi", "x"], {"zz": 1}) == (
+        ["a@b.c", REDACTED, REDACTED],
+        {"zz": REDACTED},
+    )
     assert redact_arguments(narrow, {"not": "a list"}, {}) == (REDACTED, REDACTED)
     plain = shard_task(by_key)
     assert redact_arguments(plain, ["a@b.c", "hi"], {}) == (["a@b.c", "hi"], {})

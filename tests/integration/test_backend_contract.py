@@ -80,7 +80,7 @@ def test_enqueue_returns_a_ready_task_result_with_every_field_set():
     assert result.attempts == 0
     assert not result.is_finished
     with pytest.raises(ValueError, match="not finished"):
-        result.return_value  # noqa: B018 (the property raises)
+        result.return_value
 
 
 def test_enqueued_row_holds_the_call():
@@ -110,8 +110,18 @@ def test_get_result_returns_the_same_fields_as_enqueue():
 
     assert fetched.id == enqueued.id
     assert fetched.task == add
-    for field in ("status", "enqueued_at", "started_at", "finished_at", "last_attempted_at",
-                  "args", "kwargs", "backend", "errors", "worker_ids"):
+    for field in (
+        "status",
+        "enqueued_at",
+        "started_at",
+        "finished_at",
+        "last_attempted_at",
+        "args",
+        "kwargs",
+        "backend",
+        "errors",
+        "worker_ids",
+    ):
         assert getattr(fetched, field) == getattr(enqueued, field), field
 
 
@@ -333,7 +343,7 @@ def test_a_failed_job_shows_its_errors_as_task_errors():
     assert fetched.errors == [TaskError(exception_class_path="builtins.TypeError", traceback=traceback)]
     assert fetched.errors[0].exception_class is TypeError
     with pytest.raises(ValueError, match="Task failed"):
-        fetched.return_value  # noqa: B018 (the property raises)
+        fetched.return_value
 
 
 @pytest.mark.django_db
@@ -344,8 +354,10 @@ def test_a_successful_result_is_read_from_the_table_every_time_and_copies_are_in
 
     result = add.enqueue(2, 3)
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE shardq_job SET status = 'SUCCESSFUL', return_value = '5', "
-                       "finished_at = now() WHERE id = %s", [int(result.id)])
+        cursor.execute(
+            "UPDATE shardq_job SET status = 'SUCCESSFUL', return_value = '5', finished_at = now() WHERE id = %s",
+            [int(result.id)],
+        )
     first = add.get_result(result.id)
     first.worker_ids.append("mutated by the caller")
     with CaptureQueriesContext(connection) as queries:

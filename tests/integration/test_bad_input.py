@@ -37,7 +37,8 @@ def nothing_stored():
 
 
 @pytest.mark.parametrize(
-    "value", [object(), {1, 2}, b"bytes", datetime.date(2026, 1, 1), decimal.Decimal("1.5"), uuid.uuid4()],
+    "value",
+    [object(), {1, 2}, b"bytes", datetime.date(2026, 1, 1), decimal.Decimal("1.5"), uuid.uuid4()],
     ids=["object", "set", "bytes", "date", "decimal", "uuid"],
 )
 def test_a_positional_argument_that_is_not_json_is_refused_by_position(value, nothing_stored):
@@ -164,5 +165,5 @@ def test_a_call_that_does_not_bind_to_the_keyed_function_is_refused(nothing_stor
 
 
 def test_a_shard_key_that_is_not_json_is_refused(nothing_stored):
-    with pytest.raises(InvalidTask, match="The shard key .* is not JSON"):
+    with pytest.raises(InvalidTask, match=r"The shard key .* is not JSON"):
         keyed_by_callable.enqueue(user_id=1, note="x")

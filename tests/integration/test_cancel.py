@@ -28,8 +28,9 @@ def test_a_ready_job_is_cancelled_and_says_why():
 def test_a_running_job_is_cancelled_and_its_attempt_can_no_longer_write():
     result = tasks.add.enqueue(1, 2)
     with connection.cursor() as cursor:  # as a claim leaves it
-        cursor.execute("UPDATE shardq_job SET status = 'RUNNING', status_rank = 1, attempts = 1 WHERE id = %s",
-                       [int(result.id)])
+        cursor.execute(
+            "UPDATE shardq_job SET status = 'RUNNING', status_rank = 1, attempts = 1 WHERE id = %s", [int(result.id)]
+        )
     assert shardq.cancel(result.id) == [result.id]
     row = job_row(result.id)
     assert (row["status"], row["status_rank"]) == ("FAILED", 2)

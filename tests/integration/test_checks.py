@@ -62,9 +62,7 @@ def test_a_power_of_two_shard_count_passes(count):
         assert check_ids() == []
 
 
-@pytest.mark.parametrize(
-    ("heartbeat", "ttl"), [(15, 30), (20, 30), (30, 30), (0, 30), (10, 0), (-1, 30), ("10", 30)]
-)
+@pytest.mark.parametrize(("heartbeat", "ttl"), [(15, 30), (20, 30), (30, 30), (0, 30), (10, 0), (-1, 30), ("10", 30)])
 def test_a_heartbeat_that_is_not_below_half_the_lease_ttl_fails_e003(heartbeat, ttl):
     with shardq_overridden(HEARTBEAT=heartbeat, LEASE_TTL=ttl):
         assert check_ids() == ["shardq.E003"]

@@ -91,10 +91,7 @@ def test_the_claim_sorts_nothing_over_the_job_table(backlog):
     plan = explain(QUERIES["claim_jobs"], claim_params(backlog))
 
     sorts = [n for n in plan_nodes(plan) if n["Node Type"] in {"Sort", "Incremental Sort"}]
-    sorting_jobs = [
-        sort for sort in sorts
-        if any(n.get("Relation Name") == "shardq_job" for n in plan_nodes(sort))
-    ]
+    sorting_jobs = [sort for sort in sorts if any(n.get("Relation Name") == "shardq_job" for n in plan_nodes(sort))]
     assert sorting_jobs == []
 
 
@@ -141,8 +138,13 @@ def test_the_claim_takes_the_best_jobs_of_each_held_shard(backlog):
     }
     # Each job carries its shard's claim version as its fence and rank 1; no
     # attempt is counted until it starts.
-    assert all(row["fence"] == versions[row["shard"]] and row["attempts"] == 0 and row["status_rank"] == 1
-               and row["problem"] is None for row in claimed)
+    assert all(
+        row["fence"] == versions[row["shard"]]
+        and row["attempts"] == 0
+        and row["status_rank"] == 1
+        and row["problem"] is None
+        for row in claimed
+    )
 
 
 def test_the_claim_takes_nothing_from_shards_the_worker_does_not_hold(backlog):

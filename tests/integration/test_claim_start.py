@@ -28,12 +28,19 @@ def shard0():
 
     ensure_shards()
     worker = str(uuid.uuid4())
-    sql("UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1, "
-        "lease_expires = clock_timestamp() + interval '1 minute' WHERE shard = 0", [worker])
+    sql(
+        "UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1, "
+        "lease_expires = clock_timestamp() + interval '1 minute' WHERE shard = 0",
+        [worker],
+    )
     ids = {}
-    for name, priority, ordered, delay, losses in [("p50", 50, False, 0, 0), ("p40", 40, False, 0, 0),
-                                                   ("p30_ordered", 30, True, 0, 0), ("p20_delayed", 20, False, 0.2, 0),
-                                                   ("p10_lost", 10, False, 0, 1)]:
+    for name, priority, ordered, delay, losses in [
+        ("p50", 50, False, 0, 0),
+        ("p40", 40, False, 0, 0),
+        ("p30_ordered", 30, True, 0, 0),
+        ("p20_delayed", 20, False, 0.2, 0),
+        ("p10_lost", 10, False, 0, 1),
+    ]:
         [(ids[name],)] = sql(
             "INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, "
             "shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, "
@@ -42,7 +49,8 @@ def shard0():
             "clock_timestamp() + make_interval(secs => %s), 0, 0, CASE WHEN %s THEN 'k' END, %s, 'READY', 0, 0, "
             "0, 1, '[]', '{}', '[]', '[]', clock_timestamp(), %s, "
             "CASE WHEN %s > 0 THEN clock_timestamp() - interval '1 hour' END) RETURNING id",
-            [priority, delay, ordered, ordered, losses, losses])
+            [priority, delay, ordered, ordered, losses, losses],
+        )
     yield worker, ids
     sql("DELETE FROM shardq_job WHERE id = ANY(%s)", [list(ids.values())])
 
@@ -59,7 +67,9 @@ def claim(worker, start):
 def row(job_id):
     [(status, attempts, worker_ids, started, last)] = sql(
         "SELECT status, attempts, worker_ids::text, started_at IS NOT NULL, last_attempted_at "
-        "FROM shardq_job WHERE id = %s", [job_id])
+        "FROM shardq_job WHERE id = %s",
+        [job_id],
+    )
     return status, attempts, json.loads(worker_ids), started, last
 
 
@@ -100,8 +110,11 @@ def test_handing_back_a_job_the_claim_started_takes_the_start_back(shard0):
     before = row(ids["p10_lost"])[4]
     # Let p10 (lost a worker once, attempted an hour ago) be startable: the
     # hand-back must restore that earlier last_attempted_at.
-    sql("UPDATE shardq_job SET worker_losses = 0, attempts = 1, worker_ids = '[\"old\"]', "
-        "started_at = last_attempted_at WHERE id = %s", [ids["p10_lost"]])
+    sql(
+        "UPDATE shardq_job SET worker_losses = 0, attempts = 1, worker_ids = '[\"old\"]', "
+        "started_at = last_attempted_at WHERE id = %s",
+        [ids["p10_lost"]],
+    )
     store, jobs = claim(worker, start=100)
     try:
         by_id = {job.id: job for job in jobs}
@@ -117,7 +130,7 @@ def test_handing_back_a_job_the_claim_started_takes_the_start_back(shard0):
 
 
 def test_a_hand_back_does_not_touch_a_job_that_moved_on(shard0):
-    worker, _ids = shard0
+    worker, _ = shard0
     store, jobs = claim(worker, start=1)
     try:
         [job] = [job for job in jobs if job.started]
@@ -159,9 +172,22 @@ def test_the_claim_columns_line_up_with_claimed_job_fields(shard0):
         cursor = store._cursor()
         from shardq.db.queries import QUERIES
 
-        cursor.execute(QUERIES["claim_jobs"], {"worker": worker, "shards": [0], "queues": [], "all_queues": True,
-                                               "exclude_queues": [], "backend": "", "any_backend": True,
-                                               "per_shard": 1, "limit": 1, "lookahead": 0.0, "start": 0})
+        cursor.execute(
+            QUERIES["claim_jobs"],
+            {
+                "worker": worker,
+                "shards": [0],
+                "queues": [],
+                "all_queues": True,
+                "exclude_queues": [],
+                "backend": "",
+                "any_backend": True,
+                "per_shard": 1,
+                "limit": 1,
+                "lookahead": 0.0,
+                "start": 0,
+            },
+        )
         names = [column.name for column in cursor.description]
     finally:
         store.close()
@@ -177,20 +203,28 @@ def test_the_start_write_probes_each_id_by_primary_key_not_the_inflight_index(sh
     and loop over the ids for every entry."""
     from shardq.db.queries import QUERIES
 
-    worker, _ids = shard0
+    worker, _ = shard0
     # A table of realistic size (20,000 READY jobs of another shard).
-    sql("INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, ordered, "
+    sql(
+        "INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, ordered, "
         "status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at) "
         "SELECT 'tests.taskapp.tasks.noop', 'default', 'plan-test', 0, clock_timestamp(), 5, g, false, 'READY', "
-        "0, 0, 0, 1, '[]', '{}', '[]', '[]', clock_timestamp() FROM generate_series(1, 20000) AS g")
+        "0, 0, 0, 1, '[]', '{}', '[]', '[]', clock_timestamp() FROM generate_series(1, 20000) AS g"
+    )
     try:
         sql("ANALYZE shardq_job")
         store, jobs = claim(worker, start=0)
         store.close()
         with connection.cursor() as cursor:
-            cursor.execute("EXPLAIN (FORMAT JSON) " + QUERIES["start_jobs"], {
-                "worker": worker, "ids": [j.id for j in jobs], "fences": [j.fence for j in jobs],
-                "ranks": [j.status_rank for j in jobs]})
+            cursor.execute(
+                "EXPLAIN (FORMAT JSON) " + QUERIES["start_jobs"],
+                {
+                    "worker": worker,
+                    "ids": [j.id for j in jobs],
+                    "fences": [j.fence for j in jobs],
+                    "ranks": [j.status_rank for j in jobs],
+                },
+            )
             document = cursor.fetchone()[0]
     finally:
         sql("DELETE FROM shardq_job WHERE queue_name = 'plan-test'")
@@ -201,6 +235,9 @@ def test_the_start_write_probes_each_id_by_primary_key_not_the_inflight_index(sh
         for child in node.get("Plans", []):
             yield from nodes(child)
 
-    scans = {n.get("Index Name") for n in nodes(plan[0]["Plan"])
-             if n.get("Relation Name") == "shardq_job" and n["Node Type"].endswith("Scan")}
+    scans = {
+        n.get("Index Name")
+        for n in nodes(plan[0]["Plan"])
+        if n.get("Relation Name") == "shardq_job" and n["Node Type"].endswith("Scan")
+    }
     assert scans == {"shardq_job_pkey"}, scans

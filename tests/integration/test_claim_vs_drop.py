@@ -48,7 +48,9 @@ def paused_claim():
     fetch = threading.Thread(target=worker.fetcher.fetch_once)
     fetch.start()
     assert committed.wait(timeout=30), "the claim to commit"
-    shard = sql("SELECT shard FROM shardq_job WHERE status = 'CLAIMED' GROUP BY shard ORDER BY count(*) DESC LIMIT 1")[0][0]
+    shard = sql("SELECT shard FROM shardq_job WHERE status = 'CLAIMED' GROUP BY shard ORDER BY count(*) DESC LIMIT 1")[
+        0
+    ][0]
     try:
         yield worker, shard, proceed, fetch
     finally:

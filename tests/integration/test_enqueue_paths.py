@@ -219,15 +219,26 @@ def test_the_copy_stores_exactly_the_rows_with_their_ids_shards_and_times(sent):
         row = job_row(result.id)
         expected = backend.job_row(keyed, args, kwargs)
         assert (row["shard"], row["key_hash"], row["shard_key"]) == (
-            expected["shard"], expected["key_hash"], expected["shard_key"])
+            expected["shard"],
+            expected["key_hash"],
+            expected["shard_key"],
+        )
         assert row["args"] == list(args) == result.args
         assert row["kwargs"] == kwargs == result.kwargs
         assert row["enqueued_at"] == row["run_after"] == result.enqueued_at == enqueued_at
         assert (row["status"], row["status_rank"], row["fence"], row["attempts"]) == ("READY", 0, 0, 0)
         assert (row["task_path"], row["backend"], row["queue_name"], row["priority"]) == (
-            keyed.module_path, "default", "default", 10)
+            keyed.module_path,
+            "default",
+            "default",
+            10,
+        )
         assert (row["ordered"], row["max_attempts"], row["errors"], row["worker_ids"]) == (
-            keyed.ordered, keyed.max_attempts, [], [])
+            keyed.ordered,
+            keyed.max_attempts,
+            [],
+            [],
+        )
         assert row["return_value"] is None and row["started_at"] is None
     assert sent == results  # the signal for every job, in call order
 
@@ -294,7 +305,8 @@ def corrupt_last_row(monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_failed_copy_stores_nothing_and_leaves_the_callers_transaction_usable(
-        second_connection, sent, corrupt_last_row):
+    second_connection, sent, corrupt_last_row
+):
     before = job_count()
     bad = [((n, n), {}) for n in range(1500)] + [((666,), {})]  # the bad row comes after a first chunk
 
@@ -343,9 +355,18 @@ def test_bulk_results_equal_what_the_taskresult_constructor_builds():
     result = shardq.enqueue_many(add, [((1, 2), {}), ((), {"a": (1, [2]), "b": 3})])[1]
 
     assert result == TaskResult(
-        task=add, id=result.id, status=TaskResultStatus.READY, enqueued_at=result.enqueued_at,
-        started_at=None, finished_at=None, last_attempted_at=None, args=[], kwargs={"a": (1, [2]), "b": 3},
-        backend="default", errors=[], worker_ids=[],
+        task=add,
+        id=result.id,
+        status=TaskResultStatus.READY,
+        enqueued_at=result.enqueued_at,
+        started_at=None,
+        finished_at=None,
+        last_attempted_at=None,
+        args=[],
+        kwargs={"a": (1, [2]), "b": 3},
+        backend="default",
+        errors=[],
+        worker_ids=[],
     )
     assert result.kwargs == {"a": [1, [2]], "b": 3}  # normalized as Django's __post_init__ does
     assert result.args == [] and result.errors == [] and result.worker_ids == []

@@ -58,8 +58,13 @@ def test_a_keys_shard_is_the_same_in_a_fresh_process():
     env = {**os.environ, "PYTHONHASHSEED": "12345"}  # Python's own str hash differs per process.
 
     out = subprocess.run(
-        [sys.executable, "-c", script], input=json.dumps(keys), capture_output=True,
-        text=True, check=True, cwd=REPO, env=env,
+        [sys.executable, "-c", script],
+        input=json.dumps(keys),
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env=env,
     ).stdout
 
     assert json.loads(out) == [[row["key_hash"], row["shard"]] for row in rows]
@@ -83,8 +88,7 @@ def test_a_power_of_two_reshard_moves_a_key_to_its_shard_or_shard_plus_64():
     results = shardq.enqueue_many(keyed, [((user_id,), {}) for user_id in range(500)])
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM shardq_job WHERE id = ANY(%s)"
-            " AND (key_hash & 127) NOT IN (shard, shard + 64)",
+            "SELECT count(*) FROM shardq_job WHERE id = ANY(%s) AND (key_hash & 127) NOT IN (shard, shard + 64)",
             [[int(r.id) for r in results]],
         )
         assert cursor.fetchone()[0] == 0
@@ -118,8 +122,7 @@ def test_every_job_of_a_key_lands_on_the_same_shard():
     results = shardq.enqueue_many(keyed, calls)
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT shard_key, count(DISTINCT shard), min(shard) FROM shardq_job"
-            " WHERE id = ANY(%s) GROUP BY shard_key",
+            "SELECT shard_key, count(DISTINCT shard), min(shard) FROM shardq_job WHERE id = ANY(%s) GROUP BY shard_key",
             [[int(r.id) for r in results]],
         )
         groups = cursor.fetchall()

@@ -32,15 +32,20 @@ def test_jobs_of_a_claim_whose_answer_was_lost_are_handed_back_and_run():
         [result] = shardq.enqueue_many(tasks.add, [((20, 22), {})])
         # As if this worker's claim committed and its answer was lost: CLAIMED
         # under the shard's current version (only its owner claims under it).
-        sql("UPDATE shardq_job j SET status = 'CLAIMED', status_rank = status_rank + 1, "
+        sql(
+            "UPDATE shardq_job j SET status = 'CLAIMED', status_rank = status_rank + 1, "
             "fence = s.claim_version "
             "FROM shardq_shard s WHERE s.shard = j.shard AND j.id = %s AND j.status = 'READY'",
-            [int(result.id)])
+            [int(result.id)],
+        )
         assert sql("SELECT status FROM shardq_job WHERE id = %s", [int(result.id)]) == [("CLAIMED",)]
         worker.fetcher.claim_uncertain = True
         worker.fetcher.wake()
-        wait_until(lambda: (result.refresh(), result.status)[1] == "SUCCESSFUL", timeout=30,
-                   message="the lost claim's job to be handed back and run")
+        wait_until(
+            lambda: (result.refresh(), result.status)[1] == "SUCCESSFUL",
+            timeout=30,
+            message="the lost claim's job to be handed back and run",
+        )
         assert result.return_value == 42
         assert sql("SELECT attempts FROM shardq_job WHERE id = %s", [int(result.id)]) == [(1,)]
     finally:

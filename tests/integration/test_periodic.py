@@ -39,7 +39,10 @@ def test_ticks_are_the_cron_times_in_the_half_open_window():
     periodic("*/5 * * * *", args=(1, 2))(tasks.add)
     [schedule] = schedules()
     assert due_ticks(schedule, at(2026, 1, 1, 0, 0), at(2026, 1, 1, 0, 15)) == [
-        at(2026, 1, 1, 0, 5), at(2026, 1, 1, 0, 10), at(2026, 1, 1, 0, 15)]
+        at(2026, 1, 1, 0, 5),
+        at(2026, 1, 1, 0, 10),
+        at(2026, 1, 1, 0, 15),
+    ]
     assert due_ticks(schedule, at(2026, 1, 1, 0, 5), at(2026, 1, 1, 0, 9, 59)) == []
 
 
@@ -47,9 +50,14 @@ def test_a_sixth_field_is_seconds_and_the_newest_ticks_win_past_the_limit():
     periodic("* * * * * */10", args=(1, 2))(tasks.add)
     [schedule] = schedules()
     assert due_ticks(schedule, at(2026, 1, 1, 0, 0, 0), at(2026, 1, 1, 0, 0, 30)) == [
-        at(2026, 1, 1, 0, 0, 10), at(2026, 1, 1, 0, 0, 20), at(2026, 1, 1, 0, 0, 30)]
+        at(2026, 1, 1, 0, 0, 10),
+        at(2026, 1, 1, 0, 0, 20),
+        at(2026, 1, 1, 0, 0, 30),
+    ]
     assert due_ticks(schedule, at(2026, 1, 1), at(2026, 1, 1, 0, 1), limit=2) == [
-        at(2026, 1, 1, 0, 0, 50), at(2026, 1, 1, 0, 1, 0)]
+        at(2026, 1, 1, 0, 0, 50),
+        at(2026, 1, 1, 0, 1, 0),
+    ]
 
 
 def test_a_schedule_reads_its_cron_in_its_time_zone():
@@ -62,7 +70,7 @@ def test_a_schedule_reads_its_cron_in_its_time_zone():
 
 @pytest.mark.parametrize("cron", ["", "every minute", "61 * * * *", "* * *"])
 def test_a_bad_cron_expression_fails_at_definition(cron):
-    with pytest.raises(InvalidTask, match="is not a cron expression. Use five fields"):
+    with pytest.raises(InvalidTask, match=r"is not a cron expression\. Use five fields"):
         periodic(cron)(tasks.add)
 
 
@@ -79,7 +87,7 @@ def test_bad_schedule_options_fail_at_definition_with_what_to_do():
 def test_one_name_cannot_carry_two_schedules_but_a_reimport_is_harmless():
     periodic("*/5 * * * *", args=(1, 2))(tasks.add)
     periodic("*/5 * * * *", args=(1, 2))(tasks.add)  # the module imported again
-    with pytest.raises(InvalidTask, match="already used .* Give each schedule of a task its own name="):
+    with pytest.raises(InvalidTask, match=r"already used .* Give each schedule of a task its own name="):
         periodic("0 * * * *", args=(1, 2))(tasks.add)
     periodic("0 * * * *", name="add-hourly", args=(1, 2))(tasks.add)
     assert sorted(s.name for s in schedules()) == ["add-hourly", "tests.taskapp.tasks.add"]
@@ -98,8 +106,10 @@ def test_many_schedulers_offering_the_same_ticks_store_one_job_each():
     rows = sql("SELECT args::text, count(*) FROM shardq_job WHERE task_path = 'tests.taskapp.tasks.add' GROUP BY 1")
     assert rows == [("[20, 22]", 3 + CATCH_UP_SECONDS // 10)]
     keys = [k for (k,) in sql("SELECT key FROM shardq_unique ORDER BY key")]
-    assert keys[:3] == [f"tests.taskapp.tasks.add:periodic:tests.taskapp.tasks.add:2026-11-30T12:00:{s}+00:00"
-                        for s in ("00", "10", "20")]
+    assert keys[:3] == [
+        f"tests.taskapp.tasks.add:periodic:tests.taskapp.tasks.add:2026-11-30T12:00:{s}+00:00"
+        for s in ("00", "10", "20")
+    ]
 
 
 @pytest.mark.django_db(transaction=True)

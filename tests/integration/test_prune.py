@@ -24,10 +24,12 @@ def jobs_in(status: str, finished_hours_ago: float | None, n: int = 1) -> set[in
     if finished_hours_ago is None:
         sql("UPDATE shardq_job SET status = %s WHERE id = ANY(%s)", [status, ids])
     else:
-        sql("UPDATE shardq_job SET status = %s, "
+        sql(
+            "UPDATE shardq_job SET status = %s, "
             "finished_at = clock_timestamp() - make_interval(secs => %s * 3600), "
             "enqueued_at = clock_timestamp() - make_interval(secs => %s * 3600 + 60) WHERE id = ANY(%s)",
-            [status, finished_hours_ago, finished_hours_ago, ids])
+            [status, finished_hours_ago, finished_hours_ago, ids],
+        )
     return set(ids)
 
 
@@ -65,8 +67,10 @@ def test_prune_with_failed_deletes_the_old_dead_letter_queue_too():
 
 def test_a_dry_run_counts_and_deletes_nothing():
     old_done = jobs_in("SUCCESSFUL", 48, n=4)
-    sql("INSERT INTO shardq_unique (key, job_id, expires_at) VALUES "
-        "('t:a', 1, clock_timestamp() - interval '3 days'), ('t:b', 2, clock_timestamp() + interval '1 hour')")
+    sql(
+        "INSERT INTO shardq_unique (key, job_id, expires_at) VALUES "
+        "('t:a', 1, clock_timestamp() - interval '3 days'), ('t:b', 2, clock_timestamp() + interval '1 hour')"
+    )
     out = prune("--older-than", "1d", "--dry-run")
     assert "would delete" in out and "4 jobs (SUCCESSFUL)" in out and "1 expired unique keys" in out, out
     assert remaining(old_done) == old_done
@@ -74,19 +78,23 @@ def test_a_dry_run_counts_and_deletes_nothing():
 
 
 def test_prune_deletes_expired_unique_keys_old_workers_and_history_but_not_owners():
-    sql("INSERT INTO shardq_unique (key, job_id, expires_at) VALUES "
-        "('t:old', 1, clock_timestamp() - interval '3 days'), ('t:live', 2, clock_timestamp() + interval '1 hour')")
-    sql("INSERT INTO shardq_worker (id, host, pid, queues, started_at, heartbeat_at, state, stats) VALUES "
-        "('00000000-0000-0000-0000-000000000001', 'h', 1, '[]', "
-        "now() - interval '9 days', now() - interval '8 days', 'STOPPED', '{}'), "
-        "('00000000-0000-0000-0000-000000000002', 'h', 2, '[]', "
-        "now() - interval '9 days', now() - interval '8 days', 'RUNNING', '{}'), "
-        "('00000000-0000-0000-0000-000000000003', 'h', 3, '[]', now(), now(), 'RUNNING', '{}')")
+    sql(
+        "INSERT INTO shardq_unique (key, job_id, expires_at) VALUES "
+        "('t:old', 1, clock_timestamp() - interval '3 days'), ('t:live', 2, clock_timestamp() + interval '1 hour')"
+    )
+    sql(
+        "INSERT INTO shardq_worker (id, host, pid, queues, started_at, heartbeat_at, state, stats) VALUES "
+        "('00000000-0000-0000-0000-000000000001', 'h', 1, '[]', now() - interval '9 days', now() - interval '8 days', 'STOPPED', '{}'), "
+        "('00000000-0000-0000-0000-000000000002', 'h', 2, '[]', now() - interval '9 days', now() - interval '8 days', 'RUNNING', '{}'), "
+        "('00000000-0000-0000-0000-000000000003', 'h', 3, '[]', now(), now(), 'RUNNING', '{}')"
+    )
     # Worker 2 is long dead but still named as a shard's owner: kept.
     sql("UPDATE shardq_shard SET owner = '00000000-0000-0000-0000-000000000002' WHERE shard = 5")
-    sql("INSERT INTO shardq_shard_event (shard, claim_version, worker, reason, rescued, at) VALUES "
+    sql(
+        "INSERT INTO shardq_shard_event (shard, claim_version, worker, reason, rescued, at) VALUES "
         "(1, 1, '00000000-0000-0000-0000-000000000001', 'claim', 0, now() - interval '8 days'), "
-        "(1, 2, '00000000-0000-0000-0000-000000000003', 'claim', 0, now())")
+        "(1, 2, '00000000-0000-0000-0000-000000000003', 'claim', 0, now())"
+    )
     out = prune("--older-than", "7d")
     assert "1 expired unique keys, 1 worker rows, 1 shard events" in out, out
     assert [r[0] for r in sql("SELECT key FROM shardq_unique")] == ["t:live"]

@@ -30,8 +30,11 @@ def test_a_late_claim_under_a_superseded_version_is_never_acked_and_is_swept_bac
             store_a.register_worker(worker, "test", 1, [])
         [result] = shardq.enqueue_many(tasks.ledger, [((), {"n": 7})])  # max_attempts=5
         shard = sql("SELECT shard FROM shardq_job WHERE id = %s", [int(result.id)])[0][0]
-        sql("UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1, "
-            "lease_expires = clock_timestamp() + interval '30 seconds' WHERE shard = %s", [a, shard])
+        sql(
+            "UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1, "
+            "lease_expires = clock_timestamp() + interval '30 seconds' WHERE shard = %s",
+            [a, shard],
+        )
         old_version = sql("SELECT claim_version FROM shardq_shard WHERE shard = %s", [shard])[0][0]
         # A's lease expires and B takes the shard over (version + 1) ...
         sql("UPDATE shardq_shard SET lease_expires = clock_timestamp() - interval '1 second' WHERE shard = %s", [shard])
@@ -39,15 +42,18 @@ def test_a_late_claim_under_a_superseded_version_is_never_acked_and_is_swept_bac
         assert taken[shard] == old_version + 1
         # ... while A's claim, begun before the takeover, commits after it:
         # the row is CLAIMED under the superseded version.
-        sql("UPDATE shardq_job SET status = 'CLAIMED', fence = %s, status_rank = status_rank + 1 "
-            "WHERE id = %s", [old_version, int(result.id)])
+        sql(
+            "UPDATE shardq_job SET status = 'CLAIMED', fence = %s, status_rank = status_rank + 1 WHERE id = %s",
+            [old_version, int(result.id)],
+        )
         rank = sql("SELECT status_rank FROM shardq_job WHERE id = %s", [int(result.id)])[0][0]
         late_ack = Outcome(int(result.id), old_version, rank + 1, "SUCCESSFUL", return_value_json="7", shard=shard)
         assert store_a.complete_jobs([late_ack]) == (set(), [])
         [rescued] = store_b.rescue_jobs({shard: old_version + 1}, 3)
         assert (rescued["id"], rescued["started"], rescued["dead"]) == (int(result.id), False, False)
         status, fence, attempts, losses = sql(
-            "SELECT status, fence, attempts, worker_losses FROM shardq_job WHERE id = %s", [int(result.id)])[0]
+            "SELECT status, fence, attempts, worker_losses FROM shardq_job WHERE id = %s", [int(result.id)]
+        )[0]
         # Never started: back to READY with nothing charged.
         assert (status, fence, attempts, losses) == ("READY", old_version + 1, 0, 0)
         assert store_b.rescue_jobs({shard: old_version + 1}, 3) == []

@@ -115,11 +115,14 @@ def joined(thread, outcome):
 
 
 @pytest.mark.parametrize(
-    "unique_for", [0, -1, 0.0, timedelta(0), timedelta(seconds=-5), math.nan, math.inf, 10**12],
+    "unique_for",
+    [0, -1, 0.0, timedelta(0), timedelta(seconds=-5), math.nan, math.inf, 10**12],
     ids=["zero", "negative", "zero-float", "zero-timedelta", "negative-timedelta", "nan", "inf", "huge"],
 )
 def test_a_unique_for_that_is_not_a_positive_duration_fails_at_definition(unique_for):
-    with pytest.raises(InvalidTask, match=r"two_arguments: unique_for must be a positive duration of at most 100 years"):
+    with pytest.raises(
+        InvalidTask, match=r"two_arguments: unique_for must be a positive duration of at most 100 years"
+    ):
         shard_task(unique_for=unique_for)(two_arguments)
 
 
@@ -145,7 +148,9 @@ def test_the_context_argument_cannot_be_the_unique_key():
 
 @pytest.mark.parametrize("unique_key", [42, ("account_id",), b"account_id"])
 def test_a_unique_key_that_is_neither_a_name_nor_a_callable_fails_at_definition(unique_key):
-    with pytest.raises(InvalidTask, match=r"unique_key must be None \(every argument\), the name of an argument, or a callable"):
+    with pytest.raises(
+        InvalidTask, match=r"unique_key must be None \(every argument\), the name of an argument, or a callable"
+    ):
         shard_task(unique_for=60, unique_key=unique_key)(two_arguments)
 
 

@@ -121,8 +121,9 @@ def test_a_lone_surrogate_deep_in_an_argument_is_refused_with_its_path(nothing_s
 
 
 def test_a_lone_surrogate_in_a_dict_key_is_refused(nothing_stored):
-    with pytest.raises(InvalidTask,
-                       match=r"a dict key in keyword argument 'payload' at \['a'\] holds a lone surrogate"):
+    with pytest.raises(
+        InvalidTask, match=r"a dict key in keyword argument 'payload' at \['a'\] holds a lone surrogate"
+    ):
         echo.enqueue(payload={"a": {SURROGATE: 1}})
     with pytest.raises(InvalidTask, match=r"a dict key in positional argument 0 holds a lone surrogate"):
         echo.enqueue({SURROGATE: 1})
@@ -224,10 +225,12 @@ def test_a_self_containing_argument_is_refused_not_looped_over(nothing_stored):
 
 @pytest.mark.parametrize(
     ("args", "kwargs", "problem"),
-    [((1,), {}, "missing a required argument: 'b'"),
-     ((1, 2, 3), {}, "too many positional arguments"),
-     ((1, 2), {"c": 3}, "got an unexpected keyword argument 'c'"),
-     ((1,), {"a": 2}, "multiple values for argument 'a'")],
+    [
+        ((1,), {}, "missing a required argument: 'b'"),
+        ((1, 2, 3), {}, "too many positional arguments"),
+        ((1, 2), {"c": 3}, "got an unexpected keyword argument 'c'"),
+        ((1,), {"a": 2}, "multiple values for argument 'a'"),
+    ],
     ids=["too-few", "too-many", "unknown-keyword", "twice"],
 )
 def test_a_plain_task_call_that_does_not_fit_the_function_is_refused(args, kwargs, problem, nothing_stored):
@@ -277,7 +280,8 @@ def test_a_short_unique_value_cannot_take_the_key_of_a_hashed_long_one():
     second = unique_per_account.enqueue(long_value)
     assert first.id != second.id
     assert compute_unique_key(unique_per_account, (forged,), {}) != compute_unique_key(
-        unique_per_account, (long_value,), {})
+        unique_per_account, (long_value,), {}
+    )
     assert unique_per_account.enqueue(long_value).id == second.id  # still unique
 
 
@@ -291,11 +295,13 @@ def test_the_hashed_unique_key_marks_itself_after_the_task_path():
 
 @pytest.mark.parametrize(
     ("channel", "problem"),
-    [("x" * 64, "is 64 bytes of UTF-8, over PostgreSQL's limit of 63"),
-     ("é" * 32, "is 64 bytes of UTF-8"),
-     ("", "is empty"),
-     ("a\x00b", "holds a NUL character"),
-     (42, "is a int, not a str")],
+    [
+        ("x" * 64, "is 64 bytes of UTF-8, over PostgreSQL's limit of 63"),
+        ("é" * 32, "is 64 bytes of UTF-8"),
+        ("", "is empty"),
+        ("a\x00b", "holds a NUL character"),
+        (42, "is a int, not a str"),
+    ],
     ids=["64-ascii", "64-bytes-utf8", "empty", "nul", "not-str"],
 )
 def test_an_unusable_channel_fails_check_e008(channel, problem):
@@ -308,7 +314,7 @@ def test_an_unusable_channel_fails_check_e008(channel, problem):
     assert problem in messages[0].msg
 
 
-@pytest.mark.parametrize("channel", ["x" * 63, "Shard Q-ü\"quoted\"", "shardq"])
+@pytest.mark.parametrize("channel", ["x" * 63, 'Shard Q-ü"quoted"', "shardq"])
 def test_a_usable_channel_passes_the_check(channel):
     from django.conf import settings
     from django.test import override_settings
@@ -348,7 +354,9 @@ def test_get_result_reads_odd_rows_written_by_raw_sql():
     execute(
         "UPDATE shardq_job SET status = 'WEIRD', errors = '{\"not\": \"a list\"}', worker_ids = '\"w\"',"
         " started_at = 'infinity', finished_at = '-infinity', last_attempted_at = '20000-01-01',"
-        " run_after = 'infinity' WHERE id = %s", [int(result.id)])
+        " run_after = 'infinity' WHERE id = %s",
+        [int(result.id)],
+    )
 
     read = add.get_backend().get_result(result.id)
 
@@ -362,9 +370,12 @@ def test_get_result_reads_odd_rows_written_by_raw_sql():
 
 def test_get_result_reads_error_entries_of_another_shape():
     result = add.enqueue(1, 2)
-    execute("UPDATE shardq_job SET status = 'FAILED', errors = '[1, {\"exception_class_path\": \"x.Y\", "
-            "\"traceback\": \"tb\"}]', worker_ids = '[1, \"w\"]', args = '{}', kwargs = '[]',"
-            " enqueued_at = '-infinity' WHERE id = %s", [int(result.id)])
+    execute(
+        'UPDATE shardq_job SET status = \'FAILED\', errors = \'[1, {"exception_class_path": "x.Y", '
+        "\"traceback\": \"tb\"}]', worker_ids = '[1, \"w\"]', args = '{}', kwargs = '[]',"
+        " enqueued_at = '-infinity' WHERE id = %s",
+        [int(result.id)],
+    )
 
     read = add.get_backend().get_result(result.id)
 
@@ -400,8 +411,11 @@ def test_the_fast_signature_check_never_accepts_a_call_bind_refuses():
     def f4(a, /, b): ...
     def f5(context, a, b=2): ...
 
-    calls = [(n, kw) for n in range(4) for kw in ({}, {"a": 1}, {"b": 1}, {"c": 1}, {"x": 1}, {"z": 1},
-                                                      {"a": 1, "c": 1}, {"b": 1, "c": 1, "d": 1})]
+    calls = [
+        (n, kw)
+        for n in range(4)
+        for kw in ({}, {"a": 1}, {"b": 1}, {"c": 1}, {"x": 1}, {"z": 1}, {"a": 1, "c": 1}, {"b": 1, "c": 1, "d": 1})
+    ]
     for func, (count, kwargs) in itertools.product((f1, f2, f3, f4, f5), calls):
         sig = inspect.signature(func)
         try:

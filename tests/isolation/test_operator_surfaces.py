@@ -35,11 +35,29 @@ def viewer(client, django_user_model, db):
 def insert_job(**columns) -> int:
     """A job row written by hand (raw SQL), with defaults for what is not given."""
     row = {
-        "task_path": "tests.taskapp.operator_tasks.log_in", "backend": "default", "queue_name": "default",
-        "priority": 0, "run_after": "now()", "shard": 0, "key_hash": 0, "shard_key": None, "ordered": False,
-        "status": "READY", "status_rank": 0, "fence": 0, "attempts": 0, "max_attempts": 1,
-        "args": "[]", "kwargs": "{}", "return_value": None, "errors": "[]", "worker_ids": "[]",
-        "enqueued_at": "now()", "started_at": None, "finished_at": None, "last_attempted_at": None,
+        "task_path": "tests.taskapp.operator_tasks.log_in",
+        "backend": "default",
+        "queue_name": "default",
+        "priority": 0,
+        "run_after": "now()",
+        "shard": 0,
+        "key_hash": 0,
+        "shard_key": None,
+        "ordered": False,
+        "status": "READY",
+        "status_rank": 0,
+        "fence": 0,
+        "attempts": 0,
+        "max_attempts": 1,
+        "args": "[]",
+        "kwargs": "{}",
+        "return_value": None,
+        "errors": "[]",
+        "worker_ids": "[]",
+        "enqueued_at": "now()",
+        "started_at": None,
+        "finished_at": None,
+        "last_attempted_at": None,
     }
     row.update(columns)
     names = list(row)
@@ -52,8 +70,9 @@ def insert_job(**columns) -> int:
         else:
             placeholders.append("%s")
             values.append(value)
-    return sql(f"INSERT INTO shardq_job ({', '.join(names)}) VALUES ({', '.join(placeholders)}) RETURNING id",
-               values)[0][0]
+    return sql(f"INSERT INTO shardq_job ({', '.join(names)}) VALUES ({', '.join(placeholders)}) RETURNING id", values)[
+        0
+    ][0]
 
 
 def listed(response, job_id: int) -> bool:
@@ -117,37 +136,70 @@ def test_the_dashboard_links_still_filter_jobs_by_shard_and_status(viewer):
 def odd_rows(viewer):
     """Rows no worker writes: infinite times, odd JSON, an unknown status."""
     job = insert_job(
-        status="WEIRD", run_after="-infinity", enqueued_at="infinity", started_at="-infinity",
-        finished_at="infinity", last_attempted_at="infinity", worker_ids='[""]', errors='"boom"',
-        args='{"not": "a list"}', kwargs="[1, 2]", return_value='"x"', shard_key="k",
+        status="WEIRD",
+        run_after="-infinity",
+        enqueued_at="infinity",
+        started_at="-infinity",
+        finished_at="infinity",
+        last_attempted_at="infinity",
+        worker_ids='[""]',
+        errors='"boom"',
+        args='{"not": "a list"}',
+        kwargs="[1, 2]",
+        return_value='"x"',
+        shard_key="k",
     )
     ready = insert_job(run_after="-infinity", enqueued_at="-infinity", shard=1)
-    finished = insert_job(status="SUCCESSFUL", run_after="-infinity", last_attempted_at="infinity",
-                          finished_at="now()", errors='[1, {"traceback": 5}, null]', worker_ids='{"a": 1}',
-                          shard=1)
+    finished = insert_job(
+        status="SUCCESSFUL",
+        run_after="-infinity",
+        last_attempted_at="infinity",
+        finished_at="now()",
+        errors='[1, {"traceback": 5}, null]',
+        worker_ids='{"a": 1}',
+        shard=1,
+    )
     worker = str(uuid.uuid4())
     sql(
         "INSERT INTO shardq_worker (id, host, pid, queues, started_at, heartbeat_at, state, stats) "
         "VALUES (%s, 'odd', 1, '\"not-a-list\"', '-infinity', 'infinity', 'RUNNING', '[1, 2]')",
         [worker],
     )
-    sql("UPDATE shardq_shard SET owner = %s, lease_expires = 'infinity', claimed_at = '-infinity' "
-        "WHERE shard = 0", [worker])
-    sql("UPDATE shardq_shard SET owner = %s, lease_expires = '-infinity', claimed_at = 'infinity' "
-        "WHERE shard = 1", [str(uuid.uuid4())])
-    sql("INSERT INTO shardq_shard_event (shard, claim_version, worker, reason, rescued, at) "
-        "VALUES (0, 1, %s, 'claim', 0, 'infinity')", [worker])
+    sql(
+        "UPDATE shardq_shard SET owner = %s, lease_expires = 'infinity', claimed_at = '-infinity' WHERE shard = 0",
+        [worker],
+    )
+    sql(
+        "UPDATE shardq_shard SET owner = %s, lease_expires = '-infinity', claimed_at = 'infinity' WHERE shard = 1",
+        [str(uuid.uuid4())],
+    )
+    sql(
+        "INSERT INTO shardq_shard_event (shard, claim_version, worker, reason, rescued, at) "
+        "VALUES (0, 1, %s, 'claim', 0, 'infinity')",
+        [worker],
+    )
     return {"job": job, "ready": ready, "finished": finished, "worker": worker}
 
 
 @pytest.mark.parametrize(
     "page",
     [
-        JOBS, "{job}", "{ready}", "{finished}", f"{JOBS}?status__exact=WEIRD",
-        "/admin/shardq/worker/", "/admin/shardq/worker/{worker}/change/",
-        "/admin/shardq/shard/", "/admin/shardq/shard/0/change/", "/admin/shardq/shard/1/change/",
-        "/admin/shardq/shard/?lease=held", "/admin/shardq/shard/?lease=expired", "/admin/shardq/shard/?o=3",
-        "/admin/shardq/worker/?liveness=dead", "/admin/shardq/shardevent/", "/admin/shardq/dashboard/",
+        JOBS,
+        "{job}",
+        "{ready}",
+        "{finished}",
+        f"{JOBS}?status__exact=WEIRD",
+        "/admin/shardq/worker/",
+        "/admin/shardq/worker/{worker}/change/",
+        "/admin/shardq/shard/",
+        "/admin/shardq/shard/0/change/",
+        "/admin/shardq/shard/1/change/",
+        "/admin/shardq/shard/?lease=held",
+        "/admin/shardq/shard/?lease=expired",
+        "/admin/shardq/shard/?o=3",
+        "/admin/shardq/worker/?liveness=dead",
+        "/admin/shardq/shardevent/",
+        "/admin/shardq/dashboard/",
     ],
 )
 def test_odd_rows_render_in_the_admin(viewer, odd_rows, page):
@@ -181,8 +233,12 @@ def test_odd_rows_do_not_break_shardq_status(odd_rows):
 
 def test_a_huge_return_value_and_traceback_are_shown_as_excerpts(viewer):
     huge = "R" * 3_000_000
-    job = insert_job(status="FAILED", return_value=json.dumps(huge), finished_at="now()",
-                     errors=json.dumps([{"exception_class_path": "builtins.ValueError", "traceback": "T" * 3_000_000}]))
+    job = insert_job(
+        status="FAILED",
+        return_value=json.dumps(huge),
+        finished_at="now()",
+        errors=json.dumps([{"exception_class_path": "builtins.ValueError", "traceback": "T" * 3_000_000}]),
+    )
     response = viewer.get(f"{JOBS}{job}/change/")
     assert response.status_code == 200
     page = response.content.decode()
@@ -221,8 +277,7 @@ def test_shardq_status_escapes_control_characters_from_rows(db):
     sql(
         "INSERT INTO shardq_worker (id, host, pid, queues, started_at, heartbeat_at, state, stats) "
         "VALUES (%s, %s, 7, '[]', clock_timestamp(), clock_timestamp(), 'RUNNING', %s)",
-        [str(uuid.uuid4()), "evil\x1b]0;pwned\x07\x1b[2J\r\u202ehost",
-         json.dumps({"x\x1b[31m": "\x1b[0m", "n": 1})],
+        [str(uuid.uuid4()), "evil\x1b]0;pwned\x07\x1b[2J\r\u202ehost", json.dumps({"x\x1b[31m": "\x1b[0m", "n": 1})],
     )
     insert_job(status="\x1b[5mRUN")
     out = StringIO()

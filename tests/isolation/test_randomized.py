@@ -36,10 +36,16 @@ POISON_ASSIGNMENTS = [
     ("kwargs = '[]'", "kwargs"),
     ("worker_ids = '{}'", "worker_ids"),
 ]
-BAD_OUTCOMES = [(t.returns, "nul", "NUL"), (t.returns, "surrogate", "surrogate"),
-                (t.returns, "huge", "MAX_RESULT_BYTES"), (t.raises, "nul", "ValueError"),
-                (t.raises, "surrogate", "ValueError"), (t.raises, "keyboard", "KeyboardInterrupt"),
-                (t.raises, "cancelled", "CancelledError"), (t.raises, "exit", "SystemExit")]
+BAD_OUTCOMES = [
+    (t.returns, "nul", "NUL"),
+    (t.returns, "surrogate", "surrogate"),
+    (t.returns, "huge", "MAX_RESULT_BYTES"),
+    (t.raises, "nul", "ValueError"),
+    (t.raises, "surrogate", "ValueError"),
+    (t.raises, "keyboard", "KeyboardInterrupt"),
+    (t.raises, "cancelled", "CancelledError"),
+    (t.raises, "exit", "SystemExit"),
+]
 BAD_INPUTS = [((object(),), {}), ((), {"n": float("nan")}), ((), {"n": {1, 2}})]
 
 
@@ -47,8 +53,9 @@ def enqueue_poison_row(rng) -> tuple[int, str]:
     from datetime import UTC, datetime, timedelta
 
     assignment, column = rng.choice(POISON_ASSIGNMENTS)
-    [result] = shardq.enqueue_many(fault_tasks.acked.using(run_after=datetime.now(UTC) + timedelta(days=1)),
-                                   [((), {"n": -1})])
+    [result] = shardq.enqueue_many(
+        fault_tasks.acked.using(run_after=datetime.now(UTC) + timedelta(days=1)), [((), {"n": -1})]
+    )
     query(f"UPDATE shardq_job SET {assignment} WHERE id = %s", [int(result.id)])
     if "run_after" not in assignment:
         query("UPDATE shardq_job SET run_after = now() WHERE id = %s", [int(result.id)])
@@ -61,14 +68,18 @@ def test_randomized_failure_domains_hold_all_five_invariants(workers):
     procs = [workers.start("--processes", "1", "--concurrency", "2") for _ in range(WORKERS)]
     wait_until(lambda: scalar("SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL") == 64, timeout=60)
 
-    healthy = [int(r.id) for r in shardq.enqueue_many(
-        fault_tasks.tx_ledger, [((), {"n": i, "sleep": JOB_SECONDS}) for i in range(HEALTHY)])]
+    healthy = [
+        int(r.id)
+        for r in shardq.enqueue_many(
+            fault_tasks.tx_ledger, [((), {"n": i, "sleep": JOB_SECONDS}) for i in range(HEALTHY)]
+        )
+    ]
     poison: dict[int, str] = {}
     bad_outcomes: dict[int, str] = {}
     refused_inputs = 0
     killed: set[int] = set()  # pids the test stopped itself
     kills = group_terms = spoofs = 0
-    for event in range(CHURN_EVENTS):
+    for _ in range(CHURN_EVENTS):
         time.sleep(CHURN_EVERY)  # fault pacing: churn spread over the run
         # Poison and misbehaving jobs arrive while workers come and go.
         for _ in range(2):
@@ -101,14 +112,19 @@ def test_randomized_failure_domains_hold_all_five_invariants(workers):
             victim.kill()
             code = victim.wait(timeout=10)
         if code not in (0, -signal.SIGKILL):
-            pytest.fail(f"worker {victim.pid} exited {code} on {('SIGKILL', 'SIGTERM')[code == 0]}: "
-                        f"{workers.log(victim)[-3000:]}")
+            pytest.fail(
+                f"worker {victim.pid} exited {code} on {('SIGKILL', 'SIGTERM')[code == 0]}: "
+                f"{workers.log(victim)[-3000:]}"
+            )
         procs[victim_index] = workers.start("--processes", "1", "--concurrency", "2")
 
     total = len(healthy) + len(poison) + len(bad_outcomes)
-    wait_until(lambda: scalar("SELECT count(*) FROM shardq_job WHERE status IN ('SUCCESSFUL', 'FAILED')") >= total,
-               timeout=size(240, 900), interval=0.5,
-               message=lambda: f"{total} jobs to finish: {dict(query('SELECT status, count(*) FROM shardq_job GROUP BY 1'))}")
+    wait_until(
+        lambda: scalar("SELECT count(*) FROM shardq_job WHERE status IN ('SUCCESSFUL', 'FAILED')") >= total,
+        timeout=size(240, 900),
+        interval=0.5,
+        message=lambda: f"{total} jobs to finish: {dict(query('SELECT status, count(*) FROM shardq_job GROUP BY 1'))}",
+    )
 
     # 1. Every healthy job SUCCESSFUL, committed exactly once by its own ledger.
     statuses = dict(query("SELECT status, count(*) FROM shardq_job WHERE id = ANY(%s) GROUP BY 1", [healthy]))
@@ -116,19 +132,24 @@ def test_randomized_failure_domains_hold_all_five_invariants(workers):
     ledger = dict(query("SELECT job_id, count(*) FROM taskapp_faultledger GROUP BY 1"))
     assert {job_id: ledger.get(job_id, 0) for job_id in healthy} == dict.fromkeys(healthy, 1)
     # 2. Every poison job FAILED with an error that names it.
-    for job_id, status, errors in query("SELECT id, status, errors::text FROM shardq_job WHERE id = ANY(%s)",
-                                        [list(poison)]):
+    for job_id, status, errors in query(
+        "SELECT id, status, errors::text FROM shardq_job WHERE id = ANY(%s)", [list(poison)]
+    ):
         assert status == "FAILED" and "UnreadableJob" in errors and poison[job_id] in errors, (job_id, errors)
-    for job_id, status, errors in query("SELECT id, status, errors::text FROM shardq_job WHERE id = ANY(%s)",
-                                        [list(bad_outcomes)]):
+    for job_id, status, errors in query(
+        "SELECT id, status, errors::text FROM shardq_job WHERE id = ANY(%s)", [list(bad_outcomes)]
+    ):
         assert status == "FAILED" and bad_outcomes[job_id] in errors, (job_id, errors[-500:])
     # 3. No worker exited except the ones the test stopped.
     for proc in procs:
         assert proc.poll() is None, f"worker {proc.pid} exited {proc.returncode}: {workers.log(proc)[-3000:]}"
     # 4. No job FAILED without having started (poison rows excepted, and jobs
     #    out of their worker-loss budget).
-    unstarted = query("SELECT id FROM shardq_job WHERE status = 'FAILED' AND attempts = 0 AND NOT id = ANY(%s) "
-                      "AND errors::text NOT LIKE '%%WorkerLost%%'", [list(poison)])
+    unstarted = query(
+        "SELECT id FROM shardq_job WHERE status = 'FAILED' AND attempts = 0 AND NOT id = ANY(%s) "
+        "AND errors::text NOT LIKE '%%WorkerLost%%'",
+        [list(poison)],
+    )
     assert unstarted == [], unstarted
     # 5. attempts == len(worker_ids) == starts in the execution log. A SIGKILL
     #    can land between a start write and the task's first line (its log
@@ -138,12 +159,23 @@ def test_randomized_failure_domains_hold_all_five_invariants(workers):
         "SELECT j.id, j.attempts, jsonb_array_length(j.worker_ids), count(e.id) FROM shardq_job j "
         "LEFT JOIN taskapp_execution e ON e.job_id = j.id WHERE j.id = ANY(%s) GROUP BY j.id "
         "HAVING j.attempts <> jsonb_array_length(j.worker_ids) "
-        "OR j.attempts - count(e.id) NOT BETWEEN 0 AND j.worker_losses", [healthy])
+        "OR j.attempts - count(e.id) NOT BETWEEN 0 AND j.worker_losses",
+        [healthy],
+    )
     assert mismatched == [], f"(id, attempts, len(worker_ids), starts): {mismatched[:20]}"
     losses = scalar("SELECT count(*) FROM shardq_job WHERE worker_losses > 0")
     reruns = scalar("SELECT count(*) FROM shardq_job WHERE id = ANY(%s) AND attempts > 1", [healthy])
-    figures("randomized", healthy=len(healthy), poison=len(poison), bad_outcomes=len(bad_outcomes),
-            refused_inputs=refused_inputs, spoofed_notifies=spoofs, sigkills=kills, group_sigterms=group_terms,
-            jobs_with_worker_losses=losses, healthy_run_twice=reruns,
-            invariant_1=f"{statuses.get('SUCCESSFUL', 0)}/{len(healthy)} once",
-            invariant_5_mismatches=len(mismatched))
+    figures(
+        "randomized",
+        healthy=len(healthy),
+        poison=len(poison),
+        bad_outcomes=len(bad_outcomes),
+        refused_inputs=refused_inputs,
+        spoofed_notifies=spoofs,
+        sigkills=kills,
+        group_sigterms=group_terms,
+        jobs_with_worker_losses=losses,
+        healthy_run_twice=reruns,
+        invariant_1=f"{statuses.get('SUCCESSFUL', 0)}/{len(healthy)} once",
+        invariant_5_mismatches=len(mismatched),
+    )

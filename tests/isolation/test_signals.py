@@ -28,13 +28,19 @@ def start_running(workers, processes: int, *, sleep: float, jobs: int = 4, grace
     """A worker (a supervisor when processes > 1) running ``jobs`` jobs of
     ``sleep`` seconds; returns (process, ids of the jobs RUNNING now)."""
     proc = workers.start("--processes", str(processes), "--concurrency", "2", "--grace", str(grace), env=env)
-    wait_until(lambda: scalar("SELECT count(*) FROM shardq_worker WHERE state <> 'STOPPED'") == processes,
-               timeout=60, message=f"{processes} worker process(es) to register")
+    wait_until(
+        lambda: scalar("SELECT count(*) FROM shardq_worker WHERE state <> 'STOPPED'") == processes,
+        timeout=60,
+        message=f"{processes} worker process(es) to register",
+    )
     if processes > 1:
         wait_until(lambda: len(workers.children(proc)) == processes, timeout=30, message="the children")
     shardq.enqueue_many(t.started, [((), {"n": i, "sleep": sleep}) for i in range(jobs)])
-    running = wait_until(lambda: running_ids() if len(running_ids()) >= min(jobs, 2) else None, timeout=60,
-                         message=lambda: f"jobs to start ({dict(query('SELECT status, count(*) FROM shardq_job GROUP BY 1'))})")
+    running = wait_until(
+        lambda: running_ids() if len(running_ids()) >= min(jobs, 2) else None,
+        timeout=60,
+        message=lambda: f"jobs to start ({dict(query('SELECT status, count(*) FROM shardq_job GROUP BY 1'))})",
+    )
     # Settled: no start write in flight (the log then names exactly the
     # started jobs). Short jobs (graceful tests) may already be finishing.
     last = [running]
@@ -43,6 +49,7 @@ def start_running(workers, processes: int, *, sleep: float, jobs: int = 4, grace
         now = running_ids()
         same, last[0] = now == last[0], now
         return same and now
+
     if sleep > 10:
         running = wait_until(settled, timeout=30, interval=0.5, message="the running jobs to settle")
     return proc, running
@@ -79,12 +86,16 @@ def assert_stopped_gracefully(workers, proc, running: set[int]) -> None:
     assert workers.orphans() == []
 
 
-@pytest.mark.parametrize("processes,signum", [
-    (2, signal.SIGTERM),   # systemd stop with KillMode=mixed, kill -TERM -- -PGID
-    (2, signal.SIGINT),    # Ctrl-C in a terminal
-    (2, signal.SIGHUP),    # the terminal closed
-    (1, signal.SIGHUP),
-], ids=["supervisor-SIGTERM", "supervisor-SIGINT", "supervisor-SIGHUP", "single-SIGHUP"])
+@pytest.mark.parametrize(
+    "processes,signum",
+    [
+        (2, signal.SIGTERM),  # systemd stop with KillMode=mixed, kill -TERM -- -PGID
+        (2, signal.SIGINT),  # Ctrl-C in a terminal
+        (2, signal.SIGHUP),  # the terminal closed
+        (1, signal.SIGHUP),
+    ],
+    ids=["supervisor-SIGTERM", "supervisor-SIGINT", "supervisor-SIGHUP", "single-SIGHUP"],
+)
 def test_a_group_stop_signal_finishes_running_jobs_releases_leases_and_exits_0(workers, processes, signum):
     proc, running = start_running(workers, processes, sleep=1.5)
     # Group signals reach the supervisor only (each child leads a group of
@@ -141,7 +152,8 @@ def test_sigquit_always_exits_now_naming_the_jobs_it_abandons(workers, processes
 
 @pytest.mark.parametrize("processes", [1, 2], ids=["single", "supervisor"])
 def test_when_the_grace_runs_out_the_log_names_the_jobs_that_end_worker_lost_and_the_exit_is_non_zero(
-        workers, processes):
+    workers, processes
+):
     """With Django's default LOGGING (nothing configured): the WARNING still
     reaches stderr."""
     proc, running = start_running(workers, processes, sleep=30, grace=1, env=DEFAULT_LOGGING)

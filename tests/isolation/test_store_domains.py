@@ -37,8 +37,9 @@ def started_jobs(transactional_db):
 
 
 def outcome(job, value_json="1"):
-    return Outcome(job.id, job.fence, job.status_rank + 1, "SUCCESSFUL", return_value_json=value_json,
-                   shard=job.shard, attempts=1)
+    return Outcome(
+        job.id, job.fence, job.status_rank + 1, "SUCCESSFUL", return_value_json=value_json, shard=job.shard, attempts=1
+    )
 
 
 def test_sqlstate_decides_the_error_class_not_the_exception_type():
@@ -79,10 +80,21 @@ def test_the_completer_fails_only_the_job_whose_outcome_postgresql_refused(start
     assert completer.stats["outcomes_refused"] == 1
 
 
-@pytest.mark.parametrize("payload,shard", [
-    ("0", 0), ("63", 63), ("64", None), ("²", None), ("-1", None), ("", None), (" 1", None),
-    ("\u0661", None), ("1e3", None), ("9" * 100, None),
-])
+@pytest.mark.parametrize(
+    "payload,shard",
+    [
+        ("0", 0),
+        ("63", 63),
+        ("64", None),
+        ("²", None),
+        ("-1", None),
+        ("", None),
+        (" 1", None),
+        ("\u0661", None),
+        ("1e3", None),
+        ("9" * 100, None),
+    ],
+)
 def test_notify_payloads_are_parsed_strictly(payload, shard):
     assert parse_shard(payload, 64) == shard
 

@@ -31,13 +31,19 @@ def check_invariants(poison_ids=frozenset()):
         "WHERE jsonb_typeof(j.worker_ids) = 'array' AND NOT j.id = ANY(%s) "
         "GROUP BY j.id HAVING j.attempts <> jsonb_array_length(j.worker_ids) "
         "OR (j.task_path LIKE '%%.started' AND j.attempts - count(e.id) NOT BETWEEN 0 AND j.worker_losses)",
-        [list(poison_ids)])
+        [list(poison_ids)],
+    )
     assert mismatched == [], f"(id, attempts, len(worker_ids), logged starts): {mismatched}"
     # 4: nothing FAILED without having started, unless it is poison or ran out
     # of worker losses.
-    unstarted = [row[0] for row in query(
-        "SELECT id FROM shardq_job WHERE status = 'FAILED' AND attempts = 0 "
-        "AND errors::text NOT LIKE '%%WorkerLost%%'") if row[0] not in poison_ids]
+    unstarted = [
+        row[0]
+        for row in query(
+            "SELECT id FROM shardq_job WHERE status = 'FAILED' AND attempts = 0 "
+            "AND errors::text NOT LIKE '%%WorkerLost%%'"
+        )
+        if row[0] not in poison_ids
+    ]
     assert unstarted == [], f"jobs FAILED without ever starting: {unstarted}"
 
 
@@ -53,12 +59,17 @@ def test_a_sigkill_costs_no_job_that_had_not_started_with_default_max_attempts(w
     a = workers.start("--concurrency", "1", "--processes", "1")
     worker_id_of(a.pid)
     results = shardq.enqueue_many(t.started, [((), {"n": i, "sleep": 0.02}) for i in range(300)])
-    wait_until(lambda: scalar("SELECT count(*) FROM taskapp_execution") >= 20, timeout=60,
-               message="worker A to start 20 jobs")
+    wait_until(
+        lambda: scalar("SELECT count(*) FROM taskapp_execution") >= 20, timeout=60, message="worker A to start 20 jobs"
+    )
     # Kill while some jobs are claimed but not started (the buffer holds a
     # few at a time: catch a moment it does).
-    claimed = wait_until(lambda: scalar("SELECT count(*) FROM shardq_job WHERE status = 'CLAIMED'"),
-                         timeout=30, interval=0.005, message="a claimed, unstarted job")
+    claimed = wait_until(
+        lambda: scalar("SELECT count(*) FROM shardq_job WHERE status = 'CLAIMED'"),
+        timeout=30,
+        interval=0.005,
+        message="a claimed, unstarted job",
+    )
     a.send_signal(signal.SIGKILL)
     a.wait(timeout=10)
     b = workers.start("--concurrency", "4", "--processes", "1")
@@ -67,7 +78,8 @@ def test_a_sigkill_costs_no_job_that_had_not_started_with_default_max_attempts(w
     # The killed worker had jobs claimed but not started; none was charged.
     assert claimed > 0
     assert scalar("SELECT count(*) FROM shardq_job WHERE attempts > 1") == scalar(
-        "SELECT count(*) FROM shardq_job WHERE worker_losses > 0")
+        "SELECT count(*) FROM shardq_job WHERE worker_losses > 0"
+    )
     assert scalar("SELECT max(worker_losses) FROM shardq_job") <= 1
     check_invariants()
     assert b.poll() is None
@@ -78,10 +90,16 @@ def test_django_shows_a_claimed_job_as_ready_until_it_starts(workers):
     """Claimed is not started: RUNNING and started_at mean the task began."""
     workers.start("--concurrency", "1", "--processes", "1")
     first, *rest = shardq.enqueue_many(t.started, [((), {"n": i, "sleep": 1.0}) for i in range(3)])
-    wait_until(lambda: scalar("SELECT count(*) FROM shardq_job WHERE status IN ('CLAIMED', 'RUNNING')") == 3,
-               timeout=30, message="all three jobs to be claimed")
-    running = wait_until(lambda: [r for r in (first, *rest) if (r.refresh(), r.status)[1] == "RUNNING"],
-                         timeout=30, message="one job to start")
+    wait_until(
+        lambda: scalar("SELECT count(*) FROM shardq_job WHERE status IN ('CLAIMED', 'RUNNING')") == 3,
+        timeout=30,
+        message="all three jobs to be claimed",
+    )
+    running = wait_until(
+        lambda: [r for r in (first, *rest) if (r.refresh(), r.status)[1] == "RUNNING"],
+        timeout=30,
+        message="one job to start",
+    )
     assert len(running) == 1 and running[0].started_at is not None
     waiting = [r for r in (first, *rest) if r not in running]
     for result in waiting:
@@ -106,13 +124,16 @@ def test_an_unstorable_return_value_fails_only_its_own_job(workers, kind):
     check_invariants()
 
 
-@pytest.mark.parametrize("kind,path", [
-    ("nul", "builtins.ValueError"),
-    ("surrogate", "builtins.ValueError"),
-    ("keyboard", "builtins.KeyboardInterrupt"),
-    ("cancelled", "asyncio.exceptions.CancelledError"),
-    ("exit", "builtins.SystemExit"),
-])
+@pytest.mark.parametrize(
+    "kind,path",
+    [
+        ("nul", "builtins.ValueError"),
+        ("surrogate", "builtins.ValueError"),
+        ("keyboard", "builtins.KeyboardInterrupt"),
+        ("cancelled", "asyncio.exceptions.CancelledError"),
+        ("exit", "builtins.SystemExit"),
+    ],
+)
 def test_an_exception_of_any_kind_fails_only_its_own_job(workers, kind, path):
     w = workers.start("--concurrency", "2", "--processes", "1")
     bad = t.raises.enqueue(kind)
@@ -157,20 +178,36 @@ def test_poison_rows_are_quarantined_and_every_other_job_runs(workers):
     odd_errors = t.with_context.enqueue()
     query("UPDATE shardq_job SET errors = '[{\"foo\": 1}]' WHERE id = %s", [int(odd_errors.id)])
     healthy = shardq.enqueue_many(t.started, [((), {"n": i}) for i in range(64)])
-    wait_until(lambda: all((r.refresh(), r.status)[1] == "SUCCESSFUL" for r in healthy), timeout=60,
-               message="the healthy jobs to run")
-    rows = wait_until(lambda: (rows := query(
-        "SELECT id, status, errors::text FROM shardq_job WHERE id = ANY(%s)", [list(poison)]))
-        and all(r[1] == "FAILED" for r in rows) and rows, timeout=30,
-        message=lambda: f"poison rows to be quarantined: {query('SELECT id, status FROM shardq_job WHERE id = ANY(%s)', [list(poison)])}")
+    wait_until(
+        lambda: all((r.refresh(), r.status)[1] == "SUCCESSFUL" for r in healthy),
+        timeout=60,
+        message="the healthy jobs to run",
+    )
+    rows = wait_until(
+        lambda: (
+            (rows := query("SELECT id, status, errors::text FROM shardq_job WHERE id = ANY(%s)", [list(poison)]))
+            and all(r[1] == "FAILED" for r in rows)
+            and rows
+        ),
+        timeout=30,
+        message=lambda: (
+            f"poison rows to be quarantined: {query('SELECT id, status FROM shardq_job WHERE id = ANY(%s)', [list(poison)])}"
+        ),
+    )
     for job_id, _status, errors in rows:
         column = POISON_ROWS[poison[job_id]][1]
         assert "UnreadableJob" in errors and column in errors, (poison[job_id], errors)
-    wait_until(lambda: scalar("SELECT status FROM shardq_job WHERE id = %s", [int(odd_errors.id)]) == "SUCCESSFUL",
-               timeout=30, message="the job with an unreadable error entry to run")
+    wait_until(
+        lambda: scalar("SELECT status FROM shardq_job WHERE id = %s", [int(odd_errors.id)]) == "SUCCESSFUL",
+        timeout=30,
+        message="the job with an unreadable error entry to run",
+    )
     assert w.poll() is None, "the worker must survive every poison row"
-    wait_until(lambda: worker_stats(worker_id_of(w.pid)).get("quarantined") == len(poison), timeout=10,
-               message="the quarantined counter")
+    wait_until(
+        lambda: worker_stats(worker_id_of(w.pid)).get("quarantined") == len(poison),
+        timeout=10,
+        message="the quarantined counter",
+    )
     check_invariants(poison_ids=set(poison))
 
 
@@ -184,8 +221,13 @@ def test_spoofed_notifies_neither_deafen_nor_flood_a_worker(workers):
     """Any database login can NOTIFY shardq's channels: a payload that is not
     a shard is counted and ignored, and a flood of lease NOTIFYs costs a
     bounded number of heartbeats."""
-    w = workers.start("--concurrency", "2", "--processes", "1",
-                      env={"SHARDQ_POLL_INTERVAL": "30", "SHARDQ_HEARTBEAT": "5", "SHARDQ_LEASE_TTL": "15"})
+    w = workers.start(
+        "--concurrency",
+        "2",
+        "--processes",
+        "1",
+        env={"SHARDQ_POLL_INTERVAL": "30", "SHARDQ_HEARTBEAT": "5", "SHARDQ_LEASE_TTL": "15"},
+    )
     me = worker_id_of(w.pid)
     wait_until(lambda: scalar("SELECT count(*) FROM shardq_shard WHERE owner::text = %s", [me]) == 64, timeout=30)
     for payload in ["²", "-1", "99999", "", "1e3", " 1", "\u0661", "x" * 1000]:
@@ -195,8 +237,11 @@ def test_spoofed_notifies_neither_deafen_nor_flood_a_worker(workers):
     # Pickup still comes from NOTIFY (the poll interval is 30 s).
     started_at = time.monotonic()
     result = t.plain.enqueue(n=7)
-    wait_until(lambda: (result.refresh(), result.status)[1] == "SUCCESSFUL", timeout=10,
-               message="a job to be picked up by NOTIFY after spoofed payloads")
+    wait_until(
+        lambda: (result.refresh(), result.status)[1] == "SUCCESSFUL",
+        timeout=10,
+        message="a job to be picked up by NOTIFY after spoofed payloads",
+    )
     assert time.monotonic() - started_at < 5
     time.sleep(2.0)  # fault pacing: let the lease flood be processed
     stats = worker_stats(me)

@@ -37,8 +37,7 @@ EXECUTION_SQL = (
 
 def log_execution(context) -> None:
     """Append (job, attempt, fence, worker) to the execution log, autocommit."""
-    row = (int(context.task_result.id), context.attempt, context.fence,
-           context.task_result.worker_ids[-1], os.getpid())
+    row = (int(context.task_result.id), context.attempt, context.fence, context.task_result.worker_ids[-1], os.getpid())
     for attempt in (1, 2):
         conn = getattr(_local, "log_conn", None)
         try:

@@ -46,6 +46,7 @@ def raises(kind: str) -> None:
     if kind == "keyboard":
         raise KeyboardInterrupt("pressed inside a task")
     if kind == "cancelled":
+
         async def cancelled():
             raise asyncio.CancelledError()
 

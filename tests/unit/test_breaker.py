@@ -8,8 +8,14 @@ from shardq.core.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 
 
 def make(**kw):
-    args = dict(failure_ratio=0.5, min_calls=4, window_seconds=10.0, buckets=10,
-                base_backoff_seconds=1.0, max_backoff_seconds=8.0)
+    args = dict(
+        failure_ratio=0.5,
+        min_calls=4,
+        window_seconds=10.0,
+        buckets=10,
+        base_backoff_seconds=1.0,
+        max_backoff_seconds=8.0,
+    )
     args.update(kw)
     return CircuitBreaker(**args)
 
@@ -100,8 +106,7 @@ def test_bad_settings_are_refused_with_a_clear_message():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.floats(min_value=0.0, max_value=3.0), st.booleans()),
-                max_size=60))
+@given(st.lists(st.tuples(st.floats(min_value=0.0, max_value=3.0), st.booleans()), max_size=60))
 def test_closed_breaker_opens_exactly_when_the_window_model_says_so(steps):
     b = make(min_calls=5, window_seconds=4.0, buckets=4)
     events = []

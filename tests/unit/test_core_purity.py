@@ -12,14 +12,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def core_modules():
-    return sorted(
-        f"shardq.core.{m.name}" for m in pkgutil.iter_modules(shardq.core.__path__)
-    )
+    return sorted(f"shardq.core.{m.name}" for m in pkgutil.iter_modules(shardq.core.__path__))
 
 
 def test_core_has_the_expected_modules():
-    expected = {"hashing", "heap", "skiplist", "lru", "fifoset", "rwlock", "breaker",
-                "localqueue"}
+    expected = {"hashing", "heap", "skiplist", "lru", "fifoset", "rwlock", "breaker", "localqueue"}
     assert {m.rsplit(".", 1)[1] for m in core_modules()} >= expected
 
 
@@ -36,8 +33,12 @@ BARE_PARENT = (
 
 def run_child(script):
     return subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-        timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
     )
 
 
@@ -93,6 +94,13 @@ def test_core_modules_start_no_threads_and_read_no_clock_at_import():
 def test_core_source_does_not_mention_forbidden_imports():
     for path in Path(shardq.core.__path__[0]).glob("*.py"):
         text = path.read_text()
-        for word in ("import django", "from django", "import psycopg", "from psycopg",
-                     "time.time(", "time.monotonic(", "Thread("):
+        for word in (
+            "import django",
+            "from django",
+            "import psycopg",
+            "from psycopg",
+            "time.time(",
+            "time.monotonic(",
+            "Thread(",
+        ):
             assert word not in text, f"{path.name} contains {word!r}"

@@ -65,8 +65,7 @@ def test_keys_sharing_a_hashtag_land_on_one_shard():
 
 
 def test_lane_count_is_the_next_power_of_two_capped_at_64():
-    expected = {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 8: 8, 9: 16, 16: 16, 17: 32, 32: 32,
-                33: 64, 64: 64, 65: 64, 1000: 64}
+    expected = {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 8: 8, 9: 16, 16: 16, 17: 32, 32: 32, 33: 64, 64: 64, 65: 64, 1000: 64}
     assert {n: lane_count(n) for n in expected} == expected
 
 

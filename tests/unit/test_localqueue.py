@@ -54,8 +54,7 @@ class Model:
             self._ready(self.jobs[i])
         if not self.lane:
             return None
-        best = min(self.lane, key=lambda i: (-self.jobs[i].priority, self.jobs[i].run_after,
-                                             self.lane[i]))
+        best = min(self.lane, key=lambda i: (-self.jobs[i].priority, self.jobs[i].run_after, self.lane[i]))
         del self.lane[best]
         job = self.jobs.pop(best)
         self.processing[best] = job
@@ -128,8 +127,13 @@ class LocalQueueMachine(RuleBasedStateMachine):
     )
     def push(self, queue, priority, delay, key, ordered, free_shard):
         job = QueuedJob(
-            id=self.next_id, queue_name=queue, priority=priority, run_after=self.now + delay,
-            shard=KEY_SHARD[key] if key else free_shard, key=key, ordered=ordered,
+            id=self.next_id,
+            queue_name=queue,
+            priority=priority,
+            run_after=self.now + delay,
+            shard=KEY_SHARD[key] if key else free_shard,
+            key=key,
+            ordered=ordered,
         )
         if len(self.model.jobs) + len(self.model.processing) >= self.model.capacity:
             with pytest.raises(QueueFull):
@@ -196,9 +200,7 @@ class LocalQueueMachine(RuleBasedStateMachine):
 
 
 TestLocalQueueAgainstModel = LocalQueueMachine.TestCase
-TestLocalQueueAgainstModel.settings = settings(
-    max_examples=120, stateful_step_count=80, deadline=None
-)
+TestLocalQueueAgainstModel.settings = settings(max_examples=120, stateful_step_count=80, deadline=None)
 
 
 def job(job_id, queue="default", priority=0, run_after=0.0, shard=0, key=None, ordered=False):
@@ -287,9 +289,7 @@ def test_threads_lose_nothing_duplicate_nothing_and_keep_per_key_fifo():
     q = LocalQueue(4, 64)
     total = 3000
     jobs = [
-        job(i, QUEUES[i % 4], priority=i % 3, key=f"k{i % 10}", ordered=i % 2 == 0,
-            shard=i % 10)
-        for i in range(total)
+        job(i, QUEUES[i % 4], priority=i % 3, key=f"k{i % 10}", ordered=i % 2 == 0, shard=i % 10) for i in range(total)
     ]
     started = []  # (key, id) of ordered jobs, in start order
     guard = threading.Lock()
@@ -334,9 +334,7 @@ def test_threads_lose_nothing_duplicate_nothing_and_keep_per_key_fifo():
             q.done(got.id)
         errors.append("executor deadline")
 
-    threads = [threading.Thread(target=fetcher)] + [
-        threading.Thread(target=executor) for _ in range(4)
-    ]
+    threads = [threading.Thread(target=fetcher)] + [threading.Thread(target=executor) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:

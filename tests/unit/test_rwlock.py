@@ -166,14 +166,15 @@ def test_writers_queue_in_arrival_order():
 
 def test_context_managers_raise_timeout_error_on_timeout():
     lock = RWLock()
-    with lock.write_locked():
-        with pytest.raises(TimeoutError, match="read lock"):
-            with lock.read_locked(timeout=0.01):
-                pass
-    with lock.read_locked(), lock.read_locked():
-        with pytest.raises(TimeoutError, match="write lock"):
-            with lock.write_locked(timeout=0):
-                pass
+    with lock.write_locked(), pytest.raises(TimeoutError, match="read lock"), lock.read_locked(timeout=0.01):
+        pass
+    with (
+        lock.read_locked(),
+        lock.read_locked(),
+        pytest.raises(TimeoutError, match="write lock"),
+        lock.write_locked(timeout=0),
+    ):
+        pass
     assert lock.readers == 0
 
 

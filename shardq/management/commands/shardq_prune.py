@@ -20,10 +20,10 @@ from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
-from ..progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ...db.queries import QUERIES
 from ..flags import printable, whole_number
+from ..progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -48,22 +48,31 @@ def parse_duration(value: str) -> timedelta:
     total = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]  # a huge number of digits: inf
     if not total <= MAX_OLDER_THAN_SECONDS:
         raise CommandError(
-            f"--older-than must be from 0 to {MAX_OLDER_THAN_SECONDS // 86400}d (a century), "
-            f"not {printable(value)!r}."
+            f"--older-than must be from 0 to {MAX_OLDER_THAN_SECONDS // 86400}d (a century), not {printable(value)!r}."
         )
     return timedelta(seconds=total)
 
 
 class Command(BaseCommand):
-    help = ("Delete finished jobs older than --older-than (SUCCESSFUL; dead-lettered too with --failed), "
-            "expired unique keys, long-gone workers and old shard history.")
+    help = (
+        "Delete finished jobs older than --older-than (SUCCESSFUL; dead-lettered too with --failed), "
+        "expired unique keys, long-gone workers and old shard history."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("--older-than", default="7d",
-                            help="Age of what is deleted, by finish time: e.g. 7d (default), 12h, 30m, 90s.")
-        parser.add_argument("--failed", action="store_true",
-                            help="Also delete dead-lettered (FAILED) jobs; by default they are kept for inspection.")
-        parser.add_argument("--batch", default="5000", help=f"Rows looked at per transaction, 1 to {MAX_BATCH} (default 5000).")
+        parser.add_argument(
+            "--older-than",
+            default="7d",
+            help="Age of what is deleted, by finish time: e.g. 7d (default), 12h, 30m, 90s.",
+        )
+        parser.add_argument(
+            "--failed",
+            action="store_true",
+            help="Also delete dead-lettered (FAILED) jobs; by default they are kept for inspection.",
+        )
+        parser.add_argument(
+            "--batch", default="5000", help=f"Rows looked at per transaction, 1 to {MAX_BATCH} (default 5000)."
+        )
         parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
         parser.add_argument("--no-progress", action="store_true", help="No progress bar (logs, cron).")
 
@@ -110,14 +119,21 @@ class Command(BaseCommand):
         enqueued later finished later too); one autocommit statement a batch."""
         if not prunable or first_id is None or last_id is None:
             return 0
-        progress = Progress(TextColumn("pruning jobs"), BarColumn(), MofNCompleteColumn(),
-                            TimeRemainingColumn(), transient=True, disable=quiet)
+        progress = Progress(
+            TextColumn("pruning jobs"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            transient=True,
+            disable=quiet,
+        )
         bar = progress.add_task("prune", total=prunable)
         deleted, after = 0, first_id - 1
         with progress, connection.cursor() as cursor:
             while after < last_id:
-                cursor.execute(QUERIES["prune_jobs"], {"after": after, "batch": batch,
-                                                       "statuses": statuses, "cutoff": cutoff})
+                cursor.execute(
+                    QUERIES["prune_jobs"], {"after": after, "batch": batch, "statuses": statuses, "cutoff": cutoff}
+                )
                 last_seen, seen, gone = cursor.fetchone()
                 if not seen:
                     break

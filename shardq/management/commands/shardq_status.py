@@ -48,9 +48,16 @@ class Command(BaseCommand):
                 "FROM shardq_worker w WHERE w.state <> 'STOPPED' ORDER BY w.started_at"
             )
             workers = [
-                {"id": wid, "name": name, "host": host, "pid": pid, "state": state,
-                 "heartbeat_age_seconds": _number(round(age, 1) if age is not None else None),
-                 "shards": shards, "stats": json.loads(stats) if stats is not None else None}
+                {
+                    "id": wid,
+                    "name": name,
+                    "host": host,
+                    "pid": pid,
+                    "state": state,
+                    "heartbeat_age_seconds": _number(round(age, 1) if age is not None else None),
+                    "shards": shards,
+                    "stats": json.loads(stats) if stats is not None else None,
+                }
                 for wid, name, host, pid, state, age, stats, shards in cursor.fetchall()
             ]
             cursor.execute("SELECT status, count(*) FROM shardq_job GROUP BY 1 ORDER BY 1")
@@ -66,8 +73,13 @@ class Command(BaseCommand):
             unowned = cursor.fetchone()[0]
         if options["json"]:
             # json.dumps escapes control characters (and, by default, all non-ASCII).
-            self.stdout.write(json.dumps({"workers": workers, "jobs": jobs, "oldest_ready_seconds": _number(lag),
-                                          "unowned_shards": unowned}, indent=2, allow_nan=False))
+            self.stdout.write(
+                json.dumps(
+                    {"workers": workers, "jobs": jobs, "oldest_ready_seconds": _number(lag), "unowned_shards": unowned},
+                    indent=2,
+                    allow_nan=False,
+                )
+            )
             return
         self.stdout.write(f"{'worker':38} {'host:pid':24} {'state':9} {'shards':>6} {'heartbeat':>9}  counters")
         for w in workers:
