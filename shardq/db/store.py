@@ -361,8 +361,11 @@ class WorkerStore:
     # -- leases ---------------------------------------------------------------
 
     def register_worker(self, worker: str, host: str, pid: int, queues: list[str], name: str | None = None) -> None:
-        self.run("register_worker", {"worker": worker, "host": host, "pid": pid, "queues": dumps(queues),
-                                     "name": name or ""}, fetch="none")
+        self.run(
+            "register_worker",
+            {"worker": worker, "host": host, "pid": pid, "queues": dumps(queues), "name": name or ""},
+            fetch="none",
+        )
 
     def heartbeat(self, worker: str, stats: Mapping[str, object], ttl: float) -> list[str]:
         rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl})

@@ -47,8 +47,11 @@ def test_exclude_queues_runs_every_other_queue_only(workers):
     emails = shardq.enqueue_many(tasks.add.using(queue_name="emails"), [((i, 2), {}) for i in range(20)])
     defaults = shardq.enqueue_many(tasks.noop, [((), {}) for _ in range(20)])
     proc = workers.start("--exclude-queues", "reports", "--concurrency", "4")
-    wait_until(lambda: status_counts().get("SUCCESSFUL", 0) >= 40, timeout=60,
-               message=f"the emails and default jobs to run (now {status_counts()})")
+    wait_until(
+        lambda: status_counts().get("SUCCESSFUL", 0) >= 40,
+        timeout=60,
+        message=f"the emails and default jobs to run (now {status_counts()})",
+    )
     # A poll or two more: the excluded queue's jobs are due and their shards held.
     worker = worker_id_of(proc.pid)
     wait_until(lambda: worker_stats(worker).get("heartbeats", 0) >= 3, timeout=30, message="three heartbeats")
@@ -64,20 +67,27 @@ def test_a_worker_claims_only_the_jobs_of_its_backend_alias(workers):
     shardq.enqueue_many(tasks.noop, [((), {}) for _ in range(10)])
     others = shardq.enqueue_many(tasks.noop, [((), {}) for _ in range(10)])
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE shardq_job SET backend = 'elsewhere' WHERE id = ANY(%s)",
-                       [[int(r.id) for r in others]])
+        cursor.execute("UPDATE shardq_job SET backend = 'elsewhere' WHERE id = ANY(%s)", [[int(r.id) for r in others]])
     proc = workers.start()
-    wait_until(lambda: status_counts().get("SUCCESSFUL", 0) >= 10, timeout=60,
-               message=f"this alias's jobs to run (now {status_counts()})")
+    wait_until(
+        lambda: status_counts().get("SUCCESSFUL", 0) >= 10,
+        timeout=60,
+        message=f"this alias's jobs to run (now {status_counts()})",
+    )
     worker = worker_id_of(proc.pid)
     wait_until(lambda: worker_stats(worker).get("heartbeats", 0) >= 3, timeout=30, message="three heartbeats")
     assert dict(query("SELECT backend || ':' || status, count(*) FROM shardq_job GROUP BY 1")) == {
-        "default:SUCCESSFUL": 10, "elsewhere:READY": 10}
+        "default:SUCCESSFUL": 10,
+        "elsewhere:READY": 10,
+    }
 
 
 def test_worker_id_is_stored_with_the_incarnation_and_shown_in_its_logs(workers):
     proc = workers.start("--backend", "default", "--worker-id", "billing-1")
     worker = worker_id_of(proc.pid)
     assert scalar("SELECT name FROM shardq_worker WHERE id = %s", [worker]) == "billing-1"
-    wait_until(lambda: f"worker billing-1 ({worker}) started" in workers.log(proc), timeout=30,
-               message="the start line naming the worker")
+    wait_until(
+        lambda: f"worker billing-1 ({worker}) started" in workers.log(proc),
+        timeout=30,
+        message="the start line naming the worker",
+    )

@@ -34,7 +34,8 @@ def test_status_shows_a_workers_readable_name_next_to_its_uuid():
         cursor.execute(
             "INSERT INTO shardq_worker (id, host, pid, queues, started_at, heartbeat_at, state, stats, name) "
             "VALUES ('00000000-0000-0000-0000-0000000000aa', 'h', 1, '[]', now(), now(), 'RUNNING', '{}', "
-            "'billing-1')")
+            "'billing-1')"
+        )
     out = StringIO()
     call_command("shardq_status", stdout=out)
     assert "00000000-0000-0000-0000-0000000000aa (billing-1)" in out.getvalue()
