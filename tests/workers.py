@@ -77,6 +77,7 @@ class WorkerPool:
         # (left open, it is a ResourceWarning, an error under filterwarnings).
         log.close()
         proc.log_path = log.name
+        proc.log_file = log  # closed by stop_all (the child holds its own copy)
         self.procs.append(proc)
         # Returned once it handles SIGTERM (its stop rule is installed), as a
         # service manager would see it started: a test that signals it at
@@ -101,6 +102,7 @@ class WorkerPool:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+            proc.log_file.close()
         for pid in self.orphans():
             kill_tree(pid)
 
