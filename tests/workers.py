@@ -60,7 +60,7 @@ class WorkerPool:
         return env
 
     def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
-        log = open(self.tmp_path / f"worker-{len(self.procs)}.log", "w")  # noqa: SIM115 (closed once the child has it)
+        log = open(self.tmp_path / f"worker-{len(self.procs)}.log", "w")  # noqa: SIM115 (closed by stop_all)
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "shardq_worker", *args],
             cwd=ROOT,
@@ -73,9 +73,6 @@ class WorkerPool:
             # stop_all kills those too.)
             start_new_session=True,
         )
-        # The child has its own copy of the descriptor: ours is not needed
-        # (left open, it is a ResourceWarning, an error under filterwarnings).
-        log.close()
         proc.log_path = log.name
         proc.log_file = log  # closed by stop_all (the child holds its own copy)
         self.procs.append(proc)
