@@ -247,9 +247,7 @@ class ShardqBackend(BaseTaskBackend):
                 if attempt:
                     raise
                 with connections[self.database_alias].cursor() as cursor:
-                    cursor.execute(
-                        QUERIES["release_unique_key"], {"unique_key": unique_key, "job_id": job_id}
-                    )
+                    cursor.execute(QUERIES["release_unique_key"], {"unique_key": unique_key, "job_id": job_id})
         if self._unique is not None:
             deadline = sent + remaining - UNIQUE_CACHE_MARGIN_SECONDS
             if deadline > time.monotonic():
@@ -346,11 +344,15 @@ class ShardqBackend(BaseTaskBackend):
             ids.sort()
             run_after = params["run_after"]
             # COPY text: the columns every row shares, escaped and formatted once.
-            head = "\t".join((
-                _copy_text(params["task_path"]), _copy_text(params["backend"]),
-                _copy_text(params["queue_name"]), str(params["priority"]),
-                (enqueued_at if run_after is None else run_after).isoformat(),
-            ))
+            head = "\t".join(
+                (
+                    _copy_text(params["task_path"]),
+                    _copy_text(params["backend"]),
+                    _copy_text(params["queue_name"]),
+                    str(params["priority"]),
+                    (enqueued_at if run_after is None else run_after).isoformat(),
+                )
+            )
             middle = f"{'t' if params['ordered'] else 'f'}\tREADY\t0\t0\t0\t{params['max_attempts']}"
             tail = f"[]\t[]\t{enqueued_at.isoformat()}\n"
             new_result = self._new_result
@@ -484,9 +486,25 @@ class ShardqBackend(BaseTaskBackend):
         may hold what shardq never writes; they are shown, never a 500: an
         unknown status reads as FAILED with an UnreadableJob error, a value of
         the wrong JSON shape as empty, an impossible time as None (see get_job)."""
-        (job_id, task_path, _backend, queue_name, priority, run_after, status, args, kwargs,
-         return_value, errors, worker_ids, enqueued_at, started_at, finished_at,
-         last_attempted_at, *_rest) = row
+        (
+            job_id,
+            task_path,
+            _backend,
+            queue_name,
+            priority,
+            run_after,
+            status,
+            args,
+            kwargs,
+            return_value,
+            errors,
+            worker_ids,
+            enqueued_at,
+            started_at,
+            finished_at,
+            last_attempted_at,
+            *_rest,
+        ) = row
         task = resolve(task_path, self.config.task_modules)
         # run_after defaults to the enqueue time in the table; a Task shows it
         # only when the job was deferred.
@@ -501,11 +519,13 @@ class ShardqBackend(BaseTaskBackend):
         if status == "CLAIMED":  # in a worker's buffer, not started: READY to Django
             status = TaskResultStatus.READY
         elif status not in _STATUSES:
-            task_errors.append(TaskError(
-                exception_class_path="shardq.exceptions.UnreadableJob",
-                traceback=f"shardq.exceptions.UnreadableJob: job {job_id} has the status "
-                          f"{status!r}, which is not a shardq status.\n",
-            ))
+            task_errors.append(
+                TaskError(
+                    exception_class_path="shardq.exceptions.UnreadableJob",
+                    traceback=f"shardq.exceptions.UnreadableJob: job {job_id} has the status "
+                    f"{status!r}, which is not a shardq status.\n",
+                )
+            )
             status = TaskResultStatus.FAILED
         result = TaskResult(
             task=task,
@@ -541,13 +561,15 @@ def _json_dict(value) -> dict:
 def _task_error(entry) -> TaskError:
     """One stored error as a TaskError; an entry of another shape is shown as
     an UnreadableJob error holding its JSON."""
-    if (isinstance(entry, dict) and isinstance(entry.get("exception_class_path"), str)
-            and isinstance(entry.get("traceback"), str)):
+    if (
+        isinstance(entry, dict)
+        and isinstance(entry.get("exception_class_path"), str)
+        and isinstance(entry.get("traceback"), str)
+    ):
         return TaskError(exception_class_path=entry["exception_class_path"], traceback=entry["traceback"])
     return TaskError(
         exception_class_path="shardq.exceptions.UnreadableJob",
-        traceback=f"shardq.exceptions.UnreadableJob: an error entry of an unknown shape: "
-                  f"{json.dumps(entry)[:1000]}\n",
+        traceback=f"shardq.exceptions.UnreadableJob: an error entry of an unknown shape: {json.dumps(entry)[:1000]}\n",
     )
 
 
@@ -557,9 +579,7 @@ def validate_stored_names(task) -> None:
     ``.using(queue_name=...)``), so enqueue never meets a DataError."""
     queue_name = task.queue_name
     if not isinstance(queue_name, str) or not queue_name:
-        raise InvalidTask(
-            f"{task.module_path}: queue_name must be a non-empty str, not {queue_name!r}."
-        )
+        raise InvalidTask(f"{task.module_path}: queue_name must be a non-empty str, not {queue_name!r}.")
     check_text(queue_name, f"{task.module_path}: queue_name")
     if len(queue_name) > MAX_QUEUE_NAME_LENGTH:
         raise InvalidTask(
@@ -598,8 +618,19 @@ def _register_tzloader(tz, context):
 # _new_result fills a TaskResult's fields itself only while they are the ones
 # it knows (a Django upgrade that changes them falls back to the constructor).
 _FAST_RESULTS = tuple(f.name for f in dataclass_fields(TaskResult)) == (
-    "task", "id", "status", "enqueued_at", "started_at", "finished_at", "last_attempted_at",
-    "args", "kwargs", "backend", "errors", "worker_ids", "_return_value",
+    "task",
+    "id",
+    "status",
+    "enqueued_at",
+    "started_at",
+    "finished_at",
+    "last_attempted_at",
+    "args",
+    "kwargs",
+    "backend",
+    "errors",
+    "worker_ids",
+    "_return_value",
 )
 _RESULT_FIELDS = tuple(f.name for f in dataclass_fields(TaskResult))
 _new_object = object.__new__
@@ -614,8 +645,7 @@ _COPY_NULL = "\\N"
 def _copy_text(value: str) -> str:
     """``value`` as one field of COPY's text format."""
     if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
-        value = (value.replace("\\", "\\\\").replace("\t", "\\t")
-                 .replace("\n", "\\n").replace("\r", "\\r"))
+        value = value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
     return value
 
 
@@ -679,6 +709,7 @@ def dump_arguments(task, args, kwargs) -> str:
     """The positional arguments as JSON text (raises InvalidTask naming the bad one)."""
     if not args:
         return "[]"
+
     def named():
         return [(f"positional argument {position}", value) for position, value in enumerate(args)]
 
@@ -695,6 +726,7 @@ def dump_keyword_arguments(task, kwargs) -> str:
     """The keyword arguments as JSON text (raises InvalidTask naming the bad one)."""
     if not kwargs:
         return "{}"
+
     def named():
         return [(f"keyword argument {name!r}", value) for name, value in kwargs.items()]
 

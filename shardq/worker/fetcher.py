@@ -36,10 +36,22 @@ LOOKAHEAD_SECONDS = 0.5
 
 
 class Fetcher:
-    def __init__(self, store: WorkerStore, leaser: Leaser, buffer: Buffer, completer: Completer, stats: Stats, *,
-                 worker_id: str, queues: list[str] | None, poll_interval_seconds: float,
-                 demand: Callable[[], tuple[int, int]], start_now: Callable[[], int] | None = None,
-                 exclude_queues: list[str] | None = None, backend: str | None = None) -> None:
+    def __init__(
+        self,
+        store: WorkerStore,
+        leaser: Leaser,
+        buffer: Buffer,
+        completer: Completer,
+        stats: Stats,
+        *,
+        worker_id: str,
+        queues: list[str] | None,
+        poll_interval_seconds: float,
+        demand: Callable[[], tuple[int, int]],
+        start_now: Callable[[], int] | None = None,
+        exclude_queues: list[str] | None = None,
+        backend: str | None = None,
+    ) -> None:
         self.store = store
         self.leaser = leaser
         self.buffer = buffer
@@ -132,10 +144,18 @@ class Fetcher:
             # fill the batch, so a backlog in a few shards drains at full speed.
             per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
             try:
-                rows = self.store.claim_jobs(self.worker_id, order, self.queues, per_shard, free,
-                                             lookahead=LOOKAHEAD_SECONDS, row_factory=ClaimedJob,
-                                             start=self.start_now(), exclude_queues=self.exclude_queues,
-                                             backend=self.backend)
+                rows = self.store.claim_jobs(
+                    self.worker_id,
+                    order,
+                    self.queues,
+                    per_shard,
+                    free,
+                    lookahead=LOOKAHEAD_SECONDS,
+                    row_factory=ClaimedJob,
+                    start=self.start_now(),
+                    exclude_queues=self.exclude_queues,
+                    backend=self.backend,
+                )
             except DatabaseUnavailable as exc:
                 # The claim may have committed with its answer lost: its jobs
                 # would sit CLAIMED under our current fence with nobody running
@@ -201,8 +221,11 @@ class Fetcher:
         # Only a claim that follows the remembered attempt (no start since):
         # an operator's retry (attempts reset to 0) of a job cancelled mid-run
         # asks for a new run.
-        remembered = {job.id: remembered[job.id] for job in jobs
-                      if job.id in remembered and job.attempts - job.started == remembered[job.id].attempts}
+        remembered = {
+            job.id: remembered[job.id]
+            for job in jobs
+            if job.id in remembered and job.attempts - job.started == remembered[job.id].attempts
+        }
         if remembered:
             # Finished here under an earlier claim whose write was rejected
             # (the lease lapsed, the job was rescued and is claimed again):
@@ -211,13 +234,23 @@ class Fetcher:
             # have been READY to claim.
             for job in jobs:
                 if job.id in remembered:
-                    self.completer.put(Outcome(
-                        job.id, job.fence, job.status_rank + 1, "SUCCESSFUL",
-                        return_value_json=remembered[job.id].return_value_json,
-                        shard=job.shard, attempts=job.attempts))
+                    self.completer.put(
+                        Outcome(
+                            job.id,
+                            job.fence,
+                            job.status_rank + 1,
+                            "SUCCESSFUL",
+                            return_value_json=remembered[job.id].return_value_json,
+                            shard=job.shard,
+                            attempts=job.attempts,
+                        )
+                    )
             self.stats.add("recalled", len(remembered))
-            logger.info("%s reclaimed jobs had already run here; writing their results "
-                        "under the new claim instead of running them again", len(remembered))
+            logger.info(
+                "%s reclaimed jobs had already run here; writing their results "
+                "under the new claim instead of running them again",
+                len(remembered),
+            )
             jobs = [job for job in jobs if job.id not in remembered]
         refused += self.buffer.push_many(jobs)
         if refused:
@@ -228,8 +261,11 @@ class Fetcher:
         are nowhere in its memory (a claim whose answer never arrived)."""
         rows = self.store.my_claimed_jobs(self.worker_id, shards)
         self.claim_uncertain = False
-        lost = [LostClaim(row["id"], row["fence"], row["status_rank"], row["shard"], row["started"])
-                for row in rows if not self.holds(row["id"])]
+        lost = [
+            LostClaim(row["id"], row["fence"], row["status_rank"], row["shard"], row["started"])
+            for row in rows
+            if not self.holds(row["id"])
+        ]
         if lost:
             logger.warning("%s jobs were claimed by a claim whose answer was lost; handing them back", len(lost))
             self.completer.return_jobs(lost)
@@ -300,8 +336,15 @@ class Listener:
     FETCH_WAKE_SECONDS = 0.002
     LEASE_WAKE_SECONDS = 0.25
 
-    def __init__(self, channel: str, leaser: Leaser, fetcher: Fetcher, stats: Stats, alias: str = "default",
-                 shard_count: int = 64) -> None:
+    def __init__(
+        self,
+        channel: str,
+        leaser: Leaser,
+        fetcher: Fetcher,
+        stats: Stats,
+        alias: str = "default",
+        shard_count: int = 64,
+    ) -> None:
         self.channel = channel
         self.leaser = leaser
         self.fetcher = fetcher

@@ -39,10 +39,19 @@ LOOKAHEAD_SECONDS = 0.05
 
 
 class Worker:
-    def __init__(self, *, queues: list[str] | None = None, concurrency: int = 4, grace: float = 30.0,
-                 prefetch: int | None = None, database: str = "default",
-                 exclude_queues: list[str] | None = None, backend: str | None = None,
-                 max_tasks: int | None = None, name: str | None = None):
+    def __init__(
+        self,
+        *,
+        queues: list[str] | None = None,
+        concurrency: int = 4,
+        grace: float = 30.0,
+        prefetch: int | None = None,
+        database: str = "default",
+        exclude_queues: list[str] | None = None,
+        backend: str | None = None,
+        max_tasks: int | None = None,
+        name: str | None = None,
+    ):
         self.config = get_config()
         self.id = str(uuid.uuid4())
         self.name = name  # --worker-id: shown next to the id in logs and shardq_status
@@ -64,18 +73,29 @@ class Worker:
         # One circuit breaker for the process: when PostgreSQL is down every
         # service sees "database unavailable" and one probe goes out per backoff.
         self.database_guard = DatabaseGuard()
-        self.store = {name: WorkerStore(database, f"shardq-{name}", self.database_guard,
-                                        # A claim lost in a server crash leaves its
-                                        # jobs READY (run again: at-least-once); an
-                                        # ack, committed synchronously after it in
-                                        # the WAL, makes the claim durable too.
-                                        synchronous_commit=name not in ("fetcher", "starter"))
-                      for name in ("leaser", "fetcher", "completer", "starter")}
-        self.completer = Completer(self.store["completer"], self.stats,
-                                   batch=self.config.completion_batch,
-                                   flush_seconds=self.config.completion_flush_seconds)
+        self.store = {
+            name: WorkerStore(
+                database,
+                f"shardq-{name}",
+                self.database_guard,
+                # A claim lost in a server crash leaves its
+                # jobs READY (run again: at-least-once); an
+                # ack, committed synchronously after it in
+                # the WAL, makes the claim durable too.
+                synchronous_commit=name not in ("fetcher", "starter"),
+            )
+            for name in ("leaser", "fetcher", "completer", "starter")
+        }
+        self.completer = Completer(
+            self.store["completer"],
+            self.stats,
+            batch=self.config.completion_batch,
+            flush_seconds=self.config.completion_flush_seconds,
+        )
         self.leaser = Leaser(
-            self.store["leaser"], self.id, self.stats,
+            self.store["leaser"],
+            self.id,
+            self.stats,
             shard_count=self.config.shard_count,
             lease_ttl_seconds=self.config.lease_ttl_seconds,
             heartbeat_seconds=self.config.heartbeat_seconds,
@@ -85,19 +105,46 @@ class Worker:
             expected_workers=int(os.environ.get("SHARDQ_EXPECTED_WORKERS", "1")),
             max_worker_losses=self.config.max_worker_losses,
         )
-        self.fetcher = Fetcher(self.store["fetcher"], self.leaser, self.buffer, self.completer, self.stats,
-                               worker_id=self.id, queues=queues, exclude_queues=exclude_queues, backend=backend,
-                               poll_interval_seconds=self.config.poll_interval_seconds,
-                               demand=self.demand, start_now=self.start_now)
+        self.fetcher = Fetcher(
+            self.store["fetcher"],
+            self.leaser,
+            self.buffer,
+            self.completer,
+            self.stats,
+            worker_id=self.id,
+            queues=queues,
+            exclude_queues=exclude_queues,
+            backend=backend,
+            poll_interval_seconds=self.config.poll_interval_seconds,
+            demand=self.demand,
+            start_now=self.start_now,
+        )
         self.fetcher.holds = lambda job_id: self.buffer.holds(job_id) or self.completer.holds(job_id)
-        self.listener = (Listener(self.config.channel, self.leaser, self.fetcher, self.stats, database,
-                                  shard_count=self.config.shard_count)
-                         if self.config.notify else None)
+        self.listener = (
+            Listener(
+                self.config.channel,
+                self.leaser,
+                self.fetcher,
+                self.stats,
+                database,
+                shard_count=self.config.shard_count,
+            )
+            if self.config.notify
+            else None
+        )
         self.scheduler: Scheduler | None = None  # built in run(), once the task modules are imported
-        self.executor = Executor(self.buffer, self.completer, self.leaser, self.fetcher, self.stats,
-                                 worker_id=self.id, concurrency=concurrency,
-                                 backend_class=ShardqBackend, start_store=self.store["starter"],
-                                 task_modules=self.config.task_modules)
+        self.executor = Executor(
+            self.buffer,
+            self.completer,
+            self.leaser,
+            self.fetcher,
+            self.stats,
+            worker_id=self.id,
+            concurrency=concurrency,
+            backend_class=ShardqBackend,
+            start_store=self.store["starter"],
+            task_modules=self.config.task_modules,
+        )
 
     # -- callbacks ---------------------------------------------------------------
 
@@ -158,21 +205,22 @@ class Worker:
         shutdown_signals.install().bind(self._on_stop_signal, self._exit_now)
 
     def _on_stop_signal(self, signum: int) -> None:
-        logger.info("%s: finishing running jobs (grace %.0fs), then releasing leases",
-                    signal_name(signum), self.grace)
+        logger.info("%s: finishing running jobs (grace %.0fs), then releasing leases", signal_name(signum), self.grace)
         self._stop.set()
 
     def abandoned_jobs(self) -> tuple[list[int], list[int]]:
         """Jobs not finished here: (started: RUNNING in the table under this
         worker's claim; being started: a start write may be in flight)."""
         jobs = self.buffer.processing_jobs()
-        return (sorted(job.id for job in jobs if job.is_started),
-                sorted(job.id for job in jobs if not job.is_started))
+        return (sorted(job.id for job in jobs if job.is_started), sorted(job.id for job in jobs if not job.is_started))
 
     def _exit_now(self, signum: int) -> None:
-        logger.warning("%s: exiting now without waiting for running jobs; %s; leases expire after %gs "
-                       "and are taken over", signal_name(signum), self._abandoned(*self.abandoned_jobs()),
-                       self.config.lease_ttl_seconds)
+        logger.warning(
+            "%s: exiting now without waiting for running jobs; %s; leases expire after %gs and are taken over",
+            signal_name(signum),
+            self._abandoned(*self.abandoned_jobs()),
+            self.config.lease_ttl_seconds,
+        )
         for handler in filter(None, [*logging.getLogger().handlers, logging.lastResort]):
             try:
                 handler.flush()
@@ -184,12 +232,16 @@ class Worker:
         """What exiting now costs, by job id (an operator greps for them)."""
         text = "no job is running"
         if started:
-            text = (f"job(s) {', '.join(map(str, started))} will end as WorkerLost (the attempt is "
-                    f"interrupted: run again by the shard's next owner, or dead-lettered as WorkerLost "
-                    f"after {self.config.max_worker_losses} lost workers)")
+            text = (
+                f"job(s) {', '.join(map(str, started))} will end as WorkerLost (the attempt is "
+                f"interrupted: run again by the shard's next owner, or dead-lettered as WorkerLost "
+                f"after {self.config.max_worker_losses} lost workers)"
+            )
         if starting:
-            text += (f"; job(s) {', '.join(map(str, starting))} were being started (WorkerLost too if "
-                     "the start write landed, else back to READY for free)")
+            text += (
+                f"; job(s) {', '.join(map(str, starting))} were being started (WorkerLost too if "
+                "the start write landed, else back to READY for free)"
+            )
         return text
 
     @property
@@ -202,11 +254,16 @@ class Worker:
 
     def run(self) -> int:
         autodiscover(self.config.task_modules)
-        self.store["leaser"].register_worker(self.id, socket.gethostname(), os.getpid(), self.queues or [],
-                                             name=self.name)
-        logger.info("worker %s started (pid %s, concurrency %s, queues %s)",
-                    self.label, os.getpid(), self.concurrency,
-                    self.queues or (f"all but {', '.join(self.exclude_queues)}" if self.exclude_queues else "all"))
+        self.store["leaser"].register_worker(
+            self.id, socket.gethostname(), os.getpid(), self.queues or [], name=self.name
+        )
+        logger.info(
+            "worker %s started (pid %s, concurrency %s, queues %s)",
+            self.label,
+            os.getpid(),
+            self.concurrency,
+            self.queues or (f"all but {', '.join(self.exclude_queues)}" if self.exclude_queues else "all"),
+        )
         self.completer.start()
         self.executor.start()
         self.leaser.start()
@@ -225,17 +282,26 @@ class Worker:
                 logger.error("%s stopped unexpectedly: shutting down", failed)
                 break
             if self.max_tasks is not None and self.finished_jobs() >= self.max_tasks:
-                logger.info("worker %s finished %s jobs (--max-tasks %s): stopping", self.label,
-                            self.finished_jobs(), self.max_tasks)
+                logger.info(
+                    "worker %s finished %s jobs (--max-tasks %s): stopping",
+                    self.label,
+                    self.finished_jobs(),
+                    self.max_tasks,
+                )
                 break
         self.shutdown()
         return 1 if failed or self.grace_expired else 0
 
     def _failed_service(self) -> str | None:
-        for name, service in (("leaser", self.leaser), ("fetcher", self.fetcher),
-                              ("completer", self.completer), ("executor", self.executor),
-                              ("scheduler", self.scheduler), ("listener", self.listener),
-                              ("starter", self.executor.starter)):
+        for name, service in (
+            ("leaser", self.leaser),
+            ("fetcher", self.fetcher),
+            ("completer", self.completer),
+            ("executor", self.executor),
+            ("scheduler", self.scheduler),
+            ("listener", self.listener),
+            ("starter", self.executor.starter),
+        ):
             if service is not None and service.failure is not None:
                 return name
         return None
@@ -257,8 +323,12 @@ class Worker:
         still_running = {s for s in list(self.leaser.held) if self.running_in_shard(s)}
         if not finished:
             self.grace_expired = True
-            logger.warning("grace period of %gs is over with jobs running (shards %s): %s; exiting 1",
-                           self.grace, sorted(still_running), self._abandoned(*self.abandoned_jobs()))
+            logger.warning(
+                "grace period of %gs is over with jobs running (shards %s): %s; exiting 1",
+                self.grace,
+                sorted(still_running),
+                self._abandoned(*self.abandoned_jobs()),
+            )
         self.leaser.stop()
         try:
             released = self.leaser.release_all(keep=still_running)

@@ -24,24 +24,37 @@ class Command(BaseCommand):
     help = "Run a shardq worker: claim shards, run their jobs, write fenced outcomes."
 
     def add_arguments(self, parser):
-        parser.add_argument("--backend", default="default",
-                            help="The TASKS alias to serve: only its jobs are claimed (default 'default').")
+        parser.add_argument(
+            "--backend",
+            default="default",
+            help="The TASKS alias to serve: only its jobs are claimed (default 'default').",
+        )
         parser.add_argument("--queues", default="", help="Comma-separated queue names (default: every queue).")
-        parser.add_argument("--exclude-queues", default="",
-                            help="Comma-separated queue names to leave alone: serve every other queue.")
+        parser.add_argument(
+            "--exclude-queues", default="", help="Comma-separated queue names to leave alone: serve every other queue."
+        )
         parser.add_argument("--concurrency", default="4", help="Threads for sync tasks per process (default 4).")
-        parser.add_argument("--processes", default="1",
-                            help="Worker processes: a number or 'auto' (one per core). Default 1.")
-        parser.add_argument("--grace", default="30",
-                            help="Seconds to let running jobs finish on SIGTERM (default 30).")
-        parser.add_argument("--prefetch", default="0",
-                            help="Most jobs buffered ahead per process; how many are used follows the "
-                                 "measured task time (default 512).")
-        parser.add_argument("--max-tasks", default=None,
-                            help="Stop gracefully (exit 0) once this many jobs finished here; with "
-                                 "--processes, per process (default: no limit).")
-        parser.add_argument("--worker-id", default=None,
-                            help="A readable name shown in the logs and shardq_status next to the worker's uuid.")
+        parser.add_argument(
+            "--processes", default="1", help="Worker processes: a number or 'auto' (one per core). Default 1."
+        )
+        parser.add_argument("--grace", default="30", help="Seconds to let running jobs finish on SIGTERM (default 30).")
+        parser.add_argument(
+            "--prefetch",
+            default="0",
+            help="Most jobs buffered ahead per process; how many are used follows the "
+            "measured task time (default 512).",
+        )
+        parser.add_argument(
+            "--max-tasks",
+            default=None,
+            help="Stop gracefully (exit 0) once this many jobs finished here; with "
+            "--processes, per process (default: no limit).",
+        )
+        parser.add_argument(
+            "--worker-id",
+            default=None,
+            help="A readable name shown in the logs and shardq_status next to the worker's uuid.",
+        )
 
     def handle(self, *args, **options):
         # The stop rule first (shardq/worker/shutdown.py): a SIGTERM that comes
@@ -70,9 +83,17 @@ class Command(BaseCommand):
         def run_worker() -> int:
             from shardq.worker.runtime import Worker
 
-            worker = Worker(queues=queues or None, concurrency=concurrency, grace=grace, prefetch=prefetch or None,
-                            database=database, backend=alias, exclude_queues=exclude_queues or None,
-                            max_tasks=max_tasks, name=name)
+            worker = Worker(
+                queues=queues or None,
+                concurrency=concurrency,
+                grace=grace,
+                prefetch=prefetch or None,
+                database=database,
+                backend=alias,
+                exclude_queues=exclude_queues or None,
+                max_tasks=max_tasks,
+                name=name,
+            )
             worker.install_signal_handlers()
             return worker.run()
 
@@ -93,16 +114,20 @@ def shardq_backend_config(alias: str) -> dict:
     tasks = getattr(settings, "TASKS", {}) or {}
     config = tasks.get(alias)
     if not isinstance(config, dict):
-        raise CommandError(f"--backend {printable(alias)!r} names no backend in TASKS "
-                           f"(the aliases are {', '.join(map(printable, sorted(tasks))) or 'none'}).")
+        raise CommandError(
+            f"--backend {printable(alias)!r} names no backend in TASKS "
+            f"(the aliases are {', '.join(map(printable, sorted(tasks))) or 'none'})."
+        )
     path = config.get("BACKEND", "")
     try:
         backend_class = import_string(path)
     except ImportError:
         backend_class = None
     if not (isinstance(backend_class, type) and issubclass(backend_class, ShardqBackend)):
-        raise CommandError(f"--backend {printable(alias)!r}: TASKS[{printable(alias)!r}]['BACKEND'] is "
-                           f"{printable(path)!r}, not a shardq backend (shardq.backend.ShardqBackend).")
+        raise CommandError(
+            f"--backend {printable(alias)!r}: TASKS[{printable(alias)!r}]['BACKEND'] is "
+            f"{printable(path)!r}, not a shardq backend (shardq.backend.ShardqBackend)."
+        )
     return config
 
 
@@ -113,8 +138,10 @@ def served_queues(alias: str, config: dict, queues_text: str, exclude_text: str)
     queues = [q.strip() for q in queues_text.split(",") if q.strip()]
     excluded = [q.strip() for q in exclude_text.split(",") if q.strip()]
     if queues and excluded:
-        raise CommandError("--queues and --exclude-queues cannot be used together: "
-                           "name the queues to serve, or the ones to leave alone.")
+        raise CommandError(
+            "--queues and --exclude-queues cannot be used together: "
+            "name the queues to serve, or the ones to leave alone."
+        )
     configured = set(config.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME]))
     if configured:
         flag = "--queues" if queues else "--exclude-queues"
@@ -125,8 +152,10 @@ def served_queues(alias: str, config: dict, queues_text: str, exclude_text: str)
                 f"{', '.join(map(printable, sorted(configured)))} (TASKS[{printable(alias)!r}]['QUEUES'])."
             )
         if excluded and configured <= set(excluded):
-            raise CommandError(f"--exclude-queues leaves no queue to serve (TASKS[{printable(alias)!r}]['QUEUES'] "
-                               f"is {', '.join(map(printable, sorted(configured)))}).")
+            raise CommandError(
+                f"--exclude-queues leaves no queue to serve (TASKS[{printable(alias)!r}]['QUEUES'] "
+                f"is {', '.join(map(printable, sorted(configured)))})."
+            )
     return queues, excluded
 
 
@@ -135,6 +164,8 @@ def worker_name(value: str | None) -> str | None:
     if value is None:
         return None
     if not (0 < len(value) <= MAX_WORKER_ID_LENGTH and value.isprintable()):
-        raise CommandError(f"--worker-id must be 1 to {MAX_WORKER_ID_LENGTH} printable characters "
-                           f"(no control characters), not {printable(value)!r}.")
+        raise CommandError(
+            f"--worker-id must be 1 to {MAX_WORKER_ID_LENGTH} printable characters "
+            f"(no control characters), not {printable(value)!r}."
+        )
     return value
