@@ -139,7 +139,9 @@ class Executor:
         self.average_task_seconds = 0.01
         self.task_measured = False
         self._threads: list[threading.Thread] = []
-        self.loop = asyncio.new_event_loop()
+        # The async tasks' event loop: made by start(), closed by stop() (an
+        # executor built and never started holds no loop, sockets or thread).
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self.failure: BaseException | None = None
         # Records each job's start before a thread runs it (starter.py).
@@ -162,6 +164,7 @@ class Executor:
 
     def start(self) -> None:
         self.starter.start()
+        self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="shardq-async", daemon=True)
         self._loop_thread.start()
         for n in range(self.concurrency):
@@ -177,8 +180,11 @@ class Executor:
         for thread in self._threads:
             thread.join(timeout=max(0.0, timeout))
         finished = not any(t.is_alive() for t in self._threads)
-        if finished:
+        if finished and self.loop is not None and self._loop_thread is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
+            self._loop_thread.join(timeout=5)
+            if not self._loop_thread.is_alive():
+                self.loop.close()
         return finished
 
     def _run(self) -> None:
@@ -406,6 +412,8 @@ class Executor:
                 *args,
             ]
         if iscoroutinefunction(task.func):
+            if self.loop is None:
+                raise RuntimeError("the executor runs async tasks only once started")
             future = asyncio.run_coroutine_threadsafe(task.func(*args, **kwargs), self.loop)
             return future.result()
         return task.func(*args, **kwargs)
