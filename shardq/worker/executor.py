@@ -263,7 +263,9 @@ class Executor:
         # the job over.
         verdict, problem = job.start_verdict or (UNAVAILABLE, None)
         if verdict == LOST:
-            self.stats.add("fence_rejections")
+            # Not an outcome refused (fence_rejections counts those): the job
+            # never ran here.
+            self.stats.add("starts_refused")
             return None
         if verdict == UNAVAILABLE:
             self.completer.return_jobs([job])

@@ -5,7 +5,10 @@ PostgreSQL, injects one kind of fault, lets the jobs drain, then calls
 ``check_invariants`` — the guarantees of DESIGN §8, checked in SQL:
 
 (a) every job enqueued ends SUCCESSFUL or dead-lettered (FAILED with its
-    attempts used up), none is lost and none is left READY or RUNNING;
+    attempts used up, or as WorkerLost with its worker-loss budget used up:
+    SHARDQ["MAX_WORKER_LOSSES"] interrupted attempts — under SIGKILL churn a
+    rescued job is often mid-run again at the next kill), none is lost and
+    none is left READY or RUNNING;
 (b) the ledger (written in the same transaction as the job's fenced
     completion) has exactly one row per SUCCESSFUL ledger job, none for a
     dead-lettered one, and that row carries the job's final attempt and fence;
@@ -27,6 +30,7 @@ import random
 import threading
 from collections.abc import Callable
 
+from shardq.conf import get_config
 from tests.conftest import wait_until
 
 FULL = os.environ.get("SHARDQ_FULL_FAULTS") == "1"
@@ -90,8 +94,10 @@ def check_invariants(query: Query, expected_jobs: int, shard_count: int = 64) ->
         problems.append(f"(a) {expected_jobs} jobs enqueued, {total} in the table")
     open_jobs = query(
         "SELECT id, status, attempts, max_attempts FROM shardq_job "
-        "WHERE NOT (status = 'SUCCESSFUL' OR (status = 'FAILED' AND attempts >= max_attempts)) "
-        "ORDER BY id LIMIT 20"
+        "WHERE NOT (status = 'SUCCESSFUL' OR (status = 'FAILED' AND attempts >= max_attempts) "
+        "OR (status = 'FAILED' AND worker_losses >= %s AND errors::text LIKE '%%shardq.exceptions.WorkerLost%%')) "
+        "ORDER BY id LIMIT 20",
+        [get_config().max_worker_losses],
     )
     if open_jobs:
         problems.append(f"(a) jobs neither SUCCESSFUL nor dead-lettered: {open_jobs}")
@@ -208,6 +214,10 @@ def check_invariants(query: Query, expected_jobs: int, shard_count: int = 64) ->
         "retries": int(retries),
         "double_commits": int(double_commits),
         "lost": max(0, expected_jobs - total),
+        "dead_lettered_by_losses": query(
+            "SELECT count(*) FROM shardq_job WHERE status = 'FAILED' AND worker_losses >= %s",
+            [get_config().max_worker_losses],
+        )[0][0],
         "fence_rejections": counters.get("fence_rejections", 0),
         "self_fences": counters.get("self_fences", 0),
         "takeovers": counters.get("takeovers", 0),

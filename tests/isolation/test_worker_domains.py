@@ -243,9 +243,13 @@ def test_spoofed_notifies_neither_deafen_nor_flood_a_worker(workers):
         message="a job to be picked up by NOTIFY after spoofed payloads",
     )
     assert time.monotonic() - started_at < 5
-    time.sleep(2.0)  # fault pacing: let the lease flood be processed
-    stats = worker_stats(me)
-    assert stats.get("bad_notifies", 0) >= 7
+    # Counters reach the table with a heartbeat (every 5 s here, or one the
+    # lease flood triggers): wait for the one that carries them.
+    stats = wait_until(
+        lambda: (s := worker_stats(me)).get("bad_notifies", 0) >= 7 and s,
+        timeout=20,
+        message=lambda: f"the 7 bad payloads to be counted: {worker_stats(me)}",
+    )
     # 2000 lease NOTIFYs: at most one heartbeat per 0.25 s, not one each.
     assert stats.get("heartbeats", 0) - heartbeats_before < 40, stats
     assert w.poll() is None
