@@ -216,15 +216,7 @@ class Executor:
         except Exception as exc:
             logger.exception("job %s could not be run", job.id)
             text = sanitize_text(f"shardq could not run job {job.id}: " + "".join(traceback.format_exception(exc)))
-            return Outcome(
-                job.id,
-                job.fence,
-                job.status_rank + 1,
-                "FAILED",
-                error_json=Outcome.error(_class_path(exc), text),
-                shard=job.shard,
-                attempts=job.attempts,
-            )
+            return _failed(job, _class_path(exc), text)
 
     def execute(self, job: ClaimedJob) -> Outcome | None:
         """Run one job; its outcome for the completer, or None when there is
@@ -235,30 +227,14 @@ class Executor:
             task = resolve(job.task_path, self.task_modules)
         except UnknownTask as exc:
             logger.error("job %s failed: %s", job.id, exc)
-            return Outcome(
-                job.id,
-                job.fence,
-                job.status_rank + 1,
-                "FAILED",
-                error_json=Outcome.error(_class_path(exc), f"{_class_path(exc)}: {exc}\n"),
-                shard=job.shard,
-                attempts=job.attempts,
-            )
+            return _failed(job, _class_path(exc), f"{_class_path(exc)}: {exc}\n")
         if job.worker_losses and getattr(task, "on_worker_lost", "retry") == "fail":
             # At-most-once: an earlier attempt may have had effects.
             text = (
                 f"shardq.exceptions.WorkerLost: attempt {job.attempts} was interrupted by a lost "
                 "worker; the task has on_worker_lost='fail', so it is not run again\n"
             )
-            return Outcome(
-                job.id,
-                job.fence,
-                job.status_rank + 1,
-                "FAILED",
-                error_json=Outcome.error("shardq.exceptions.WorkerLost", text),
-                shard=job.shard,
-                attempts=job.attempts,
-            )
+            return _failed(job, "shardq.exceptions.WorkerLost", text)
         # The starter recorded the start (Starter.start_jobs) before handing
         # the job over.
         verdict, problem = job.start_verdict or (UNAVAILABLE, None)
@@ -274,15 +250,7 @@ class Executor:
             text = sanitize_text(
                 f"shardq.exceptions.UnreadableJob: PostgreSQL refused to start job {job.id}: {problem}\n"
             )
-            return Outcome(
-                job.id,
-                job.fence,
-                job.status_rank + 1,
-                "FAILED",
-                error_json=Outcome.error("shardq.exceptions.UnreadableJob", text),
-                shard=job.shard,
-                attempts=job.attempts,
-            )
+            return _failed(job, "shardq.exceptions.UnreadableJob", text)
         rank = job.status_rank + 1
         if job.worker_losses:
             # An earlier attempt recorded no outcome (its worker died or lost
@@ -461,3 +429,17 @@ class Executor:
 
 def _bad_payload(name: str, value: object, expected: type) -> NoReturn:
     raise TypeError(f"the job's {name} are a {type(value).__name__} in the table, not a {expected.__name__}")
+
+
+def _failed(job: ClaimedJob, class_path: str, text: str) -> Outcome:
+    """The outcome of a job failed without a result of its task: FAILED
+    under this claim, the error recorded."""
+    return Outcome(
+        job.id,
+        job.fence,
+        job.status_rank + 1,
+        "FAILED",
+        error_json=Outcome.error(class_path, text),
+        shard=job.shard,
+        attempts=job.attempts,
+    )
