@@ -251,6 +251,14 @@ class Executor:
                 f"shardq.exceptions.UnreadableJob: PostgreSQL refused to start job {job.id}: {problem}\n"
             )
             return _failed(job, "shardq.exceptions.UnreadableJob", text)
+        if not self.leaser.trusts(job.shard, job.fence):
+            # The lease lapsed since the start was written (the process was
+            # paused, the database hung): run nothing on it. The hand-back
+            # takes the start back while the shard is still this worker's;
+            # after a takeover the row has moved on and it is refused.
+            self.stats.add("starts_refused")
+            self.completer.return_jobs([job])
+            return None
         rank = job.status_rank + 1
         if job.worker_losses:
             # An earlier attempt recorded no outcome (its worker died or lost

@@ -212,6 +212,9 @@ class Starter:
         for job in jobs:
             row = started.get(job.id)
             if row is not None:
+                # As a claim's start: a hand-back before the task runs takes
+                # it back (return_jobs), restoring the earlier attempt time.
+                job.started, job.previous_attempt_at = True, job.last_attempted_at
                 job.attempts = row["attempts"]
                 job.status_rank = row["status_rank"]
                 job.started_at = row["started_at"]
