@@ -51,6 +51,7 @@ class Fetcher:
         start_now: Callable[[], int] | None = None,
         exclude_queues: list[str] | None = None,
         backend: str | None = None,
+        holds: Callable[[int], bool] | None = None,
     ) -> None:
         self.store = store
         self.leaser = leaser
@@ -72,7 +73,8 @@ class Fetcher:
         self._rotation = 0
         self._deep = False
         self.claim_uncertain = False
-        self.holds = lambda job_id: False  # set by the worker: is this job in memory here?
+        # job id -> is it in memory here (buffered, running, outcome unwritten)?
+        self.holds = holds or (lambda job_id: False)
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
 

@@ -106,6 +106,10 @@ class Leaser:
 
     # -- queries from other threads ------------------------------------------
 
+    def begin_stop(self) -> None:
+        """Shutdown has begun: trust no lease for new starts, claim no shard."""
+        self.stopping = True
+
     def trusts(self, shard: int, fence: int) -> bool:
         """May a job of ``shard`` claimed under ``fence`` start now?"""
         return self.held.get(shard) == fence and self.clock() < self.trusted_until

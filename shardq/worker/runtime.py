@@ -101,7 +101,7 @@ class Worker:
             heartbeat_seconds=self.config.heartbeat_seconds,
             running_in_shard=self.running_in_shard,
             on_lost=self.on_shards_lost,
-            on_gained=lambda shards: self.fetcher.wake(),
+            on_gained=self.on_shards_gained,
             expected_workers=int(os.environ.get("SHARDQ_EXPECTED_WORKERS", "1")),
             max_worker_losses=self.config.max_worker_losses,
         )
@@ -118,8 +118,8 @@ class Worker:
             poll_interval_seconds=self.config.poll_interval_seconds,
             demand=self.demand,
             start_now=self.start_now,
+            holds=self.holds_job,
         )
-        self.fetcher.holds = lambda job_id: self.buffer.holds(job_id) or self.completer.holds(job_id)
         self.listener = (
             Listener(
                 self.config.channel,
@@ -183,6 +183,14 @@ class Worker:
     def finished_jobs(self) -> int:
         """Attempts finished here whose outcome was written (--max-tasks counts these)."""
         return self.stats["succeeded"] + self.stats["failed"] + self.stats["retried"]
+
+    def holds_job(self, job_id: int) -> bool:
+        """Is this job in memory here: buffered, running, or its outcome unwritten?"""
+        return self.buffer.holds(job_id) or self.completer.holds(job_id)
+
+    def on_shards_gained(self, shards: set[int]) -> None:
+        """New shards: claim from them now rather than at the next poll."""
+        self.fetcher.wake()
 
     def start_now(self) -> int:
         """How many jobs the next claim starts itself: the starter's want
@@ -310,7 +318,7 @@ class Worker:
         deadline = time.monotonic() + self.grace
         if self.scheduler:
             self.scheduler.stop()
-        self.leaser.stopping = True
+        self.leaser.begin_stop()
         self.fetcher.stop()
         if self.listener:
             self.listener.stop()
