@@ -230,6 +230,16 @@ def test_spoofed_notifies_neither_deafen_nor_flood_a_worker(workers):
     )
     me = worker_id_of(w.pid)
     wait_until(lambda: scalar("SELECT count(*) FROM shardq_shard WHERE owner::text = %s", [me]) == 64, timeout=30)
+    # The Listener connects on its own thread: send nothing before it listens
+    # on both channels (its last statement is the second LISTEN).
+    wait_until(
+        lambda: scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardq-listener' "
+            "AND query LIKE 'LISTEN%%shardq_lease%%'"
+        ),
+        timeout=30,
+        message="the worker's Listener to listen",
+    )
     for payload in ["²", "-1", "99999", "", "1e3", " 1", "\u0661", "x" * 1000]:
         query("SELECT pg_notify('shardq', %s)", [payload])
     heartbeats_before = worker_stats(me).get("heartbeats", 0)
