@@ -94,8 +94,8 @@ class Buffer:
         return cast(ClaimedJob, queued.payload)
 
     def pop_more(self, limit: int) -> list[ClaimedJob]:
-        """Up to ``limit`` more ready jobs, without waiting (a batch of short
-        jobs one executor thread starts with one start write)."""
+        """Up to ``limit`` more ready jobs, without waiting (the group the
+        starter records with one start write)."""
         jobs: list[ClaimedJob] = []
         now = time.time()
         while len(jobs) < limit:

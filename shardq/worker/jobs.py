@@ -7,7 +7,8 @@ from typing import Any
 
 # The start verdict of a job the claim started (see claim_jobs): as the
 # starter's own ("started", None).
-STARTED_BY_CLAIM = ("started", None)
+STARTED = "started"
+STARTED_BY_CLAIM = (STARTED, None)
 
 
 @dataclass(slots=True)

@@ -37,13 +37,13 @@ from ..tasks import resolve
 from .buffer import Buffer
 from .completer import Completer
 from .fetcher import Fetcher
-from .jobs import ClaimedJob
+from .jobs import STARTED, ClaimedJob
 from .leaser import Leaser
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.starter")
 
-STARTED, LOST, REJECTED, UNAVAILABLE = "started", "lost", "rejected", "unavailable"
+LOST, REJECTED, UNAVAILABLE = "lost", "rejected", "unavailable"
 
 #: A start write's verdict on one job: one of the four words above, and the
 #: error behind REJECTED or UNAVAILABLE.
