@@ -22,6 +22,7 @@ Where the data lives, first match wins:
 import hashlib
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from urllib.parse import quote
 
@@ -67,7 +68,12 @@ def _settings_base_dir() -> Path | None:
 def start(path: Path | None = None) -> str:
     """Start (or join) the embedded server and return its DATABASE_URL."""
     try:
-        import pgserver
+        with warnings.catch_warnings():
+            # pgserver asks platformdirs for a runtime directory at import;
+            # without XDG_RUNTIME_DIR (a container, cron, CI) platformdirs
+            # warns and falls back to /tmp, which is all pgserver needs.
+            warnings.filterwarnings("ignore", message=r"XDG_RUNTIME_DIR is not set")
+            import pgserver
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ImproperlyConfigured(
             "DATABASE_URL is unset and the embedded PostgreSQL is not installed: "

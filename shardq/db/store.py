@@ -30,6 +30,7 @@ from psycopg import sql
 from psycopg.rows import RowFactory, RowMaker, TupleRow, dict_row
 
 from ..conf import get_config
+from ..core import pools
 from ..core.breaker import CircuitBreaker
 from ..exceptions import DatabaseUnavailable, StatementRejected
 from .queries import QUERIES
@@ -78,12 +79,14 @@ type Fetch = Literal["all", "one", "none"]
 
 
 def ensure_shards(sender: object = None, using: str = DEFAULT_DB_ALIAS, **kwargs: object) -> None:
-    """post_migrate: one shardq_shard row per configured shard."""
+    """post_migrate: the lease rows of the pool ``*`` (a worker with no
+    --queues), one per configured shard. A worker creates its own pool's rows
+    when it registers."""
     connection = connections[using]
     if connection.vendor != "postgresql":
         return
     with connection.cursor() as cursor:
-        cursor.execute(QUERIES["ensure_shards"], {"count": get_config().shard_count})
+        cursor.execute(QUERIES["ensure_shards"], {"count": get_config().shard_count, "pool": pools.ALL})
 
 
 def connection_kwargs(alias: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
@@ -360,27 +363,59 @@ class WorkerStore:
 
     # -- leases ---------------------------------------------------------------
 
-    def register_worker(self, worker: str, host: str, pid: int, queues: list[str], name: str | None = None) -> None:
-        self.run(
-            "register_worker",
-            {"worker": worker, "host": host, "pid": pid, "queues": dumps(queues), "name": name or ""},
-            fetch="none",
-        )
+    def register_worker(
+        self,
+        worker: str,
+        host: str,
+        pid: int,
+        queues: list[str],
+        name: str | None = None,
+        *,
+        pool: str = pools.ALL,
+        shard_count: int | None = None,
+    ) -> None:
+        """Register this incarnation in ``pool`` and make sure the pool's
+        lease rows exist (a new pool's first worker creates them;
+        ``shard_count`` defaults to SHARDQ["SHARD_COUNT"])."""
+        if shard_count is None:
+            shard_count = get_config().shard_count
 
-    def heartbeat(self, worker: str, stats: Mapping[str, object], ttl: float) -> list[str]:
-        rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl})
+        def work(cursor: psycopg.Cursor[TupleRow]) -> None:
+            with cursor.connection.transaction():
+                self._execute(cursor, "ensure_shards", {"pool": pool, "count": shard_count}, fetch="none")
+                self._execute(
+                    cursor,
+                    "register_worker",
+                    {
+                        "worker": worker,
+                        "host": host,
+                        "pid": pid,
+                        "queues": dumps(queues),
+                        "name": name or "",
+                        "pool": pool,
+                    },
+                    fetch="none",
+                )
+
+        self.guarded("register_worker", work)
+
+    def heartbeat(self, worker: str, stats: Mapping[str, object], ttl: float, pool: str = pools.ALL) -> list[str]:
+        """Record the heartbeat; the live workers of ``pool``, in start order."""
+        rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl, "pool": pool})
         return [str(row[0]) for row in rows]
 
     def claim_shards(
-        self, worker: str, wanted: int, ttl: float, shard_count: int, max_worker_losses: int
+        self, worker: str, wanted: int, ttl: float, shard_count: int, max_worker_losses: int, pool: str = pools.ALL
     ) -> list[NamedRow]:
-        """Take up to ``wanted`` free or expired shards, rescue the jobs their
-        previous owners left in flight and log each claim: one transaction.
-        Rows: shard, claim_version, previous_owner, rescued."""
+        """Take up to ``wanted`` free or expired shards of ``pool``, rescue
+        the jobs their previous owners left in flight and log each claim: one
+        transaction. Rows: shard, claim_version, previous_owner, rescued."""
 
         def work(cursor: psycopg.Cursor[NamedRow]) -> list[NamedRow]:
             taken = self._execute(
-                cursor, "claim_shards", {"worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count}
+                cursor,
+                "claim_shards",
+                {"worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count, "pool": pool},
             )
             if not taken:
                 return []
@@ -391,7 +426,12 @@ class WorkerStore:
                 for row in self._execute(
                     cursor,
                     "rescue_jobs",
-                    {"shards": list(pairs), "versions": list(pairs.values()), "max_worker_losses": max_worker_losses},
+                    {
+                        "shards": list(pairs),
+                        "versions": list(pairs.values()),
+                        "max_worker_losses": max_worker_losses,
+                        "ttl": ttl,
+                    },
                 )
             )
             self._execute(
@@ -399,6 +439,7 @@ class WorkerStore:
                 "log_shard_claims",
                 {
                     "worker": worker,
+                    "pool": pool,
                     "shards": list(pairs),
                     "versions": list(pairs.values()),
                     "previous": [row["previous_owner"] for row in taken],
@@ -414,19 +455,19 @@ class WorkerStore:
 
         return self.guarded("claim_shards", in_transaction, named=True)
 
-    def renew_leases(self, worker: str, held: dict[int, int], ttl: float) -> set[int]:
+    def renew_leases(self, worker: str, held: dict[int, int], ttl: float, pool: str = pools.ALL) -> set[int]:
         shards = list(held)
         rows = self.run(
             "renew_leases",
-            {"worker": worker, "ttl": ttl, "shards": shards, "versions": [held[s] for s in shards]},
+            {"worker": worker, "ttl": ttl, "shards": shards, "versions": [held[s] for s in shards], "pool": pool},
         )
         return {row[0] for row in rows}
 
-    def release_shards(self, worker: str, pairs: dict[int, int]) -> set[int]:
+    def release_shards(self, worker: str, pairs: dict[int, int], pool: str = pools.ALL) -> set[int]:
         shards = list(pairs)
         rows = self.run(
             "release_shards",
-            {"worker": worker, "shards": shards, "versions": [pairs[s] for s in shards]},
+            {"worker": worker, "shards": shards, "versions": [pairs[s] for s in shards], "pool": pool},
         )
         return {row[0] for row in rows}
 
@@ -450,6 +491,7 @@ class WorkerStore:
         start: int = 0,
         exclude_queues: list[str] | None = None,
         backend: str | None = None,
+        pool: str = pools.ALL,
     ) -> list[Any]:
         """Claim a batch (rows by name: dicts, or ``row_factory(**columns)``;
         a row with ``problem`` set was quarantined, not claimed; one with
@@ -469,6 +511,7 @@ class WorkerStore:
             "limit": limit,
             "lookahead": lookahead,
             "start": start,
+            "pool": pool,
         }
         if row_factory is None:
             return self.run("claim_jobs", params, binary=True, named=True)
@@ -509,13 +552,20 @@ class WorkerStore:
         seconds: float | None = row[0] if row else None
         return seconds
 
-    def rescue_jobs(self, held: dict[int, int], max_worker_losses: int) -> list[NamedRow]:
+    def rescue_jobs(self, held: dict[int, int], max_worker_losses: int, ttl: float | None = None) -> list[NamedRow]:
         """The one rescue (see ``rescue_jobs`` in queries.sql) over the
         (shard, claim_version) pairs ``held``: rows shard, id, started, dead."""
         shards = sorted(held)
+        if ttl is None:
+            ttl = get_config().lease_ttl_seconds
         return self.run(
             "rescue_jobs",
-            {"shards": shards, "versions": [held[s] for s in shards], "max_worker_losses": max_worker_losses},
+            {
+                "shards": shards,
+                "versions": [held[s] for s in shards],
+                "max_worker_losses": max_worker_losses,
+                "ttl": ttl,
+            },
             named=True,
         )
 

@@ -157,6 +157,7 @@ class Fetcher:
                     start=self.start_now(),
                     exclude_queues=self.exclude_queues,
                     backend=self.backend,
+                    pool=self.leaser.pool,
                 )
             except DatabaseUnavailable as exc:
                 # The claim may have committed with its answer lost: its jobs

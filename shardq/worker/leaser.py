@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from ..core import pools
 from ..core.rwlock import RWLock
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable
@@ -71,9 +72,13 @@ class Leaser:
         clock: Callable[[], float] = time.monotonic,
         expected_workers: int = 1,
         max_worker_losses: int = 3,
+        pool: str = pools.ALL,
     ) -> None:
         self.store = store
         self.worker_id = worker_id
+        # The pool this worker leases shards in: it shares them with the live
+        # workers of the same pool only (shardq.core.pools).
+        self.pool = pool
         self.stats = stats
         self.shard_count = shard_count
         self.ttl = lease_ttl_seconds
@@ -165,7 +170,7 @@ class Leaser:
         try:
             self._renew()
             self.stats.add("heartbeats")
-            live = self.store.heartbeat(self.worker_id, self.stats.snapshot(), self.ttl)
+            live = self.store.heartbeat(self.worker_id, self.stats.snapshot(), self.ttl, self.pool)
             self.database_ok = True
         except DatabaseUnavailable as exc:
             self.stats.add("db_errors")
@@ -202,7 +207,7 @@ class Leaser:
             return
         sent = self.clock()
         held = dict(self.held)
-        kept = self.store.renew_leases(self.worker_id, held, self.ttl)
+        kept = self.store.renew_leases(self.worker_id, held, self.ttl, self.pool)
         lost = set(held) - kept
         if lost:
             self._self_fence(lost, "the renewal returned fewer shards than it sent")
@@ -210,14 +215,16 @@ class Leaser:
         if kept:
             # A claim by the previous owner that raced our takeover left jobs
             # CLAIMED under its old version: nobody runs them; put them back.
-            swept = self.store.rescue_jobs({s: held[s] for s in kept}, self.max_worker_losses)
+            swept = self.store.rescue_jobs({s: held[s] for s in kept}, self.max_worker_losses, self.ttl)
             if swept:
                 self.stats.add("rescued", len(swept))
                 logger.info("put back %s jobs claimed under a superseded lease", len(swept))
 
     def _claim(self, wanted: int) -> None:
         sent = self.clock()
-        rows = self.store.claim_shards(self.worker_id, wanted, self.ttl, self.shard_count, self.max_worker_losses)
+        rows = self.store.claim_shards(
+            self.worker_id, wanted, self.ttl, self.shard_count, self.max_worker_losses, self.pool
+        )
         if not rows:
             return
         gained = set()
@@ -279,7 +286,7 @@ class Leaser:
         # owner's takeover rescued them (the rolling-restart test's stray
         # ``rescued == 1``). A release that fails (database away) leaves the
         # shard draining, retried at the next tick.
-        released = self.store.release_shards(self.worker_id, {shard: version})
+        released = self.store.release_shards(self.worker_id, {shard: version}, self.pool)
         with self._dropping():
             # Under the write side: ``fetchable()`` (called under the read
             # side) reads ``held`` and ``draining`` one after the other and
@@ -315,7 +322,7 @@ class Leaser:
         pairs = {s: v for s, v in self.held.items() if s not in keep}
         if not pairs:
             return 0
-        released = self.store.release_shards(self.worker_id, pairs)
+        released = self.store.release_shards(self.worker_id, pairs, self.pool)
         for shard in released:
             self.held.pop(shard, None)
         self.stats.add("releases", len(released))

@@ -58,6 +58,7 @@ def claim_params(worker, *, per_shard=16, limit=256) -> dict:
         "lookahead": 0.0,
         "start": 0,
         "worker_id": str(worker),
+        "pool": "*",
     }
 
 

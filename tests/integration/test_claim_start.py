@@ -186,6 +186,7 @@ def test_the_claim_columns_line_up_with_claimed_job_fields(shard0):
                 "limit": 1,
                 "lookahead": 0.0,
                 "start": 0,
+                "pool": "*",
             },
         )
         names = [column.name for column in cursor.description]
