@@ -32,7 +32,7 @@ from psycopg.rows import RowFactory, RowMaker, TupleRow, dict_row
 from ..conf import get_config
 from ..core.breaker import CircuitBreaker
 from ..exceptions import DatabaseUnavailable, StatementRejected
-from .queries import QUERIES
+from .queries import ANY_PRIORITY, QUERIES
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -450,10 +450,13 @@ class WorkerStore:
         start: int = 0,
         exclude_queues: list[str] | None = None,
         backend: str | None = None,
+        min_priority: int = ANY_PRIORITY,
     ) -> list[Any]:
-        """Claim a batch (rows by name: dicts, or ``row_factory(**columns)``;
-        a row with ``problem`` set was quarantined, not claimed; one with
-        ``started`` true was started by the claim, see queries.sql)."""
+        """Claim a batch of the highest priority level due (rows by name:
+        dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
+        quarantined, not claimed; one with ``started`` true was started by
+        the claim, see queries.sql). Only jobs of priority ``min_priority``
+        or more are taken."""
         # Binary results: timestamps and numbers decode without parsing text.
         params = {
             "worker": worker,
@@ -467,6 +470,7 @@ class WorkerStore:
             "any_backend": backend is None,
             "per_shard": per_shard,
             "limit": limit,
+            "min_priority": min_priority,
             "lookahead": lookahead,
             "start": start,
         }
