@@ -916,7 +916,8 @@ def run(options: Options, console=None) -> dict:
         progress.update(task, description="done")
     rows = rows_from(raw, options)
     subtitle = f"{info['cpus']} CPUs, PostgreSQL {info['postgresql'].split()[0]}, Python {info['python']}, {when}"
-    console.print(rich_table(rows, f"shardq vs limit — {subtitle}"))
+    if rows:
+        console.print(rich_table(rows, f"shardq vs limit — {subtitle}"))
     prio_rows = priority_rows(raw)
     if prio_rows:
         console.print(rich_table(prio_rows, f"priority — {subtitle}"))
