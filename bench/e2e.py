@@ -32,14 +32,15 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from bench import limit
+from bench import limit, priority
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 DOCS = REPO / "docs" / "benchmarks.md"
 PLOT = REPO / "docs" / "drain_vs_processes.png"
 SECTION = "## End to end"
-PHASES = ("enqueue", "drain", "latency", "rss", "backlog")
+PRIORITY_SECTION = "## Priority"
+PHASES = ("enqueue", "drain", "latency", "rss", "backlog", "priority")
 SHARDS = limit.SHARD_COUNT
 
 
@@ -93,6 +94,9 @@ class Bench:
         self.logs = RESULTS / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.mp = multiprocessing.get_context("spawn")
+        # The checkout whose shardq the worker processes run (an A/B run
+        # points it at another one; see bench/ab_drain.py).
+        self.repo = REPO
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -141,7 +145,9 @@ class Bench:
             raise RuntimeError(f"api_child {' '.join(map(str, args))} failed:\n{done.stderr[-3000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    def start_worker(self, processes: int, env: dict | None = None, name: str = "worker") -> subprocess.Popen:
+    def start_worker(
+        self, processes: int, env: dict | None = None, name: str = "worker", concurrency: int | None = None
+    ) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "w")  # noqa: SIM115 (the worker writes it until stop_worker)
         proc = subprocess.Popen(
             [
@@ -151,12 +157,13 @@ class Bench:
                 "--processes",
                 str(processes),
                 "--concurrency",
-                str(self.o.concurrency),
+                str(concurrency or self.o.concurrency),
                 "--grace",
                 "5",
             ],
-            cwd=REPO,
-            env=self.child_env(**(env or {})),
+            cwd=self.repo,
+            # This checkout's shardq, whatever the virtualenv's editable install names.
+            env=self.child_env(PYTHONPATH=str(self.repo), **(env or {})),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: we can kill the whole tree
@@ -434,7 +441,7 @@ class Bench:
     # -- the run ----------------------------------------------------------------------------
 
     def steps(self) -> float:
-        counts = {"enqueue": 6, "drain": 4, "latency": 4, "rss": 2, "backlog": 2}
+        counts = {"enqueue": 6, "drain": 4, "latency": 4, "rss": 2, "backlog": 2, "priority": 2}
         return sum(counts[p] for p in self.o.phases)
 
     def run(self) -> dict:
@@ -454,6 +461,8 @@ class Bench:
                 "limit": median([r["steady_rate"] for r in raw.get("drain", {}).get("limit_1p", [])]),
                 "shardq": steady,
             }
+        if "priority" in self.o.phases:
+            raw["priority"] = priority.run(self)
         self.reset()
         return raw
 
@@ -602,6 +611,66 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
     return rows
 
 
+def priority_rows(raw: dict) -> list[Row]:
+    """The priority phase's table: shardq only (a bare loop has no priorities to keep)."""
+    p = raw.get("priority")
+    if not p:
+        return []
+    pick, rows = p["pickup"], []
+    for q in ("p50", "p99", "max"):
+        row = Row(
+            f"priority_pickup_{q}",
+            f"priority-100 pickup behind {pick['backlog']:,} READY priority-0 jobs: {q}",
+            "ms",
+            None,
+            pick[f"{q}_ms"],
+            higher_is_better=False,
+        )
+        if q == "p99":
+            row.target, row.met = "≤ 50 ms", pick["p99_ms"] is not None and pick["p99_ms"] <= 50
+        rows.append(row)
+    for key, what in (("order", "a few levels"), ("order_201_levels", "all 201 levels")):
+        o = p[key]
+        row = Row(
+            f"priority_{key}_rises",
+            f"mixed drain ({o['jobs']:,} jobs, {what}), 1 thread: runs after a lower priority, after the first fill",
+            "count",
+            None,
+            o["rises_after_first_fill"],
+            target="0",
+            higher_is_better=False,
+        )
+        row.met = o["rises_after_first_fill"] == 0
+        rows.append(row)
+        rows.append(Row(f"priority_{key}_rate", "  same, drain rate", "jobs/s", None, o["rate"]))
+    return rows
+
+
+def priority_section(rows: list[Row], raw: dict, info: dict, o: Options, when: str) -> str:
+    p = raw["priority"]["pickup"]
+    return "\n".join(
+        [
+            PRIORITY_SECTION,
+            "",
+            "Written by `make bench` (`bench/priority.py`, the `priority` phase), in the same run as the table "
+            "above. **Pickup**: one `shardq_worker` (`--concurrency "
+            f"{o.concurrency}`, default prefetch) drains READY priority-0 no-op jobs; every 50 ms a separate "
+            f"process tops the READY backlog up to {p['backlog']:,} jobs and enqueues one priority-100 job "
+            "through the public API (`stamp.using(priority=100).enqueue()`), "
+            f"{p['samples']} times. Pickup is the moment the task ran (it returns `time.time()`) minus its "
+            "`enqueued_at` (the database's clock on the same host), so it includes the jobs the worker had "
+            "already started ahead of it. **Order**: one worker with `--concurrency 1` drains 5,000 `stamp` jobs "
+            "of mixed priorities spread over the 64 shards; their stamps give the order they ran in; counted are "
+            "the times a job ran right after one of lower priority, after the first buffer fill (1 + 512 jobs). "
+            "The drain rate shows what claiming level by level costs when every one of Django's 201 priorities "
+            f"is present. Machine as above; run: {when}.",
+            "",
+            markdown_table(rows),
+            "",
+        ]
+    )
+
+
 def _div(a, b):
     return a / b if a is not None and b else None
 
@@ -613,6 +682,8 @@ def fmt(value, unit: str) -> str:
         return f"{value:,.0f}"
     if unit == "ms":
         return f"{value:,.1f}"
+    if unit == "count":
+        return f"{value:,.0f}"
     if unit == "MiB":
         return f"{value:,.0f}"
     return f"{value:.2f}"
@@ -799,11 +870,11 @@ def section(rows: list[Row], info: dict, o: Options, when: str, plotted: bool) -
     return "\n".join(parts)
 
 
-def write_section(text: str, path: Path = DOCS) -> None:
-    """Replace (or append) the "## End to end" section; keep every other section."""
+def write_section(text: str, path: Path = DOCS, heading: str = SECTION) -> None:
+    """Replace (or append) the section under ``heading``; keep every other section."""
     current = path.read_text() if path.exists() else "# Benchmarks\n"
     lines = current.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
+    start = next((i for i, line in enumerate(lines) if line.strip() == heading), None)
     if start is None:
         body = current.rstrip("\n") + "\n\n" + text
     else:
@@ -845,13 +916,17 @@ def run(options: Options, console=None) -> dict:
         progress.update(task, description="done")
     rows = rows_from(raw, options)
     subtitle = f"{info['cpus']} CPUs, PostgreSQL {info['postgresql'].split()[0]}, Python {info['python']}, {when}"
-    console.print(rich_table(rows, f"shardq vs limit — {subtitle}"))
+    if rows:
+        console.print(rich_table(rows, f"shardq vs limit — {subtitle}"))
+    prio_rows = priority_rows(raw)
+    if prio_rows:
+        console.print(rich_table(prio_rows, f"priority — {subtitle}"))
     report = {
         "when": when,
         "seconds": time.monotonic() - started,
         "machine": info,
         "options": {k: v for k, v in asdict(options).items() if k != "database_url"},
-        "rows": [asdict(r) for r in rows],
+        "rows": [asdict(r) for r in rows + prio_rows],
         "raw": raw,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -862,6 +937,7 @@ def run(options: Options, console=None) -> dict:
     if options.write_docs and set(options.phases) == set(PHASES):
         plotted = plot(raw, PLOT, subtitle)
         write_section(section(rows, info, options, when, plotted))
+        write_section(priority_section(prio_rows, raw, info, options, when), heading=PRIORITY_SECTION)
         console.print(f"wrote {DOCS.relative_to(REPO)} ({SECTION!r}) and {PLOT.relative_to(REPO)}")
     elif options.write_docs:
         console.print("docs/benchmarks.md not written: only a full run (every phase) updates it")

@@ -162,7 +162,7 @@ UPDATE shardq_worker SET state = 'STOPPED', heartbeat_at = clock_timestamp(), st
 WHERE id = %(worker)s;
 
 -- name: claim_jobs
--- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds: per shard an index range walk (LIMIT :per_shard, SKIP LOCKED), :limit in all, under each shard's current claim version.
+-- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds, the highest priorities first across them: one index probe per shard finds its best due priority (no lock); the floor is the second-best of those. Taken are only jobs at or above the floor: first from the one shard above it, if any (its walk may fill the batch), then :per_shard from each shard at the floor, in the given order (a shard alone with work: :per_shard); :limit in all (index range walks, SKIP LOCKED), under each shard's current claim version. So no job left outranks a job taken. Jobs below :min_priority are left alone (the fetcher's claim for jobs that outrank its buffer).
 -- Only jobs of the worker's queues (:queues, or every queue but :exclude_queues when :all_queues) and of its backend alias (:backend, or any when :any_backend); these are filters on the walk, not index columns.
 -- The first :start jobs (priority order) that are due, unordered and never lost a worker are started at once (RUNNING, the attempt counted, started_at, last_attempted_at, worker_ids: as start_jobs does): they are what this worker's threads run next, so a separate start write would only add a statement per job. The rest are CLAIMED; nothing is counted for them until start_jobs.
 -- A row whose values cannot be read (problem IS NOT NULL) is quarantined: FAILED with an UnreadableJob error naming the value, no arithmetic on it.
@@ -181,10 +181,45 @@ WITH held AS MATERIALIZED (
     FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
     JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
     WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
+), tops AS MATERIALIZED (
+    -- Each held shard's best due priority: one probe of its slice of the
+    -- ready index (the same filters as the walk below), no lock taken. A
+    -- claim that walked every shard for a few jobs each, as this one did
+    -- before, took priority-0 jobs of one shard while another shard's
+    -- priority-20 jobs waited in the table; the local queue can only order
+    -- what was claimed.
+    SELECT held.shard, held.claim_version, held.ord, held.shared, top.priority
+    FROM held
+    CROSS JOIN LATERAL (
+        SELECT priority FROM shardq_job
+        WHERE shard = held.shard AND status = 'READY' AND priority >= %(min_priority)s
+          AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
+          AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
+          AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
+          AND (backend = %(backend)s OR %(any_backend)s)
+        ORDER BY priority DESC, run_after, id
+        LIMIT 1
+    ) AS top
+), runner_up AS MATERIALIZED (
+    -- The second-best top (the best one when two shards share it): no job
+    -- left in the table outranks it except in the one shard that leads.
+    -- None when at most one shard has work: that shard's walk is the order.
+    SELECT second, COALESCE(second, %(min_priority)s) AS floor
+    FROM (SELECT (SELECT priority FROM tops ORDER BY priority DESC LIMIT 1 OFFSET 1) AS second) AS s
 ), candidates AS MATERIALIZED (
     SELECT j.id, j.problem, j.priority, j.run_after, j.ordered, j.worker_losses,
            j.last_attempted_at, held.claim_version
-    FROM (SELECT * FROM held ORDER BY ord) AS held
+    -- Level by level: only jobs of the runner-up's priority or more, so every
+    -- job taken outranks or equals every job left, however the limits cut.
+    -- A shard whose top is above the floor is the only one that has such
+    -- jobs: it comes first and, when other shards follow, may fill the batch
+    -- (cut at :per_shard it would leave jobs that outrank theirs). The
+    -- shards at the floor follow in the fetcher's rotating order,
+    -- :per_shard each. The next level comes with the next claim (the
+    -- fetcher goes again at once after a short answer).
+    FROM (SELECT tops.*, runner_up.second, runner_up.floor FROM tops, runner_up
+          WHERE tops.priority >= runner_up.floor
+          ORDER BY tops.priority > runner_up.floor DESC, tops.ord) AS held
     CROSS JOIN LATERAL (
         SELECT id, priority, run_after, ordered, worker_losses, last_attempted_at,
                CASE
@@ -201,7 +236,7 @@ WITH held AS MATERIALIZED (
                    WHEN jsonb_typeof(worker_ids) IS DISTINCT FROM 'array' THEN format('worker_ids %%s is not a JSON array', left(worker_ids::text, 80))
                END AS problem
         FROM shardq_job
-        WHERE shard = held.shard AND status = 'READY'
+        WHERE shard = held.shard AND status = 'READY' AND priority >= held.floor
           AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
           AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
           AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
@@ -220,7 +255,7 @@ WITH held AS MATERIALIZED (
                              ELSE e.fence <> held.claim_version END)
               ELSE true END
         ORDER BY priority DESC, run_after, id
-        LIMIT %(per_shard)s
+        LIMIT CASE WHEN held.priority > held.second THEN %(limit)s ELSE %(per_shard)s END
         FOR UPDATE SKIP LOCKED
     ) AS j
     LIMIT %(limit)s

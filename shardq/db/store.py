@@ -33,7 +33,7 @@ from ..conf import get_config
 from ..core import pools
 from ..core.breaker import CircuitBreaker
 from ..exceptions import DatabaseUnavailable, StatementRejected
-from .queries import QUERIES
+from .queries import ANY_PRIORITY, QUERIES
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -492,10 +492,13 @@ class WorkerStore:
         exclude_queues: list[str] | None = None,
         backend: str | None = None,
         pool: str = pools.ALL,
+        min_priority: int = ANY_PRIORITY,
     ) -> list[Any]:
-        """Claim a batch (rows by name: dicts, or ``row_factory(**columns)``;
-        a row with ``problem`` set was quarantined, not claimed; one with
-        ``started`` true was started by the claim, see queries.sql)."""
+        """Claim a batch of the highest priority level due (rows by name:
+        dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
+        quarantined, not claimed; one with ``started`` true was started by
+        the claim, see queries.sql). Only jobs of priority ``min_priority``
+        or more are taken."""
         # Binary results: timestamps and numbers decode without parsing text.
         params = {
             "worker": worker,
@@ -509,6 +512,7 @@ class WorkerStore:
             "any_backend": backend is None,
             "per_shard": per_shard,
             "limit": limit,
+            "min_priority": min_priority,
             "lookahead": lookahead,
             "start": start,
             "pool": pool,

@@ -4,8 +4,9 @@ Demand-driven: the fetcher asks for at most ``demand()`` jobs — the worker's
 in-flight target (its concurrency plus a look-ahead sized from the measured
 task duration, see ``Worker.demand``) minus what is buffered or processing —,
 in one statement over every fetchable shard (a per-shard index range walk,
-see ``claim_jobs`` in queries.sql), rotating the shard order so no shard
-starves when demand is small. It sleeps until woken by a NOTIFY for a shard
+see ``claim_jobs`` in queries.sql) that takes the highest priority level due
+across them first, rotating the shard order so no shard starves within a
+level when demand is small. It sleeps until woken by a NOTIFY for a shard
 this worker holds, by free slots appearing after the buffer was full, or by
 the poll interval (the fallback that covers a lost LISTEN connection or a
 dropped notification).
@@ -141,9 +142,12 @@ class Fetcher:
             start = self._rotation % len(order)
             self._rotation += 1
             order = order[start:] + order[:start]
-            # A shallow pass takes a few jobs from every shard (priority order is
-            # merged in memory); after a short answer a deep pass lets any shard
-            # fill the batch, so a backlog in a few shards drains at full speed.
+            # The claim takes the highest priority level due over all these
+            # shards (see claim_jobs); a shallow pass takes a few jobs of it
+            # from every shard that has it. After a short answer (the level
+            # ran out, or lives in a few shards) the next claim goes at once,
+            # and a deep pass lets any shard fill the batch, so a backlog in a
+            # few shards drains at full speed.
             per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
             try:
                 rows = self.store.claim_jobs(
