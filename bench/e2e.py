@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from bench import limit, priority
+from bench import fairshare, limit, priority
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -40,7 +40,7 @@ DOCS = REPO / "docs" / "benchmarks.md"
 PLOT = REPO / "docs" / "drain_vs_processes.png"
 SECTION = "## End to end"
 PRIORITY_SECTION = "## Priority"
-PHASES = ("enqueue", "drain", "latency", "rss", "backlog", "priority")
+PHASES = ("enqueue", "drain", "latency", "rss", "backlog", "priority", "fairshare")
 SHARDS = limit.SHARD_COUNT
 
 
@@ -441,7 +441,7 @@ class Bench:
     # -- the run ----------------------------------------------------------------------------
 
     def steps(self) -> float:
-        counts = {"enqueue": 6, "drain": 4, "latency": 4, "rss": 2, "backlog": 2, "priority": 2}
+        counts = {"enqueue": 6, "drain": 4, "latency": 4, "rss": 2, "backlog": 2, "priority": 2, "fairshare": 3}
         return sum(counts[p] for p in self.o.phases)
 
     def run(self) -> dict:
@@ -463,6 +463,9 @@ class Bench:
             }
         if "priority" in self.o.phases:
             raw["priority"] = priority.run(self)
+        if "fairshare" in self.o.phases:
+            raw["fairshare"] = fairshare.run(self, self.o.reps, self.o.jobs, 3 * self.o.jobs)
+            self.step("fair share: two workers together, a worker joining", advance=3)
         self.reset()
         return raw
 
@@ -608,6 +611,63 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
         )
         row.met = sq is not None and sq >= 0.8
         rows.append(row)
+    return rows
+
+
+def fairshare_rows(raw: dict, o: Options) -> list[Row]:
+    """Two worker commands started together, and a worker joining a busy one
+    (bench/fairshare.py; default HEARTBEAT and LEASE_TTL)."""
+    f = raw.get("fairshare")
+    if not f:
+        return []
+    s = f["summary"]
+    rows = [
+        Row(
+            "together_ratio",
+            f"2 worker commands started together ÷ 1 worker, {o.jobs:,}-job drain",
+            "×",
+            None,
+            s["two_over_one"],
+            target="≥ 1.5×",
+            met=s["two_over_one"] >= 1.5,
+        ),
+        Row(
+            "together_share",
+            "  the larger worker's share of that drain",
+            "%",
+            None,
+            100 * s["larger_share"],
+            target="≤ 55 %",
+            met=s["larger_share"] <= 0.55,
+        ),
+        Row(
+            "join_seconds",
+            "a worker joining a busy one: registered → holds its fair share",
+            "s",
+            None,
+            s["seconds_to_fair_share"],
+            target="≤ 1 s",
+            met=s["seconds_to_fair_share"] <= 1.0,
+        ),
+        Row(
+            "join_unowned",
+            "  longest a shard had no live owner during the join",
+            "ms",
+            None,
+            1000 * s["longest_unowned_s"],
+            target="≤ 100 ms",
+            met=s["longest_unowned_s"] <= 0.1,
+        ),
+        Row(
+            "join_twice",
+            "  jobs not run exactly once",
+            "jobs",
+            None,
+            s["jobs_not_run_exactly_once"],
+            target="0",
+            met=s["jobs_not_run_exactly_once"] == 0,
+        ),
+    ]
     return rows
 
 
@@ -914,7 +974,7 @@ def run(options: Options, console=None) -> dict:
             finally:
                 bench.conn.close()
         progress.update(task, description="done")
-    rows = rows_from(raw, options)
+    rows = rows_from(raw, options) + fairshare_rows(raw, options)
     subtitle = f"{info['cpus']} CPUs, PostgreSQL {info['postgresql'].split()[0]}, Python {info['python']}, {when}"
     if rows:
         console.print(rich_table(rows, f"shardq vs limit — {subtitle}"))

@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PHASES = ("enqueue", "drain", "latency", "rss", "backlog", "priority")
+PHASES = ("enqueue", "drain", "latency", "rss", "backlog", "priority", "fairshare")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bench/run.py",
         description="Benchmark shardq against a bare psycopg loop (enqueue, drain, pickup latency, memory, "
-        "claim cost vs backlog, priority pickup and order); prints its tables, writes bench/results/ and docs/benchmarks.md.",
+        "claim cost vs backlog, priority pickup and order, fair share of workers started together or joining); prints its tables, writes bench/results/ and docs/benchmarks.md.",
     )
     p.add_argument("--repeat", default="1", help="Runs of each shardq drain (median shown). Default 1.")
     p.add_argument("--reps", default="3", help="Runs of each cheap figure: enqueue, limit drains. Default 3.")

@@ -341,7 +341,9 @@ class Listener:
     """
 
     FETCH_WAKE_SECONDS = 0.002
-    LEASE_WAKE_SECONDS = 0.25
+    # A joining worker is woken by the release that gives it its share: a
+    # wake held back 250 ms (as this was) left those shards unowned as long.
+    LEASE_WAKE_SECONDS = 0.05
 
     def __init__(
         self,
@@ -390,7 +392,9 @@ class Listener:
 
     def on_notify(self, channel: str, payload: str) -> None:
         if channel == LEASE_CHANNEL:
-            if self.lease_wakes.ask():
+            # Our own announcements come back too: they need no lease round
+            # (and must not use up the rate limit a peer's release needs).
+            if payload != self.leaser.worker_id and self.lease_wakes.ask():
                 self.leaser.wake()
             return
         shard = parse_shard(payload, self.shard_count)

@@ -46,7 +46,7 @@ def test_a_claim_during_a_drain_release_takes_no_job_of_that_shard(transactional
         worker.leaser.start_draining(shard)
         worker.leaser._finish_draining()
         assert seen == {"fetchable": False}
-        assert shard not in worker.leaser.held and worker.leaser.draining is None
+        assert shard not in worker.leaser.held and not worker.leaser.draining
         assert sql("SELECT owner FROM shardq_shard WHERE shard = %s", [shard]) == [(None,)]
         # Nothing of the released shard is claimed, here or in the table.
         assert worker.buffer.drop_shard(shard) == []
