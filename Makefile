@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench faults clean chromium lint
+.PHONY: demo test venv bench soak faults clean chromium lint
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -50,6 +50,12 @@ faults: $(STAMP)
 # bench/run.py --help for its flags (--only, --repeat, --no-docs, ...).
 bench: $(STAMP)
 	$(PY) bench/run.py
+
+# Sustained load through the example project's gunicorn, 15 minutes at 70 %
+# of the measured peak, then a drain beside 5M finished rows (about 25
+# minutes in all; bench/soak.py --help for shorter runs).
+soak: $(STAMP)
+	$(PY) bench/soak.py
 
 # ruff, ruff format and mypy as configured in pyproject.toml (pre-commit runs
 # the same); .ci/run calls it after `make test`.
