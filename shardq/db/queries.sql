@@ -630,3 +630,7 @@ GROUP BY s.pool ORDER BY s.pool;
 SELECT backend, queue_name, count(*) FROM shardq_job
 WHERE status = 'READY' AND run_after <= clock_timestamp()
 GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- name: time_before
+-- The database's time :age (an interval) ago: the cutoff of shardq_prune.
+SELECT clock_timestamp() - %(age)s;

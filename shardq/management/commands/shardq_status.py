@@ -12,11 +12,10 @@ import json
 import math
 
 from django.core.management.base import BaseCommand
-from django.db import connection
 
 from ...conf import get_config
 from ...core import pools
-from ...db.queries import QUERIES
+from ...db import operations
 from ..flags import printable
 
 
@@ -43,35 +42,29 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         config = get_config()
-        with connection.cursor() as cursor:
-            cursor.execute(QUERIES["status_workers"])
-            workers = [
-                {
-                    "id": wid,
-                    "name": name,
-                    "host": host,
-                    "pid": pid,
-                    "pool": pool,
-                    "state": state,
-                    "heartbeat_age_seconds": _number(round(age, 1) if age is not None else None),
-                    "shards": shards,
-                    "stats": json.loads(stats) if stats is not None else None,
-                }
-                for wid, name, host, pid, pool, state, age, stats, shards in cursor.fetchall()
-            ]
-            cursor.execute(QUERIES["status_jobs"])
-            jobs = dict(cursor.fetchall())
-            cursor.execute(QUERIES["status_lag"])
-            lag = cursor.fetchone()[0]
-            cursor.execute(
-                QUERIES["status_pools"], {"ttl": config.lease_ttl_seconds, "shard_count": config.shard_count}
+        workers = [
+            {
+                "id": wid,
+                "name": name,
+                "host": host,
+                "pid": pid,
+                "pool": pool,
+                "state": state,
+                "heartbeat_age_seconds": _number(round(age, 1) if age is not None else None),
+                "shards": shards,
+                "stats": json.loads(stats) if stats is not None else None,
+            }
+            for wid, name, host, pid, pool, state, age, stats, shards in operations.run("status_workers")
+        ]
+        jobs = dict(operations.run("status_jobs"))
+        (lag,) = operations.run("status_lag", fetch="one")
+        every_pool = [
+            {"pool": pool, "workers": live, "shards_held": held, "unowned_shards": unowned}
+            for pool, live, held, unowned in operations.run(
+                "status_pools", {"ttl": config.lease_ttl_seconds, "shard_count": config.shard_count}
             )
-            every_pool = [
-                {"pool": pool, "workers": live, "shards_held": held, "unowned_shards": unowned}
-                for pool, live, held, unowned in cursor.fetchall()
-            ]
-            cursor.execute(QUERIES["status_due_queues"])
-            due_queues = cursor.fetchall()
+        ]
+        due_queues = operations.run("status_due_queues")
         # The pools that have a live worker; with none, the pool a worker with
         # no flags would join (its shards are all unowned: nothing runs).
         pools_shown = [p for p in every_pool if p["workers"]] or [p for p in every_pool if p["pool"] == pools.ALL]
