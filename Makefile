@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Ends by serving the admin (URL and login printed) until Ctrl-C; DEMO_EXIT=1
+# stops at once (CI). An embedded PostgreSQL it started is stopped with it.
 demo: $(STAMP)
 	$(PY) manage.py shardq_demo
 
@@ -66,5 +68,8 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy || status=1; \
 	exit $$status
 
+# The embedded PostgreSQL first: deleting .pgdata under a running server
+# leaves it running on deleted files.
 clean:
+	@if [ -x $(PY) ]; then $(PY) -c 'from shardq import embedded; embedded.stop()'; fi
 	rm -rf $(VENV) .pgdata .demo bench/results build dist

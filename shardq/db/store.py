@@ -107,7 +107,13 @@ def connect(
     try:
         return psycopg.connect(**connection_kwargs(alias), autocommit=autocommit, application_name=application_name)
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {exc}".strip()) from exc
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {one_line(exc)}") from exc
+
+
+def one_line(exc: BaseException) -> str:
+    """The driver's message on one line (libpq's has a newline and a tab in
+    "Is the server running on that host ...?"): a log line stays one line."""
+    return " ".join(str(exc).split())
 
 
 def dumps(value: object) -> str:
@@ -331,7 +337,7 @@ class WorkerStore:
             if is_connection_error(exc) or self.conn is None or self.conn.broken:
                 self.guard.failed()
             self.close()
-            raise DatabaseUnavailable(f"{what}: {exc}".strip()) from exc
+            raise DatabaseUnavailable(f"{what}: {one_line(exc)}") from exc
         self.guard.succeeded()
         return result
 

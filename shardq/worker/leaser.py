@@ -43,6 +43,7 @@ from ..core import pools
 from ..core.rwlock import RWLock
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable
+from .logs import shard_ranges
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.leaser")
@@ -235,6 +236,8 @@ class Leaser:
         if not rows:
             return
         gained = set()
+        taken_over: set[int] = set()
+        rescued_jobs = 0
         for row in rows:
             shard, version, previous_owner, rescued = (
                 row["shard"],
@@ -247,9 +250,22 @@ class Leaser:
             self.stats.add("shard_claims")
             if previous_owner is not None:
                 self.stats.add("takeovers")
+                taken_over.add(shard)
             if rescued:
                 self.stats.add("rescued", rescued)
-                logger.info("took over shard %s (version %s): %s jobs rescued", shard, version, rescued)
+                rescued_jobs += rescued
+        logger.info(
+            "claimed %s shard(s) %s%s; holding %s (share %s, %s live worker(s) in pool %s)",
+            len(gained),
+            shard_ranges(gained),
+            f" (took over the expired lease(s) of {shard_ranges(taken_over)}: {rescued_jobs} job(s) rescued)"
+            if taken_over
+            else "",
+            len(self.held),
+            self.share,
+            self.live_workers,
+            self.pool,
+        )
         # New shards are trusted from this claim; shards already held keep the
         # (earlier, so stricter) deadline of this tick's renewal.
         if self.trusted_until <= sent:
@@ -303,6 +319,13 @@ class Leaser:
                 self.draining.discard(shard)
         if released:
             self.stats.add("releases", len(released))
+            logger.info(
+                "released %s shard(s) %s to the pool's other workers; holding %s (share %s)",
+                len(released),
+                shard_ranges(released),
+                len(self.held),
+                self.share,
+            )
             self._notify_release()
 
     def _self_fence(self, shards: set[int], why: str) -> None:
@@ -311,7 +334,7 @@ class Leaser:
                 self.held.pop(shard, None)
             self.draining -= shards
             self.stats.add("self_fences", len(shards))
-            logger.warning("self-fenced %s shard(s) %s: %s", len(shards), sorted(shards), why)
+            logger.warning("self-fenced %s shard(s) %s: %s", len(shards), shard_ranges(shards), why)
             self.on_lost(shards)
 
     def announce(self) -> None:

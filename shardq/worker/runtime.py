@@ -276,12 +276,14 @@ class Worker:
             shard_count=self.config.shard_count,
         )
         logger.info(
-            "worker %s started (pid %s, concurrency %s, queues %s, pool %s)",
+            "worker %s started (pid %s, concurrency %s, queues %s, pool %s, %s shards, lease TTL %gs)",
             self.label,
             os.getpid(),
             self.concurrency,
             self.queues or (f"all but {', '.join(self.exclude_queues)}" if self.exclude_queues else "all"),
             self.pool,
+            self.config.shard_count,
+            self.config.lease_ttl_seconds,
         )
         self.completer.start()
         self.executor.start()
