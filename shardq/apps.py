@@ -20,6 +20,8 @@ class ShardqConfig(AppConfig):
 
     def ready(self):
         from .db.store import ensure_shards
+        from .metrics import enable_if_configured
 
         post_migrate.connect(ensure_shards, sender=self, dispatch_uid="shardq_ensure_shards")
+        enable_if_configured()
         setting_changed.connect(_reset_backends, dispatch_uid="shardq_reset_backends")
