@@ -28,6 +28,8 @@ import os
 import shutil
 import tempfile
 import threading
+from bisect import bisect_left
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -132,6 +134,26 @@ class LabelGuard:
         return OTHER
 
 
+def observe_many(histogram: Any, amounts: list[float]) -> None:
+    """``histogram.observe(a)`` for each amount, as one inc() per bucket used
+    (prometheus_client's Histogram child: ``_upper_bounds``, ``_buckets``, ``_sum``)."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None:  # another prometheus_client: the public way
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    counts: dict[int, int] = {}
+    for amount in amounts:
+        # observe() counts an amount in the first bucket whose bound is >= it.
+        i = bisect_left(bounds, amount)
+        counts[i] = counts.get(i, 0) + 1
+    total.inc(sum(amounts))
+    for i, n in counts.items():
+        buckets[i].inc(n)
+
+
 class _Children:
     """The labelled children of one (queue, task) pair, looked up once."""
 
@@ -230,6 +252,12 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self._cluster_labels: set[tuple[str, ...]] = set()
+        # Per-job events wait here until ``flush()`` (the gauges thread, once
+        # a second): an executor thread appends one tuple to a deque (atomic,
+        # no lock) and touches no prometheus_client object, whose every
+        # inc() takes a lock (and in multiprocess mode writes a file).
+        self._started: deque[tuple[str, str, Any, float, Any]] = deque()
+        self._ran: deque[tuple[str, str, float]] = deque()
 
     # -- labels -------------------------------------------------------------------
 
@@ -258,14 +286,33 @@ class Metrics:
             self.children(row["queue_name"], row["task_path"]).finished[CANCELLED].inc()
 
     def job_started(self, job: "ClaimedJob") -> None:
-        """An attempt begins: counted, and how long it waited since due."""
-        children = self.children(job.queue_name, job.task_path)
-        children.started.inc()
-        due = max(job.enqueued_at.timestamp(), job.run_after)
-        children.wait.observe(max(0.0, job.last_attempted_at.timestamp() - due))
+        """An attempt begins: counted, with how long it waited since due (at the next flush)."""
+        self._started.append((job.queue_name, job.task_path, job.enqueued_at, job.run_after, job.last_attempted_at))
 
     def job_ran(self, job: "ClaimedJob", seconds: float) -> None:
-        self.children(job.queue_name, job.task_path).duration.observe(seconds)
+        """An attempt's task returned or raised after ``seconds`` (at the next flush)."""
+        self._ran.append((job.queue_name, job.task_path, seconds))
+
+    def flush(self) -> None:
+        """Add the queued per-job events to their metrics, aggregated: one
+        inc() per child and bucket, not per job."""
+        started: dict[_Children, list[float]] = {}
+        events = self._started
+        while events:
+            queue_name, task_path, enqueued_at, run_after, attempted_at = events.popleft()
+            due = max(enqueued_at.timestamp(), run_after)
+            waits = started.setdefault(self.children(queue_name, task_path), [])
+            waits.append(max(0.0, attempted_at.timestamp() - due))
+        for children, waits in started.items():
+            children.started.inc(len(waits))
+            observe_many(children.wait, waits)
+        ran: dict[_Children, list[float]] = {}
+        durations = self._ran
+        while durations:
+            queue_name, task_path, seconds = durations.popleft()
+            ran.setdefault(self.children(queue_name, task_path), []).append(seconds)
+        for children, seconds_list in ran.items():
+            observe_many(children.duration, seconds_list)
 
     def fence_rejected(self, job: "ClaimedJob") -> None:
         self.children(job.queue_name, job.task_path).fence_rejections.inc()

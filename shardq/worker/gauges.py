@@ -1,7 +1,9 @@
 """The metrics' gauges of one worker process (only with metrics on).
 
-Every second it sets this worker's gauges (shards leased, busy and total
-slots) from the worker's own state: no per-job cost, no statement.
+Every second it adds the per-job events the executors queued to their
+metrics (``Metrics.flush``: the executors only append to a deque) and sets
+this worker's gauges (shards leased, busy and total slots) from the worker's
+own state, with no statement.
 
 The cluster gauges (unfinished jobs by queue and state, the oldest due READY
 job's age by queue, unowned shards) are computed by exactly one worker at a
@@ -61,6 +63,7 @@ class Gauges:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.metrics.flush()  # the last jobs' events
         self.store.close()  # releases the lock with the session: the next worker takes over
 
     def _run(self) -> None:
@@ -78,6 +81,7 @@ class Gauges:
             raise
 
     def sample_worker(self) -> None:
+        self.metrics.flush()
         shards, busy, slots = self.sample()
         self.metrics.worker_sample(shards_owned=shards, busy=busy, slots=slots)
 
