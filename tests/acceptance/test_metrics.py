@@ -92,6 +92,9 @@ def test_a_worker_serves_metrics_that_match_the_jobs_it_ran(workers):
         lambda: (
             (s := scrape(port))
             and value(s, "shardq_jobs_finished_total") == 40
+            # Starts and run times are added once a second (Metrics.flush).
+            and value(s, "shardq_jobs_started_total") == 40
+            and value(s, "shardq_job_duration_seconds_count") == 40
             and value(s, "shardq_cluster_metrics_holder") == 1
             and value(s, "shardq_worker_shards_owned") == 64
             and value(s, "shardq_jobs") == 4
@@ -124,6 +127,9 @@ def test_processes_share_one_port_that_reports_the_group(workers):
         lambda: (
             (s := scrape(port))
             and value(s, "shardq_jobs_finished_total") == 40
+            # Starts and run times are added once a second (Metrics.flush).
+            and value(s, "shardq_jobs_started_total") == 40
+            and value(s, "shardq_job_duration_seconds_count") == 40
             and value(s, "shardq_worker_shards_owned") == 64
             and value(s, "shardq_cluster_metrics_holder") == 1
             and value(s, "shardq_jobs") == 4
