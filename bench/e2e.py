@@ -146,7 +146,12 @@ class Bench:
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     def start_worker(
-        self, processes: int, env: dict | None = None, name: str = "worker", concurrency: int | None = None
+        self,
+        processes: int,
+        env: dict | None = None,
+        name: str = "worker",
+        concurrency: int | None = None,
+        flags: tuple[str, ...] = (),
     ) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "w")  # noqa: SIM115 (the worker writes it until stop_worker)
         proc = subprocess.Popen(
@@ -160,6 +165,7 @@ class Bench:
                 str(concurrency or self.o.concurrency),
                 "--grace",
                 "5",
+                *flags,
             ],
             cwd=self.repo,
             # This checkout's shardq, whatever the virtualenv's editable install names.
@@ -314,7 +320,13 @@ class Bench:
         }
 
     def shardq_drain(
-        self, processes: int, fill: int, window: float | None = None, sample_rss: bool = False, name: str = "drain"
+        self,
+        processes: int,
+        fill: int,
+        window: float | None = None,
+        sample_rss: bool = False,
+        name: str = "drain",
+        flags: tuple[str, ...] = (),
     ) -> dict:
         """Start ``shardq_worker --processes N`` on ``fill`` READY jobs; wall time from
         the start of the command until every job is SUCCESSFUL (or for ``window``
@@ -323,7 +335,7 @@ class Bench:
         limit.fill(self.url, fill)
         peak = [0]
         started = time.perf_counter()
-        proc = self.start_worker(processes, name=f"{name}-{processes}p")
+        proc = self.start_worker(processes, name=f"{name}-{processes}p", flags=flags)
         root = psutil.Process(proc.pid)
 
         def sample():

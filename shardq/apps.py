@@ -27,8 +27,10 @@ class ShardqConfig(AppConfig):
 
         from .checks import app_without_backend
         from .db.store import ensure_shards
+        from .metrics import enable_if_configured
 
         checks.register(app_without_backend)
 
         post_migrate.connect(ensure_shards, sender=self, dispatch_uid="shardq_ensure_shards")
+        enable_if_configured()
         setting_changed.connect(_reset_backends, dispatch_uid="shardq_reset_backends")

@@ -72,6 +72,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import log_task_enqueued, task_enqueued
 from django.utils.json import normalize_json
 
+from . import metrics
 from .checks import backend_checks, unusable
 from .conf import get_config
 from .core.hashing import salted_key_hash, shard_key_hash
@@ -484,8 +485,10 @@ class ShardqBackend(BaseTaskBackend):
             return []
         with connections[self.database_alias].cursor() as cursor:
             cursor.execute(QUERIES["cancel_jobs"], {"ids": ids, "reason": reason})
-            cancelled = sorted(row[0] for row in cursor.fetchall())
-        return [str(job_id) for job_id in cancelled]
+            rows = cursor.fetchall()
+        if metrics.active is not None:
+            metrics.active.count_cancelled({"queue_name": queue, "task_path": path} for _, queue, path in rows)
+        return [str(job_id) for job_id in sorted(row[0] for row in rows)]
 
     def result_from_row(self, row) -> TaskResult:
         """The TaskResult of a ``get_job`` row. Rows written by hand (raw SQL)

@@ -20,6 +20,9 @@ DEFAULTS = {
     "MAX_WORKER_LOSSES": 3,
     # A task's return value as JSON, at most: larger fails the job.
     "MAX_RESULT_BYTES": 1024 * 1024,
+    # shardq_worker serves Prometheus metrics on this port (None: metrics off);
+    # --metrics-port overrides it.
+    "METRICS_PORT": None,
 }
 
 

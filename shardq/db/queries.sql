@@ -577,7 +577,7 @@ FROM finished AS f WHERE f.is_total
 ORDER BY 1 NULLS LAST;
 
 -- name: cancel_jobs
--- Cancel the jobs of :ids that have not finished: READY or RUNNING become FAILED with a shardq.exceptions.Cancelled error and status_rank + 1, so the ack of an attempt still running (it carries the claim's rank + 1) can no longer land; returns the ids cancelled.
+-- Cancel the jobs of :ids that have not finished: READY or RUNNING become FAILED with a shardq.exceptions.Cancelled error and status_rank + 1, so the ack of an attempt still running (it carries the claim's rank + 1) can no longer land; returns the ids cancelled with their queue and task (the metrics' labels).
 UPDATE shardq_job
 SET status = 'FAILED', status_rank = status_rank + 1, finished_at = clock_timestamp(),
     errors = errors || jsonb_build_array(jsonb_build_object(
@@ -586,7 +586,7 @@ SET status = 'FAILED', status_rank = status_rank + 1, finished_at = clock_timest
                             CASE WHEN status = 'RUNNING' THEN 'running' ELSE 'ready' END,
                             CASE WHEN %(reason)s = '' THEN '' ELSE ': ' || %(reason)s END)))
 WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('READY', 'CLAIMED', 'RUNNING')
-RETURNING id;
+RETURNING id, queue_name, task_path;
 
 -- name: notify
 -- Send one NOTIFY (a lease announcement; enqueue NOTIFYs ride on their INSERT).
@@ -634,3 +634,27 @@ GROUP BY 1, 2 ORDER BY 1, 2;
 -- name: time_before
 -- The database's time :age (an interval) ago: the cutoff of shardq_prune.
 SELECT clock_timestamp() - %(age)s;
+
+-- name: metrics_lock
+-- Take or keep the session advisory lock (:classid, :objid) that makes this connection's worker the one that computes the cluster gauges; true while this session holds it (looked up in pg_locks first, so keeping it never stacks a second hold). Released with the session: a dead worker's lock goes to the next worker that asks.
+SELECT EXISTS (SELECT 1 FROM pg_locks
+               WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+                 AND classid = %(classid)s::int::oid AND objid = %(objid)s::int::oid AND objsubid = 2)
+       OR pg_try_advisory_lock(%(classid)s::int, %(objid)s::int);
+
+-- name: metrics_jobs
+-- The cluster gauges: unfinished jobs by queue and status (each status has a partial index), with the seconds the oldest due READY job of the queue has waited since its run_after (NULL: none is due).
+SELECT queue_name, status, count(*) AS jobs,
+       (extract(epoch FROM clock_timestamp())
+        - extract(epoch FROM min(run_after) FILTER (WHERE status = 'READY' AND run_after <= clock_timestamp())))::float8
+           AS oldest_due_seconds
+FROM shardq_job WHERE status IN ('READY', 'CLAIMED', 'RUNNING')
+GROUP BY 1, 2;
+
+-- name: metrics_unowned_shards
+-- The cluster gauge of shards unowned or expired, summed over the pools that have a live worker (heartbeat within :ttl); a pool nobody runs any more is not counted.
+SELECT count(*) FROM shardq_shard AS s
+WHERE s.shard < %(shard_count)s AND (s.owner IS NULL OR s.lease_expires <= clock_timestamp())
+  AND EXISTS (SELECT 1 FROM shardq_worker AS w
+              WHERE w.pool = s.pool AND w.state = 'RUNNING'
+                AND w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s));

@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("shardq.store")
 
+#: The session advisory lock (two int4 keys: 'shrq', 1) whose holder
+#: computes the cluster gauges (``metrics_lock``).
+METRICS_LOCK = (0x73687271, 1)
+
 
 class JobRef(Protocol):
     """A claimed job as the store reads it (``ClaimedJob`` in the worker)."""
@@ -482,6 +486,19 @@ class WorkerStore:
 
     def notify(self, channel: str, payload: str) -> None:
         self.run("notify", {"channel": channel, "payload": payload}, fetch="none")
+
+    # -- metrics --------------------------------------------------------------
+
+    def metrics_lock(self) -> bool:
+        """Does this connection hold (now, or newly) the cluster-metrics lock?"""
+        row = self.run("metrics_lock", {"classid": METRICS_LOCK[0], "objid": METRICS_LOCK[1]}, fetch="one")
+        return bool(row and row[0])
+
+    def cluster_metrics(self, ttl: float, shard_count: int) -> tuple[list[NamedRow], int]:
+        """(``metrics_jobs`` rows, unowned shards of live pools)."""
+        rows = self.run("metrics_jobs", {}, named=True)
+        unowned = self.run("metrics_unowned_shards", {"ttl": ttl, "shard_count": shard_count}, fetch="one")
+        return rows, int(unowned[0]) if unowned else 0
 
     # -- jobs -----------------------------------------------------------------
 

@@ -25,13 +25,16 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..core.fifoset import FifoSet
 from ..db.store import JobRef, WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected
 from .jobs import Outcome
 from .stats import Stats
+
+if TYPE_CHECKING:
+    from ..metrics import Metrics
 
 logger = logging.getLogger("shardq.worker.completer")
 
@@ -51,8 +54,11 @@ class ReturnedJob(JobRef, Protocol):
 
 
 class Completer:
-    def __init__(self, store: WorkerStore, stats: Stats, *, batch: int, flush_seconds: float) -> None:
+    def __init__(
+        self, store: WorkerStore, stats: Stats, *, batch: int, flush_seconds: float, metrics: "Metrics | None" = None
+    ) -> None:
         self.store = store
+        self.metrics = metrics
         self.stats = stats
         self.batch = batch
         self.flush_seconds = flush_seconds
@@ -223,6 +229,8 @@ class Completer:
                 for job_id, _rank in applied:
                     if self._finished_outcomes.pop(job_id, None) is not None:
                         self._finished_ids.discard(job_id)
+        if self.metrics is not None:
+            self.metrics.outcomes_written(outcomes, applied)
         for outcome in outcomes:
             if (outcome.id, outcome.rank) in applied:
                 self.stats.add({"SUCCESSFUL": "succeeded", "FAILED": "failed", "READY": "retried"}[outcome.status])
@@ -266,6 +274,7 @@ class Completer:
             error_json=Outcome.error("shardq.exceptions.OutcomeRejected", text),
             shard=outcome.shard,
             attempts=outcome.attempts,
+            job=outcome.job,
         )
 
     def _settle(self, outcomes: Sequence[Outcome] | Sequence[ReturnedJob], *, returns: bool = False) -> None:

@@ -15,7 +15,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from inspect import iscoroutinefunction
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import close_old_connections
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
@@ -36,6 +36,9 @@ from .jobs import ClaimedJob, Outcome
 from .leaser import Leaser
 from .starter import LOST, REJECTED, UNAVAILABLE, Starter
 from .stats import Stats
+
+if TYPE_CHECKING:
+    from ..metrics import Metrics
 
 logger = logging.getLogger("shardq.worker.executor")
 
@@ -126,8 +129,10 @@ class Executor:
         backend_class: type[BaseTaskBackend],
         start_store: WorkerStore,
         task_modules: tuple[str, ...] = (),
+        metrics: "Metrics | None" = None,
     ) -> None:
         self.buffer = buffer
+        self.metrics = metrics
         self.completer = completer
         self.leaser = leaser
         self.fetcher = fetcher
@@ -207,6 +212,8 @@ class Executor:
                 try:
                     outcome = self.run_job(job)
                     if outcome is not None:  # None: nothing to write (see execute)
+                        if self.metrics is not None:
+                            outcome.job = job
                         self.completer.put(outcome)
                 finally:
                     self.buffer.done(job)
@@ -280,6 +287,8 @@ class Executor:
         if task.takes_context or self.started_gate.needed(logging.INFO) or self.finished_gate.needed(logging.INFO):
             result = self._result(task, job)
             task_started.send(sender=self.backend_class, task_result=result)
+        if self.metrics is not None:
+            self.metrics.job_started(job)
         began = time.monotonic()
         state: dict = {}
         try:
@@ -291,15 +300,19 @@ class Executor:
             # sys.exit()) is that job's failure; the worker goes on. Handled
             # inside the except block so task_finished receivers (Django's own
             # logs the traceback from exc_info()) see the exception.
-            self._after_call(began, failed=True)
+            self._after_call(job, began, failed=True)
             if state.get("written"):
                 self.stats.add("succeeded")
+                if self.metrics is not None:
+                    self.metrics.committed_by_task(job)
                 self._finished(result, TaskResultStatus.SUCCESSFUL)
                 return None
             if isinstance(error, FenceLost):
                 # Not an error of the task: this attempt lost the job; its
                 # transaction rolled back and nothing of it is written.
                 self.stats.add("fence_rejections")
+                if self.metrics is not None:
+                    self.metrics.fence_rejected(job)
                 logger.warning("job %s: %s", job.id, error)
                 return None
             if result is None and self.finished_gate.needed(logging.ERROR):
@@ -309,10 +322,12 @@ class Executor:
             outcome = self._failure(task, job, rank, error, result)
             self._finished(result, TaskResultStatus(outcome.status))
             return outcome
-        self._after_call(began, failed=False)
+        self._after_call(job, began, failed=False)
         if state.get("written"):
             # Committed with the task's own writes (shardq.complete_in_transaction).
             self.stats.add("succeeded")
+            if self.metrics is not None:
+                self.metrics.committed_by_task(job)
             self._finished(result, TaskResultStatus.SUCCESSFUL)
             return None
         if result is not None:
@@ -336,12 +351,14 @@ class Executor:
                 raise ValueError(f"the return value is not storable as JSON in PostgreSQL: {unstorable}")
         return text
 
-    def _after_call(self, began: float, failed: bool) -> None:
+    def _after_call(self, job: ClaimedJob, began: float, failed: bool) -> None:
         # Like Django between requests: drop this thread's database connections
         # that broke or outlived CONN_MAX_AGE. After a failure at once (the
         # connection may be unusable); otherwise at most once a second, since
         # the check costs more than a no-op task.
         now = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.job_ran(job, now - began)
         if self.task_measured:
             self.average_task_seconds += 0.05 * ((now - began) - self.average_task_seconds)
         else:

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -28,6 +29,9 @@ from .completer import Completer
 from .jobs import STARTED_BY_CLAIM, ClaimedJob, Outcome
 from .leaser import LEASE_CHANNEL, Leaser
 from .stats import Stats
+
+if TYPE_CHECKING:
+    from ..metrics import Metrics
 
 logger = logging.getLogger("shardq.worker.fetcher")
 
@@ -53,8 +57,10 @@ class Fetcher:
         exclude_queues: list[str] | None = None,
         backend: str | None = None,
         holds: Callable[[int], bool] | None = None,
+        metrics: "Metrics | None" = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics
         self.leaser = leaser
         self.buffer = buffer
         self.stats = stats
@@ -149,6 +155,7 @@ class Fetcher:
             # and a deep pass lets any shard fill the batch, so a backlog in a
             # few shards drains at full speed.
             per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
+            began = time.monotonic()
             try:
                 rows = self.store.claim_jobs(
                     self.worker_id,
@@ -178,6 +185,8 @@ class Fetcher:
                 self.stats.add("claim_errors")
                 logger.error("claim refused by PostgreSQL, retrying after %.1fs: %s", self.poll_interval, exc)
                 return self.poll_interval
+            if self.metrics is not None:
+                self.metrics.claimed(time.monotonic() - began, len(rows))
             if rows:
                 self.take(rows)
         finally:
@@ -250,6 +259,7 @@ class Fetcher:
                             return_value_json=remembered[job.id].return_value_json,
                             shard=job.shard,
                             attempts=job.attempts,
+                            job=job,
                         )
                     )
             self.stats.add("recalled", len(remembered))

@@ -124,6 +124,8 @@ class Outcome:
     shard: int = -1
     attempts: int = 0
     extra: dict = field(default_factory=dict)
+    # The job it ends, for the metrics' labels (set only when metrics are on).
+    job: ClaimedJob | None = None
 
     @staticmethod
     def error(exception_class_path: str, traceback: str) -> str:

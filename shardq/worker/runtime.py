@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from ..backend import ShardqBackend
 from ..conf import get_config
@@ -29,10 +30,14 @@ from .buffer import Buffer
 from .completer import Completer
 from .executor import Executor
 from .fetcher import Fetcher, Listener
+from .gauges import Gauges
 from .leaser import Leaser
 from .scheduler import Scheduler
 from .shutdown import signal_name
 from .stats import Stats
+
+if TYPE_CHECKING:
+    from ..metrics import Metrics
 
 logger = logging.getLogger("shardq.worker")
 
@@ -52,8 +57,10 @@ class Worker:
         backend: str | None = pools.DEFAULT_BACKEND,
         max_tasks: int | None = None,
         name: str | None = None,
+        metrics: "Metrics | None" = None,
     ):
         self.config = get_config()
+        self.metrics = metrics  # None: metrics off (the services test this, nothing else)
         self.id = str(uuid.uuid4())
         self.name = name  # --worker-id: shown next to the id in logs and shardq_status
         self.queues = queues
@@ -94,6 +101,7 @@ class Worker:
             self.stats,
             batch=self.config.completion_batch,
             flush_seconds=self.config.completion_flush_seconds,
+            metrics=metrics,
         )
         self.leaser = Leaser(
             self.store["leaser"],
@@ -123,6 +131,7 @@ class Worker:
             demand=self.demand,
             start_now=self.start_now,
             holds=self.holds_job,
+            metrics=metrics,
         )
         self.listener = (
             Listener(
@@ -148,6 +157,19 @@ class Worker:
             backend_class=ShardqBackend,
             start_store=self.store["starter"],
             task_modules=self.config.task_modules,
+            metrics=metrics,
+        )
+        self.gauges = (
+            Gauges(
+                WorkerStore(database, "shardq-metrics", self.database_guard),
+                metrics,
+                sample=self.gauge_sample,
+                cluster_seconds=self.config.heartbeat_seconds,
+                lease_ttl_seconds=self.config.lease_ttl_seconds,
+                shard_count=self.config.shard_count,
+            )
+            if metrics is not None
+            else None
         )
 
     # -- callbacks ---------------------------------------------------------------
@@ -183,6 +205,11 @@ class Worker:
             in_flight += self.completer.pending
             wanted = min(wanted, self.max_tasks - in_flight - self.finished_jobs())
         return wanted, max(1, target // 4)
+
+    def gauge_sample(self) -> tuple[int, int, int]:
+        """(shards leased, jobs on a thread, threads) for the metrics' gauges."""
+        busy = self.buffer.processing - self.executor.starter.ready
+        return len(self.leaser.held), max(0, busy), self.concurrency
 
     def finished_jobs(self) -> int:
         """Attempts finished here whose outcome was written (--max-tasks counts these)."""
@@ -296,6 +323,8 @@ class Worker:
         if schedules():
             self.scheduler = Scheduler(schedules(), self.stats)
             self.scheduler.start()
+        if self.gauges:
+            self.gauges.start()
         failed = None
         while not self._stop.wait(0.5 if self.max_tasks is None else 0.05):
             failed = self._failed_service()
@@ -322,6 +351,7 @@ class Worker:
             ("scheduler", self.scheduler),
             ("listener", self.listener),
             ("starter", self.executor.starter),
+            ("gauges", self.gauges),
         ):
             if service is not None and service.failure is not None:
                 return name
@@ -338,6 +368,8 @@ class Worker:
         self.completer.return_jobs(self.buffer.drain())
         finished = self.executor.stop(timeout=deadline - time.monotonic())
         self.completer.stop(deadline=max(deadline, time.monotonic() + 5.0))
+        if self.gauges:
+            self.gauges.stop()
         # Shards with a job still running keep their lease until it expires:
         # releasing them would let the next owner re-run a job that may still
         # finish here.

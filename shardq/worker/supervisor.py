@@ -106,9 +106,14 @@ class ForkedChild:
 
 
 class Supervisor:
-    def __init__(self, run_child: Callable[[], int], processes: int) -> None:
-        """``run_child()`` runs one worker in the child and returns its exit code."""
+    def __init__(
+        self, run_child: Callable[[], int], processes: int, on_exit: Callable[[int], None] | None = None
+    ) -> None:
+        """``run_child()`` runs one worker in the child and returns its exit
+        code; ``on_exit(pid)`` is told of each child reaped (the metrics drop
+        its live gauges)."""
         self.run_child = run_child
+        self.on_exit = on_exit or (lambda pid: None)
         self.processes = processes
         self.children: dict[int, ForkedChild] = {}
         self.stopping = False
@@ -148,10 +153,14 @@ class Supervisor:
                 break  # a signal came while the others were starting
             self._spawn(slot)
         last_restart = 0.0
+        reaped: set[int] = set()
         while True:
             alive = 0
             for slot, child in list(self.children.items()):
                 code = child.poll()
+                if code is not None and child.pid not in reaped:
+                    reaped.add(child.pid)
+                    self.on_exit(child.pid)
                 if code is None:
                     alive += 1
                 elif not self.stopping and code != 0:

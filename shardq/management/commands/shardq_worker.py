@@ -1,9 +1,11 @@
 """``manage.py shardq_worker``: run jobs (see shardq/worker/runtime.py)."""
 
+import errno
 import logging
 import os
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.tasks.base import DEFAULT_TASK_QUEUE_NAME
 from django.utils.module_loading import import_string
@@ -17,6 +19,7 @@ MAX_CONCURRENCY = 1024
 MAX_GRACE_SECONDS = 86400.0
 MAX_PREFETCH = 100_000
 MAX_TASKS = 1_000_000_000
+MAX_PORT = 65535
 # --worker-id: the length of shardq_worker.name.
 MAX_WORKER_ID_LENGTH = 100
 
@@ -58,6 +61,12 @@ class Command(BaseCommand):
             default=None,
             help="A readable name shown in the logs and shardq_status next to the worker's uuid.",
         )
+        parser.add_argument(
+            "--metrics-port",
+            default=None,
+            help="Serve Prometheus metrics on this port (one port for all --processes); "
+            "default SHARDQ['METRICS_PORT'], unset: no metrics.",
+        )
 
     def handle(self, *args, **options):
         # The stop rule first (shardq/worker/shutdown.py): a SIGTERM that comes
@@ -83,11 +92,22 @@ class Command(BaseCommand):
             max_tasks = whole_number("max-tasks", options["max_tasks"], maximum=MAX_TASKS)
         name = worker_name(options["worker_id"])
         database = (config.get("OPTIONS") or {}).get("DATABASE", "default")
+        port = metrics_port(options["metrics_port"])
+        # The port is bound here, before any process is forked: a port in use
+        # is this command's error, not a child's crash loop.
+        endpoint, directory = (None, None) if port is None else serve_metrics(port, processes > 1)
 
         def run_worker() -> int:
             from shardq.exceptions import DatabaseUnavailable
             from shardq.worker.runtime import Worker
 
+            metrics = None
+            if endpoint is not None:
+                from shardq import metrics as shardq_metrics
+
+                if directory is not None:
+                    endpoint.close_in_child()  # the supervisor serves the group
+                metrics = shardq_metrics.enable(multiprocess=directory is not None)
             worker = Worker(
                 queues=queues or None,
                 concurrency=concurrency,
@@ -98,6 +118,7 @@ class Command(BaseCommand):
                 exclude_queues=exclude_queues or None,
                 max_tasks=max_tasks,
                 name=name,
+                metrics=metrics,
             )
             worker.install_signal_handlers()
             try:
@@ -112,7 +133,11 @@ class Command(BaseCommand):
         if processes > 1:
             from shardq.worker.supervisor import Supervisor
 
-            code = Supervisor(run_worker, processes).run()
+            try:
+                code = Supervisor(run_worker, processes, on_exit=directory.child_exited if directory else None).run()
+            finally:
+                if directory is not None:
+                    directory.remove()
         else:
             code = run_worker()
         if code:
@@ -169,6 +194,45 @@ def served_queues(alias: str, config: dict, queues_text: str, exclude_text: str)
                 f"is {', '.join(map(printable, sorted(configured)))})."
             )
     return queues, excluded
+
+
+def metrics_port(flag: str | None) -> int | None:
+    """--metrics-port, else SHARDQ["METRICS_PORT"], as a port number (None: no metrics)."""
+    if flag is not None:
+        return whole_number("metrics-port", flag, minimum=1, maximum=MAX_PORT)
+    value = (getattr(settings, "SHARDQ", {}) or {}).get("METRICS_PORT")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PORT:
+        raise CommandError(
+            f"SHARDQ['METRICS_PORT'] must be a port number from 1 to {MAX_PORT} (or None: no metrics), "
+            f"not {printable(repr(value))}."
+        )
+    return value
+
+
+def serve_metrics(port: int, multiprocess: bool):
+    """(the endpoint listening on ``port``, the multiprocess directory or
+    None), or a CommandError: prometheus-client missing, the port in use or
+    not ours to bind."""
+    from shardq import metrics
+
+    try:
+        metrics.import_client()
+    except ImproperlyConfigured as exc:
+        raise CommandError(f"--metrics-port {port}: {exc}")
+    directory = metrics.MultiprocessDirectory() if multiprocess else None
+    try:
+        registry = directory.registry() if directory else metrics.import_client().REGISTRY
+        endpoint = metrics.Endpoint(port, registry)
+    except OSError as exc:
+        if directory:
+            directory.remove()
+        reason = "is in use by another process" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
+        raise CommandError(
+            f"--metrics-port {port}: the port {reason}; choose another (--metrics-port or SHARDQ['METRICS_PORT'])."
+        )
+    return endpoint, directory
 
 
 def worker_name(value: str | None) -> str | None:
