@@ -167,6 +167,9 @@ class Supervisor:
                     wait = last_restart + 1.0 - time.monotonic()
                     if wait > 0:
                         time.sleep(wait)
+                        if self.stopping:
+                            # A stop signal came during the wait: no new child.
+                            continue
                     logger.warning("worker process %s (pid %s) exited with %s: restarting", slot, child.pid, code)
                     self.restarts += 1
                     last_restart = time.monotonic()
