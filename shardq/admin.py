@@ -32,7 +32,6 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection, transaction
 from django.db.models import (
-    Case,
     Count,
     DateTimeField,
     F,
@@ -45,8 +44,6 @@ from django.db.models import (
     Q,
     Subquery,
     TextField,
-    Value,
-    When,
 )
 from django.db.models.constants import LOOKUP_SEP
 from django.db.models.expressions import RawSQL
@@ -57,7 +54,7 @@ from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html, format_html_join
 
 from .conf import get_config
-from .db.queries import QUERIES
+from .db.queries import QUERIES, positional
 from .exceptions import UnknownTask
 from .models import Dashboard, Job, Shard, ShardEvent, Worker
 from .tasks import REDACTED, autodiscover, redact_arguments, resolve, shard_key_is_sensitive
@@ -441,23 +438,38 @@ class ShardAdmin(admin.ModelAdmin):
 # -- workers -----------------------------------------------------------------
 
 
+# worker_liveness's values (shardq/db/queries.sql), and what each means.
+LIVENESS = {
+    "live": "RUNNING, heartbeat within LEASE_TTL ({ttl:g} s)",
+    "stopping": "draining after a signal, heartbeat within LEASE_TTL ({ttl:g} s)",
+    "dead": "no heartbeat for longer than LEASE_TTL ({ttl:g} s): its shards expire and are taken over",
+    "stopped": "stopped gracefully",
+}
+
+
+def worker_liveness(ttl: float) -> RawSQL:
+    """worker_liveness of queries.sql, the definition shardq_status uses too."""
+    sql_text, params = positional("worker_liveness", {"ttl": ttl})
+    return RawSQL(sql_text, params, output_field=TextField())
+
+
 class LivenessFilter(admin.SimpleListFilter):
     title = "liveness"
     parameter_name = "liveness"
 
     def lookups(self, request, model_admin):
-        return [("live", "live"), ("dead", "dead"), ("stopped", "stopped")]
+        return [(value, value) for value in LIVENESS]
 
     def queryset(self, request, queryset):
-        if self.value() in ("live", "dead", "stopped"):
+        if self.value() in LIVENESS:
             return queryset.filter(liveness=self.value())
         return queryset
 
 
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
-    """Worker incarnations: live (heartbeat within LEASE_TTL), dead (silent
-    longer than that: its shards expire and are taken over) or stopped."""
+    """Worker incarnations: live, stopping, dead or stopped (worker_liveness
+    in queries.sql, which shardq_status reads too)."""
 
     list_display = (
         "host",
@@ -505,21 +517,12 @@ class WorkerAdmin(admin.ModelAdmin):
             .annotate(n=Count("*"))
             .values("n")
         )
-        return (
-            with_safe_times(super().get_queryset(request), ("started_at", "heartbeat_at"))
-            .annotate(
-                heartbeat_age_seconds=SecondsSince(F("heartbeat_at")),
-                shards_held=Coalesce(Subquery(held, output_field=IntegerField()), 0),
-            )
-            .annotate(
-                # The lease protocol's rule (DESIGN §4): live = heartbeat
-                # within LEASE_TTL. A stopped worker said goodbye.
-                liveness=Case(
-                    When(state=Worker.State.STOPPED, then=Value("stopped")),
-                    When(heartbeat_age_seconds__lte=ttl, then=Value("live")),
-                    default=Value("dead"),
-                )
-            )
+        return with_safe_times(super().get_queryset(request), ("started_at", "heartbeat_at")).annotate(
+            heartbeat_age_seconds=SecondsSince(F("heartbeat_at")),
+            shards_held=Coalesce(Subquery(held, output_field=IntegerField()), 0),
+            # The lease protocol's rule (DESIGN §4), written once in
+            # queries.sql: live = RUNNING with a heartbeat within LEASE_TTL.
+            liveness=worker_liveness(ttl),
         )
 
     def has_add_permission(self, request):
@@ -536,12 +539,7 @@ class WorkerAdmin(admin.ModelAdmin):
 
     @admin.display(description="liveness", ordering="liveness")
     def liveness_display(self, obj):
-        ttl = get_config().lease_ttl_seconds
-        title = {
-            "live": f"heartbeat within LEASE_TTL ({ttl:g} s)",
-            "dead": f"no heartbeat for longer than LEASE_TTL ({ttl:g} s): its shards expire",
-            "stopped": "stopped gracefully",
-        }.get(obj.liveness, "")
+        title = LIVENESS.get(obj.liveness, "").format(ttl=get_config().lease_ttl_seconds)
         return format_html(
             '<span class="shardq-badge shardq-{}" data-liveness="{}" title="{}">{}</span>',
             obj.liveness,

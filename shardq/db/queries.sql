@@ -1,6 +1,8 @@
 -- Every statement shardq runs on a hot path, each a named block.
 -- `-- name: NAME` starts a block; the next comment line says what it does.
 -- Parameters are psycopg's %(name)s; a literal percent sign is written %%.
+-- A block may be an SQL expression that others include as {{NAME}}
+-- (in parentheses), so a definition is written once.
 
 -- name: insert_job
 -- Insert one READY job on the caller's connection and NOTIFY its shard (delivered at commit).
@@ -596,13 +598,23 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- Commit this session's writes without waiting for the WAL flush (the claim and start connections: a lost claim or start leaves its jobs READY or CLAIMED, never a wrong outcome).
 SET synchronous_commit = off;
 
+-- name: worker_liveness
+-- The one definition of a worker's liveness (the admin's worker list, shardq_status), an expression over a shardq_worker row: 'stopped' (it said goodbye), 'dead' (no heartbeat for longer than :ttl, LEASE_TTL: its leases expire and its shards are taken over), 'live' (RUNNING with a heartbeat within :ttl: a member of its pool, as the heartbeat statement counts one), 'stopping' (draining after a signal, heartbeat fresh: not a member any more). An odd state reads 'unknown'.
+CASE WHEN shardq_worker.state = 'STOPPED' THEN 'stopped'
+     WHEN NOT shardq_worker.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s) THEN 'dead'
+     WHEN shardq_worker.state = 'RUNNING' THEN 'live'
+     WHEN shardq_worker.state = 'STOPPING' THEN 'stopping'
+     ELSE 'unknown' END
+
 -- name: status_workers
--- shardq_status: the workers not stopped, oldest first: id, name, host, pid, pool, state, heartbeat age in seconds (epoch difference: an infinite time gives ±Infinity), stats as text, live shards held.
-SELECT w.id::text, w.name, w.host, w.pid, w.pool, w.state,
-       (extract(epoch FROM clock_timestamp()) - extract(epoch FROM w.heartbeat_at))::float8,
-       w.stats::text,
-       (SELECT count(*) FROM shardq_shard AS s WHERE s.owner = w.id AND s.lease_expires > clock_timestamp())
-FROM shardq_worker AS w WHERE w.state <> 'STOPPED' ORDER BY w.started_at;
+-- shardq_status: the workers not stopped, oldest first: id, name, host, pid, pool, state, liveness (worker_liveness), heartbeat age in seconds (epoch difference: an infinite time gives ±Infinity), stats as text, live shards held.
+SELECT shardq_worker.id::text, shardq_worker.name, shardq_worker.host, shardq_worker.pid, shardq_worker.pool,
+       shardq_worker.state, {{worker_liveness}},
+       (extract(epoch FROM clock_timestamp()) - extract(epoch FROM shardq_worker.heartbeat_at))::float8,
+       shardq_worker.stats::text,
+       (SELECT count(*) FROM shardq_shard AS s
+        WHERE s.owner = shardq_worker.id AND s.lease_expires > clock_timestamp())
+FROM shardq_worker WHERE shardq_worker.state <> 'STOPPED' ORDER BY shardq_worker.started_at;
 
 -- name: status_jobs
 -- shardq_status: jobs by status.
@@ -614,11 +626,10 @@ SELECT (extract(epoch FROM clock_timestamp()) - extract(epoch FROM min(run_after
 FROM shardq_job WHERE status = 'READY' AND run_after <= clock_timestamp();
 
 -- name: status_pools
--- shardq_status: each pool with its live workers (heartbeat within :ttl), its shards held under a live lease and its shards unowned or expired.
+-- shardq_status: each pool with its live workers (worker_liveness), its shards held under a live lease and its shards unowned or expired.
 SELECT s.pool,
-       (SELECT count(*) FROM shardq_worker AS w
-        WHERE w.pool = s.pool AND w.state = 'RUNNING'
-          AND w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)) AS workers,
+       (SELECT count(*) FROM shardq_worker
+        WHERE shardq_worker.pool = s.pool AND {{worker_liveness}} = 'live') AS workers,
        count(*) FILTER (WHERE s.owner IS NOT NULL AND s.lease_expires > clock_timestamp()) AS held,
        count(*) FILTER (WHERE s.owner IS NULL OR s.lease_expires <= clock_timestamp()) AS unowned
 FROM shardq_shard AS s
