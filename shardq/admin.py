@@ -28,6 +28,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import ActionLocation, helpers
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.admin.utils import display_for_value
+from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection, transaction
@@ -200,6 +201,47 @@ def _pre(text: str):
     return format_html('<pre class="shardq-pre">{}</pre>', text)
 
 
+# -- lists -------------------------------------------------------------------
+
+
+class SnapshotChangeList(ChangeList):
+    """A list whose count is the rows it shows.
+
+    Django counts a list (one statement) and reads its rows (another, while
+    the template renders); under READ COMMITTED each sees its own snapshot.
+    Jobs change under a running worker every millisecond — right after a
+    Retry the retried job runs and may fail again — so a page could say
+    "1 result" over 2 rows. A list that fits one page is read here, once,
+    and counted from what was read. (A longer list keeps Django's count:
+    its page is bounded by LIMIT and the count is of the whole list.)
+    """
+
+    def get_results(self, request):
+        super().get_results(request)
+        if self.multi_page and not (self.show_all and self.can_show_all):
+            return
+        limit = self.list_max_show_all if self.show_all else self.list_per_page
+        rows = list(self.queryset[: limit + 1])
+        # More rows than the count promised a page: rows arrived in between;
+        # show a page of them, the rest is on the next load.
+        self.result_list = rows[:limit]
+        self.result_count = len(self.result_list)
+
+
+class ShardqModelAdmin(admin.ModelAdmin):
+    """What every shardq list shares: the stylesheet, no exact total count
+    (a scan of a large table), no facets, and counts that match the rows."""
+
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+
+    class Media:
+        css = {"all": ["shardq/admin.css"]}
+
+    def get_changelist(self, request, **kwargs):
+        return SnapshotChangeList
+
+
 # -- tasks, as this process knows them ---------------------------------------
 
 
@@ -304,7 +346,7 @@ def worker_link(worker_id, host, pid):
 
 
 @admin.register(Shard)
-class ShardAdmin(admin.ModelAdmin):
+class ShardAdmin(ShardqModelAdmin):
     """The shard map: one row a lease, (pool, shard), with its READY backlog.
 
     Shards are leased per pool (the queues a worker serves): each pool holds
@@ -328,8 +370,6 @@ class ShardAdmin(admin.ModelAdmin):
     # Every shard on one page (SHARD_COUNT is a power of two, 64 by default).
     list_per_page = 1024
     list_max_show_all = 4096
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
     fields = (
         "shard",
         "pool",
@@ -343,9 +383,6 @@ class ShardAdmin(admin.ModelAdmin):
         "recent_events",
     )
     readonly_fields = fields
-
-    class Media:
-        css = {"all": ["shardq/admin.css"]}
 
     def get_queryset(self, request):
         # Two correlated subqueries a shard, each an index range walk over
@@ -467,7 +504,7 @@ class LivenessFilter(admin.SimpleListFilter):
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(ShardqModelAdmin):
     """Worker incarnations: live, stopping, dead or stopped (worker_liveness
     in queries.sql, which shardq_status reads too)."""
 
@@ -487,8 +524,6 @@ class WorkerAdmin(admin.ModelAdmin):
     list_filter = (LivenessFilter, "state", "pool")
     search_fields = ("=id", "host")
     ordering = ("-started_at",)
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
     fields = (
         "id",
         "host",
@@ -504,9 +539,6 @@ class WorkerAdmin(admin.ModelAdmin):
         "counters_table",
     )
     readonly_fields = fields
-
-    class Media:
-        css = {"all": ["shardq/admin.css"]}
 
     def get_queryset(self, request):
         ttl = get_config().lease_ttl_seconds
@@ -747,7 +779,7 @@ def worker_link_bare(worker_id):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ShardqModelAdmin):
     """Jobs: filters, search, redacted arguments, readable tracebacks, and the
     dead-letter actions (Retry, Discard), each behind its own permission."""
 
@@ -769,9 +801,6 @@ class JobAdmin(admin.ModelAdmin):
     search_fields = ("=id", "task_path")
     search_help_text = "A job id, part of a task path, or an exact shard key."
     ordering = ("-id",)
-    # The exact count of a large job table is a full scan; one count a page is enough.
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
     actions = ["retry_failed", "discard_failed"]
     fieldsets = (
         (None, {"fields": ("id", "task_path", "status_display", "queue_name", "priority", "backend")}),
@@ -817,9 +846,6 @@ class JobAdmin(admin.ModelAdmin):
         "key_hash_display",
         *(f"{name}_display" for name in TIMES),
     )
-
-    class Media:
-        css = {"all": ["shardq/admin.css"]}
 
     def get_queryset(self, request):
         # The stored values that may be large or odd are never loaded as
@@ -1116,7 +1142,7 @@ class JobAdmin(admin.ModelAdmin):
 
 
 @admin.register(ShardEvent)
-class ShardEventAdmin(admin.ModelAdmin):
+class ShardEventAdmin(ShardqModelAdmin):
     """Ownership history: every claim, takeover and release of a shard."""
 
     list_display = ("at_display", "shard", "reason", "claim_version", "worker_display", "rescued")
@@ -1125,8 +1151,6 @@ class ShardEventAdmin(admin.ModelAdmin):
     list_filter = ("reason",)
     search_fields = ("=shard", "=worker")
     ordering = ("-at",)
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
 
     def has_add_permission(self, request):
         return False
@@ -1298,7 +1322,7 @@ def bar_chart(title: str, shards: list[dict], key: str, label, height: int = 120
 
 
 @admin.register(Dashboard)
-class DashboardAdmin(admin.ModelAdmin):
+class DashboardAdmin(admin.ModelAdmin):  # not a list: no ShardqModelAdmin
     """The dashboard page: a proxy model's admin whose only URL is its changelist."""
 
     def has_add_permission(self, request):
