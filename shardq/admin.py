@@ -27,12 +27,12 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import ActionLocation, helpers
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
-from django.contrib.admin.utils import display_for_value
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection, transaction
 from django.db.models import (
+    Case,
     Count,
     DateTimeField,
     F,
@@ -45,6 +45,7 @@ from django.db.models import (
     Q,
     Subquery,
     TextField,
+    When,
 )
 from django.db.models.constants import LOOKUP_SEP
 from django.db.models.expressions import RawSQL
@@ -52,6 +53,8 @@ from django.db.models.functions import Coalesce
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
+from django.utils import timezone
+from django.utils.dateformat import format as format_date
 from django.utils.html import format_html, format_html_join
 
 from .conf import get_config
@@ -91,6 +94,19 @@ class SecondsSince(Func):
     output_field = FloatField()
 
 
+class Epoch(Func):
+    template = "extract(epoch FROM %(expressions)s)"
+    arity = 1
+    output_field = FloatField()
+
+
+def seconds_between(start, end) -> Func:
+    """``end - start`` in seconds, taken between epochs (infinity-safe, as above)."""
+    return Func(
+        Epoch(end), Epoch(start), template="(%(expressions)s)::float8", arg_joiner=" - ", output_field=FloatField()
+    )
+
+
 class FiniteTime(Func):
     """A timestamp column, or NULL when it is ±infinity: psycopg cannot load
     an infinite timestamp into a ``datetime``, so an odd row would fail the
@@ -120,15 +136,30 @@ def with_safe_times(queryset, fields):
     return queryset.defer(*fields).annotate(**annotations)
 
 
+# Times to the second (Django's default format stops at the minute, and a
+# job often lives less than one), in the current time zone; the exact value
+# with its microseconds and offset is in the element's datetime and title.
+TIME_FORMAT = "Y-m-d H:i:s"
+
+
+def show_time(value, infinite: str | None = None):
+    """A timestamp to the second, as ``<time>``; ``infinite`` is the text of
+    an infinite one (``with_safe_times``)."""
+    if infinite:
+        return infinite
+    if value is None:
+        return "—"
+    local = timezone.localtime(value) if timezone.is_aware(value) else value
+    exact = local.isoformat()
+    return format_html('<time datetime="{}" title="{}">{}</time>', exact, exact, format_date(local, TIME_FORMAT))
+
+
 def time_column(name: str, description: str):
     """A display method for a timestamp read through ``with_safe_times``."""
 
     @admin.display(description=description, ordering=name)
     def show(self, obj):
-        raw = getattr(obj, f"{name}_infinite", None)
-        if raw:
-            return raw
-        return display_for_value(getattr(obj, f"{name}_finite", None), "—")
+        return show_time(getattr(obj, f"{name}_finite", None), getattr(obj, f"{name}_infinite", None))
 
     show.__name__ = f"{name}_display"
     return show
@@ -458,10 +489,7 @@ class ShardAdmin(ShardqModelAdmin):
         rows = format_html_join(
             "",
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            (
-                (e.at_infinite or display_for_value(e.at_finite, "—"), e.reason, e.claim_version, e.worker, e.rescued)
-                for e in events
-            ),
+            ((show_time(e.at_finite, e.at_infinite), e.reason, e.claim_version, e.worker, e.rescued) for e in events),
         )
         if not rows:
             return "none"
@@ -793,6 +821,8 @@ class JobAdmin(ShardqModelAdmin):
         "shard_key_display",
         "arguments_display",
         "enqueued_at_display",
+        "waited_display",
+        "ran_display",
         "finished_at_display",
     )
     list_filter = ("status", DeadLetterFilter, QueueFilter, TaskPathFilter)
@@ -830,6 +860,9 @@ class JobAdmin(ShardqModelAdmin):
                     "started_at_display",
                     "last_attempted_at_display",
                     "finished_at_display",
+                    "waited_display",
+                    "ran_display",
+                    "total_display",
                 )
             },
         ),
@@ -845,6 +878,9 @@ class JobAdmin(ShardqModelAdmin):
         "shard_key_display",
         "key_hash_display",
         *(f"{name}_display" for name in TIMES),
+        "waited_display",
+        "ran_display",
+        "total_display",
     )
 
     def get_queryset(self, request):
@@ -853,9 +889,28 @@ class JobAdmin(ShardqModelAdmin):
         # text), outcomes only as bounded excerpts (get_object), timestamps
         # through with_safe_times (an infinite one cannot be loaded).
         queryset = super().get_queryset(request).defer("args", "kwargs", *OUTCOME_FIELDS)
+        now = ClockTimestamp()
+        waiting = Q(status__in=["READY", "CLAIMED"])
         return with_safe_times(queryset, TIMES).annotate(
             args_bounded=bounded_json("args"),
             kwargs_bounded=bounded_json("kwargs"),
+            # The pickup latency of the dashboard: from due (run_after) to
+            # the start of the final attempt; a job not started yet, so far.
+            waited_seconds=Case(
+                When(waiting & Q(run_after__lte=now), then=seconds_between(F("run_after"), now)),
+                When(waiting, then=None),
+                default=seconds_between(F("run_after"), Coalesce(F("last_attempted_at"), F("finished_at"))),
+            ),
+            # The final attempt's run: from its start to the outcome; a
+            # running job, so far.
+            ran_seconds=Case(
+                When(
+                    status__in=["SUCCESSFUL", "FAILED"], then=seconds_between(F("last_attempted_at"), F("finished_at"))
+                ),
+                When(status="RUNNING", then=seconds_between(F("last_attempted_at"), now)),
+                default=None,
+            ),
+            total_seconds=seconds_between(F("enqueued_at"), F("finished_at")),
         )
 
     def get_object(self, request, object_id, from_field=None):
@@ -925,6 +980,33 @@ class JobAdmin(ShardqModelAdmin):
     started_at_display = time_column("started_at", "started at")
     last_attempted_at_display = time_column("last_attempted_at", "last attempted at")
     finished_at_display = time_column("finished_at", "finished at")
+
+    @admin.display(description="waited")
+    def waited_display(self, obj):
+        """How long it waited once due for its final attempt to start (so far, when it has not started)."""
+        if obj.waited_seconds is None:
+            return "—"
+        if obj.status in ("READY", "CLAIMED"):
+            return format_html(
+                '{}<span class="shardq-so-far" title="not started yet: so far">…</span>',
+                seconds_html(obj.waited_seconds),
+            )
+        return seconds_html(obj.waited_seconds)
+
+    @admin.display(description="ran")
+    def ran_display(self, obj):
+        """How long its final attempt ran (so far, while it runs)."""
+        if obj.ran_seconds is None:
+            return "—"
+        if obj.status == "RUNNING":
+            return format_html(
+                '{}<span class="shardq-so-far" title="running: so far">…</span>', seconds_html(obj.ran_seconds)
+            )
+        return seconds_html(obj.ran_seconds)
+
+    @admin.display(description="enqueued → finished")
+    def total_display(self, obj):
+        return seconds_html(obj.total_seconds)
 
     @admin.display(description="attempts")
     def attempts_display(self, obj):
