@@ -57,6 +57,7 @@ from django.utils import timezone
 from django.utils.dateformat import format as format_date
 from django.utils.html import format_html, format_html_join
 
+from . import charts
 from .conf import get_config
 from .db.queries import QUERIES, positional
 from .exceptions import UnknownTask
@@ -1362,44 +1363,114 @@ def dashboard_data(minutes: int) -> dict:
         "median_depth": median_depth,
         "median_wait_text": human_seconds(median_wait),
         "median_p99_text": human_seconds(median_p99),
-        "charts": [
-            bar_chart("READY depth by shard", shards, "depth", str),
-            bar_chart("p99 pickup latency by shard", shards, "p99", human_seconds),
-        ],
+        "charts": shard_charts(shards),
     }
 
 
-def bar_chart(title: str, shards: list[dict], key: str, label, height: int = 120, bar: int = 10) -> dict:
-    """An inline SVG bar chart (drawn server-side: no JavaScript, no CDN)."""
+def shard_charts(shards: list[dict]) -> list[dict]:
+    """READY depth and p99 pickup latency by shard, hot shards in red."""
+    labels = [str(r["shard"]) for r in shards]
+    ticks_at = [i for i, r in enumerate(shards) if r["shard"] % 8 == 0]
+    hot = [bool(r["hot_reasons"]) for r in shards]
+    return [
+        {
+            **charts.bar_chart(
+                "READY depth by shard (now)",
+                "READY jobs",
+                "shard",
+                labels,
+                [charts.Series("READY", "bar", [r["depth"] for r in shards])],
+                ticks_at=ticks_at,
+                fmt=lambda v: f"{v:g}",
+                hot=hot,
+                whole=True,
+            ),
+            "key": "depth-by-shard",
+        },
+        {
+            **charts.bar_chart(
+                "p99 pickup latency by shard (the window)",
+                "p99 pickup",
+                "shard",
+                labels,
+                [charts.Series("p99", "bar", [r["p99"] for r in shards])],
+                ticks_at=ticks_at,
+                fmt=human_seconds,
+                hot=hot,
+            ),
+            "key": "p99-by-shard",
+        },
+    ]
 
-    def bar_value(value):
-        # An odd row's ±Infinity or NaN: +Infinity is a full bar, the others none.
-        if value is None or math.isnan(value) or value < 0:
-            return 0
-        return value
 
-    finite = [bar_value(r[key]) for r in shards if r[key] is not None and math.isfinite(r[key])]
-    values = [bar_value(r[key]) for r in shards]
-    top = max(finite, default=0) or 1
-    bars = []
-    for i, r in enumerate(shards):
-        h = round(height * min(bar_value(r[key]) / top, 1.0), 1)
-        bars.append(
-            {
-                "x": i * bar + 1,
-                "y": round(height - h, 1),
-                "h": h,
-                "w": bar - 2,
-                "hot": bool(r["hot_reasons"]),
-                "tip": f"shard {r['shard']}: {label(r[key]) if r[key] is not None else '—'}",
-            }
-        )
+# The time-series charts cover the last hour, a point a minute.
+CHART_MINUTES = 60
+TIMESERIES_COLUMNS = ("minute", "successful", "failed", "p50", "p99", "waiting", "oldest")
+
+
+def timeseries_data(minutes: int = CHART_MINUTES) -> dict:
+    """The last ``minutes``, a row a minute (``admin_timeseries``), and their charts."""
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["admin_timeseries"], {"minutes": minutes})
+        rows = [dict(zip(TIMESERIES_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
+    local = [timezone.localtime(r["minute"]) for r in rows]
+    labels = [format_date(m, "H:i") for m in local]
+    ticks_at = [i for i, m in enumerate(local) if m.minute % 10 == 0]
+    time_title = f"time ({timezone.get_current_timezone_name()}), a point a minute; the last minute so far"
+    column = {key: [r[key] for r in rows] for key in TIMESERIES_COLUMNS}
+
+    def chart(key, build, *args, **kwargs):
+        return {**build(*args, ticks_at=ticks_at, **kwargs), "key": key}
+
     return {
-        "title": title,
-        "bars": bars,
-        "width": len(shards) * bar + 2,
-        "height": height,
-        "top": label(top) if any(values) else "0",
+        "rows": rows,
+        "charts": [
+            chart(
+                "finished",
+                charts.bar_chart,
+                "Jobs finished a minute, by status",
+                "jobs / min",
+                time_title,
+                labels,
+                [
+                    charts.Series("SUCCESSFUL", "successful", column["successful"]),
+                    charts.Series("FAILED", "failed", column["failed"]),
+                ],
+                fmt=lambda v: f"{v:g}",
+                whole=True,
+            ),
+            chart(
+                "pickup",
+                charts.line_chart,
+                "Pickup latency (due → final start) of the jobs finished each minute",
+                "seconds",
+                time_title,
+                labels,
+                [charts.Series("p50", "p50", column["p50"]), charts.Series("p99", "p99", column["p99"])],
+                fmt=human_seconds,
+            ),
+            chart(
+                "waiting",
+                charts.line_chart,
+                "Due jobs waiting for their start (READY depth), at each minute's end",
+                "jobs",
+                time_title,
+                labels,
+                [charts.Series("due, waiting", "waiting", column["waiting"])],
+                fmt=lambda v: f"{v:g}",
+                whole=True,
+            ),
+            chart(
+                "oldest",
+                charts.line_chart,
+                "Oldest due job's wait (oldest READY age), at each minute's end",
+                "seconds",
+                time_title,
+                labels,
+                [charts.Series("oldest wait", "oldest", column["oldest"])],
+                fmt=human_seconds,
+            ),
+        ],
     }
 
 
@@ -1427,6 +1498,8 @@ class DashboardAdmin(admin.ModelAdmin):  # not a list: no ShardqModelAdmin
         context = {
             **self.admin_site.each_context(request),
             **dashboard_data(minutes),
+            "timeseries": timeseries_data(),
+            "chart_minutes": CHART_MINUTES,
             "title": "shardq dashboard",
             "opts": self.opts,
             "minutes": minutes,

@@ -578,6 +578,66 @@ SELECT NULL, NULL, NULL, NULL, NULL, f.finished, f.failed, f.dead, f.p50, f.p99,
 FROM finished AS f WHERE f.is_total
 ORDER BY 1 NULLS LAST;
 
+-- name: admin_timeseries
+-- Admin dashboard charts, one row a minute of the last :minutes (oldest first; the current minute so far): minute start, jobs finished in it (SUCCESSFUL, FAILED), the p50/p99 pickup latency of those, and, rebuilt from the jobs' own times, how many jobs were due and waiting for their final start at the minute's end and how long the oldest of them had waited (seconds).
+-- A job waits from run_after (due) to last_attempted_at (its final attempt's
+-- start, the dashboard's pickup latency), or on while READY or CLAIMED. No
+-- samples are stored: READY jobs are read over shardq_job_due_idx, CLAIMED and
+-- RUNNING ones over shardq_job_inflight_idx, and the jobs finished in the
+-- window by one scan (finished_at has no index, see admin_dashboard). Earlier
+-- attempts of a retried job, and jobs deleted since (Discard, shardq_prune),
+-- are not in it.
+WITH bounds AS MATERIALIZED (
+    SELECT clock_timestamp() AS now,
+           date_trunc('minute', clock_timestamp()) - make_interval(mins => %(minutes)s - 1) AS since
+), minutes AS (
+    SELECT m, LEAST(m + interval '1 minute', b.now) AS edge
+    FROM bounds AS b, generate_series(b.since, date_trunc('minute', b.now), interval '1 minute') AS m
+), finished AS MATERIALIZED (
+    SELECT j.status, j.run_after, j.last_attempted_at, j.finished_at
+    FROM shardq_job AS j, bounds AS b
+    WHERE j.status IN ('SUCCESSFUL', 'FAILED') AND j.finished_at >= b.since
+), per_minute AS (
+    SELECT date_trunc('minute', f.finished_at) AS m,
+           count(*) FILTER (WHERE f.status = 'SUCCESSFUL') AS successful,
+           count(*) FILTER (WHERE f.status = 'FAILED') AS failed,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY l.s) AS p50,
+           percentile_cont(0.99) WITHIN GROUP (ORDER BY l.s) AS p99
+    FROM finished AS f
+    -- Epoch differences: an infinite time gives ±Infinity, not an error.
+    CROSS JOIN LATERAL (SELECT (extract(epoch FROM f.last_attempted_at) - extract(epoch FROM f.run_after))::float8 AS s) AS l
+    GROUP BY 1
+), waits AS MATERIALIZED (
+    -- Every wait that overlaps the window, grouped by the minute it began
+    -- (or the window's first) and the minute it ended (NULL: waits on);
+    -- a wait counts at a minute's end when began <= minute < ended.
+    SELECT date_trunc('minute', GREATEST(j.run_after, b.since)) AS began, NULL::timestamptz AS ended,
+           count(*) AS n, min(j.run_after) AS oldest_due
+    FROM shardq_job AS j, bounds AS b
+    WHERE j.status = 'READY' AND j.run_after <= b.now
+    GROUP BY 1
+    UNION ALL
+    SELECT date_trunc('minute', GREATEST(w.due, b.since)), date_trunc('minute', w.started), count(*), min(w.due)
+    FROM (
+        SELECT j.run_after AS due, CASE WHEN j.status = 'RUNNING' THEN j.last_attempted_at END AS started
+        FROM shardq_job AS j, bounds AS b
+        WHERE j.status IN ('CLAIMED', 'RUNNING') AND j.run_after <= b.now
+        UNION ALL
+        SELECT f.run_after, COALESCE(f.last_attempted_at, f.finished_at) FROM finished AS f
+    ) AS w, bounds AS b
+    WHERE w.started IS NULL OR (w.started >= b.since AND w.started > w.due)
+    GROUP BY 1, 2
+)
+SELECT mi.m, COALESCE(pm.successful, 0), COALESCE(pm.failed, 0), pm.p50, pm.p99,
+       COALESCE(w.waiting, 0), (extract(epoch FROM mi.edge) - extract(epoch FROM w.oldest_due))::float8
+FROM minutes AS mi
+LEFT JOIN per_minute AS pm ON pm.m = mi.m
+LEFT JOIN LATERAL (
+    SELECT sum(g.n)::bigint AS waiting, min(g.oldest_due) AS oldest_due FROM waits AS g
+    WHERE g.began <= mi.m AND (g.ended IS NULL OR g.ended > mi.m)
+) AS w ON true
+ORDER BY mi.m;
+
 -- name: cancel_jobs
 -- Cancel the jobs of :ids that have not finished: READY or RUNNING become FAILED with a shardq.exceptions.Cancelled error and status_rank + 1, so the ack of an attempt still running (it carries the claim's rank + 1) can no longer land; returns the ids cancelled.
 UPDATE shardq_job
