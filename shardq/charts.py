@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-WIDTH = 640
+WIDTH = 480
 HEIGHT = 240
 # Room for the y labels (left), the x labels and the axis title (bottom).
 LEFT, RIGHT, TOP, BOTTOM = 64, 12, 12, 44
