@@ -25,7 +25,7 @@ def load(path: Path) -> dict[str, str]:
 
 
 def expand(text: str, queries: dict[str, str], seen: tuple[str, ...] = ()) -> str:
-    def include(match: re.Match) -> str:
+    def include(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in queries:
             raise KeyError(f"queries.sql: {{{{{name}}}}} names no block")
@@ -39,7 +39,7 @@ def expand(text: str, queries: dict[str, str], seen: tuple[str, ...] = ()) -> st
 PARAMETER = re.compile(r"%\((\w+)\)s")
 
 
-def positional(name: str, params: dict) -> tuple[str, list]:
+def positional(name: str, params: dict[str, object]) -> tuple[str, list[object]]:
     """Block ``name`` with its ``%(x)s`` parameters as ``%s`` and their
     values in order, for Django's ``RawSQL`` (which takes a list)."""
     text = QUERIES[name]
