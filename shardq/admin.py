@@ -27,7 +27,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import ActionLocation, helpers
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
-from django.contrib.admin.utils import display_for_value
+from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection, transaction
@@ -45,7 +45,6 @@ from django.db.models import (
     Q,
     Subquery,
     TextField,
-    Value,
     When,
 )
 from django.db.models.constants import LOOKUP_SEP
@@ -54,10 +53,13 @@ from django.db.models.functions import Coalesce
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
+from django.utils import timezone
+from django.utils.dateformat import format as format_date
 from django.utils.html import format_html, format_html_join
 
+from . import charts
 from .conf import get_config
-from .db.queries import QUERIES
+from .db.queries import QUERIES, positional
 from .exceptions import UnknownTask
 from .models import Dashboard, Job, Shard, ShardEvent, Worker
 from .tasks import REDACTED, autodiscover, redact_arguments, resolve, shard_key_is_sensitive
@@ -93,6 +95,19 @@ class SecondsSince(Func):
     output_field = FloatField()
 
 
+class Epoch(Func):
+    template = "extract(epoch FROM %(expressions)s)"
+    arity = 1
+    output_field = FloatField()
+
+
+def seconds_between(start, end) -> Func:
+    """``end - start`` in seconds, taken between epochs (infinity-safe, as above)."""
+    return Func(
+        Epoch(end), Epoch(start), template="(%(expressions)s)::float8", arg_joiner=" - ", output_field=FloatField()
+    )
+
+
 class FiniteTime(Func):
     """A timestamp column, or NULL when it is ±infinity: psycopg cannot load
     an infinite timestamp into a ``datetime``, so an odd row would fail the
@@ -122,15 +137,30 @@ def with_safe_times(queryset, fields):
     return queryset.defer(*fields).annotate(**annotations)
 
 
+# Times to the second (Django's default format stops at the minute, and a
+# job often lives less than one), in the current time zone; the exact value
+# with its microseconds and offset is in the element's datetime and title.
+TIME_FORMAT = "Y-m-d H:i:s"
+
+
+def show_time(value, infinite: str | None = None):
+    """A timestamp to the second, as ``<time>``; ``infinite`` is the text of
+    an infinite one (``with_safe_times``)."""
+    if infinite:
+        return infinite
+    if value is None:
+        return "—"
+    local = timezone.localtime(value) if timezone.is_aware(value) else value
+    exact = local.isoformat()
+    return format_html('<time datetime="{}" title="{}">{}</time>', exact, exact, format_date(local, TIME_FORMAT))
+
+
 def time_column(name: str, description: str):
     """A display method for a timestamp read through ``with_safe_times``."""
 
     @admin.display(description=description, ordering=name)
     def show(self, obj):
-        raw = getattr(obj, f"{name}_infinite", None)
-        if raw:
-            return raw
-        return display_for_value(getattr(obj, f"{name}_finite", None), "—")
+        return show_time(getattr(obj, f"{name}_finite", None), getattr(obj, f"{name}_infinite", None))
 
     show.__name__ = f"{name}_display"
     return show
@@ -201,6 +231,47 @@ def excerpt(text: str, total_bytes: int | None = None, limit: int = EXCERPT_CHAR
 
 def _pre(text: str):
     return format_html('<pre class="shardq-pre">{}</pre>', text)
+
+
+# -- lists -------------------------------------------------------------------
+
+
+class SnapshotChangeList(ChangeList):
+    """A list whose count is the rows it shows.
+
+    Django counts a list (one statement) and reads its rows (another, while
+    the template renders); under READ COMMITTED each sees its own snapshot.
+    Jobs change under a running worker every millisecond — right after a
+    Retry the retried job runs and may fail again — so a page could say
+    "1 result" over 2 rows. A list that fits one page is read here, once,
+    and counted from what was read. (A longer list keeps Django's count:
+    its page is bounded by LIMIT and the count is of the whole list.)
+    """
+
+    def get_results(self, request):
+        super().get_results(request)
+        if self.multi_page and not (self.show_all and self.can_show_all):
+            return
+        limit = self.list_max_show_all if self.show_all else self.list_per_page
+        rows = list(self.queryset[: limit + 1])
+        # More rows than the count promised a page: rows arrived in between;
+        # show a page of them, the rest is on the next load.
+        self.result_list = rows[:limit]
+        self.result_count = len(self.result_list)
+
+
+class ShardqModelAdmin(admin.ModelAdmin):
+    """What every shardq list shares: the stylesheet, no exact total count
+    (a scan of a large table), no facets, and counts that match the rows."""
+
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+
+    class Media:
+        css = {"all": ["shardq/admin.css"]}
+
+    def get_changelist(self, request, **kwargs):
+        return SnapshotChangeList
 
 
 # -- tasks, as this process knows them ---------------------------------------
@@ -307,7 +378,7 @@ def worker_link(worker_id, host, pid):
 
 
 @admin.register(Shard)
-class ShardAdmin(admin.ModelAdmin):
+class ShardAdmin(ShardqModelAdmin):
     """The shard map: one row a lease, (pool, shard), with its READY backlog.
 
     Shards are leased per pool (the queues a worker serves): each pool holds
@@ -331,8 +402,6 @@ class ShardAdmin(admin.ModelAdmin):
     # Every shard on one page (SHARD_COUNT is a power of two, 64 by default).
     list_per_page = 1024
     list_max_show_all = 4096
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
     fields = (
         "shard",
         "pool",
@@ -346,9 +415,6 @@ class ShardAdmin(admin.ModelAdmin):
         "recent_events",
     )
     readonly_fields = fields
-
-    class Media:
-        css = {"all": ["shardq/admin.css"]}
 
     def get_queryset(self, request):
         # Two correlated subqueries a shard, each an index range walk over
@@ -424,10 +490,7 @@ class ShardAdmin(admin.ModelAdmin):
         rows = format_html_join(
             "",
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            (
-                (e.at_infinite or display_for_value(e.at_finite, "—"), e.reason, e.claim_version, e.worker, e.rescued)
-                for e in events
-            ),
+            ((show_time(e.at_finite, e.at_infinite), e.reason, e.claim_version, e.worker, e.rescued) for e in events),
         )
         if not rows:
             return "none"
@@ -441,23 +504,38 @@ class ShardAdmin(admin.ModelAdmin):
 # -- workers -----------------------------------------------------------------
 
 
+# worker_liveness's values (shardq/db/queries.sql), and what each means.
+LIVENESS = {
+    "live": "RUNNING, heartbeat within LEASE_TTL ({ttl:g} s)",
+    "stopping": "draining after a signal, heartbeat within LEASE_TTL ({ttl:g} s)",
+    "dead": "no heartbeat for longer than LEASE_TTL ({ttl:g} s): its shards expire and are taken over",
+    "stopped": "stopped gracefully",
+}
+
+
+def worker_liveness(ttl: float) -> RawSQL:
+    """worker_liveness of queries.sql, the definition shardq_status uses too."""
+    sql_text, params = positional("worker_liveness", {"ttl": ttl})
+    return RawSQL(sql_text, params, output_field=TextField())
+
+
 class LivenessFilter(admin.SimpleListFilter):
     title = "liveness"
     parameter_name = "liveness"
 
     def lookups(self, request, model_admin):
-        return [("live", "live"), ("dead", "dead"), ("stopped", "stopped")]
+        return [(value, value) for value in LIVENESS]
 
     def queryset(self, request, queryset):
-        if self.value() in ("live", "dead", "stopped"):
+        if self.value() in LIVENESS:
             return queryset.filter(liveness=self.value())
         return queryset
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
-    """Worker incarnations: live (heartbeat within LEASE_TTL), dead (silent
-    longer than that: its shards expire and are taken over) or stopped."""
+class WorkerAdmin(ShardqModelAdmin):
+    """Worker incarnations: live, stopping, dead or stopped (worker_liveness
+    in queries.sql, which shardq_status reads too)."""
 
     list_display = (
         "host",
@@ -475,8 +553,6 @@ class WorkerAdmin(admin.ModelAdmin):
     list_filter = (LivenessFilter, "state", "pool")
     search_fields = ("=id", "host")
     ordering = ("-started_at",)
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
     fields = (
         "id",
         "host",
@@ -493,9 +569,6 @@ class WorkerAdmin(admin.ModelAdmin):
     )
     readonly_fields = fields
 
-    class Media:
-        css = {"all": ["shardq/admin.css"]}
-
     def get_queryset(self, request):
         ttl = get_config().lease_ttl_seconds
         held = (
@@ -505,21 +578,12 @@ class WorkerAdmin(admin.ModelAdmin):
             .annotate(n=Count("*"))
             .values("n")
         )
-        return (
-            with_safe_times(super().get_queryset(request), ("started_at", "heartbeat_at"))
-            .annotate(
-                heartbeat_age_seconds=SecondsSince(F("heartbeat_at")),
-                shards_held=Coalesce(Subquery(held, output_field=IntegerField()), 0),
-            )
-            .annotate(
-                # The lease protocol's rule (DESIGN §4): live = heartbeat
-                # within LEASE_TTL. A stopped worker said goodbye.
-                liveness=Case(
-                    When(state=Worker.State.STOPPED, then=Value("stopped")),
-                    When(heartbeat_age_seconds__lte=ttl, then=Value("live")),
-                    default=Value("dead"),
-                )
-            )
+        return with_safe_times(super().get_queryset(request), ("started_at", "heartbeat_at")).annotate(
+            heartbeat_age_seconds=SecondsSince(F("heartbeat_at")),
+            shards_held=Coalesce(Subquery(held, output_field=IntegerField()), 0),
+            # The lease protocol's rule (DESIGN §4), written once in
+            # queries.sql: live = RUNNING with a heartbeat within LEASE_TTL.
+            liveness=worker_liveness(ttl),
         )
 
     def has_add_permission(self, request):
@@ -536,12 +600,7 @@ class WorkerAdmin(admin.ModelAdmin):
 
     @admin.display(description="liveness", ordering="liveness")
     def liveness_display(self, obj):
-        ttl = get_config().lease_ttl_seconds
-        title = {
-            "live": f"heartbeat within LEASE_TTL ({ttl:g} s)",
-            "dead": f"no heartbeat for longer than LEASE_TTL ({ttl:g} s): its shards expire",
-            "stopped": "stopped gracefully",
-        }.get(obj.liveness, "")
+        title = LIVENESS.get(obj.liveness, "").format(ttl=get_config().lease_ttl_seconds)
         return format_html(
             '<span class="shardq-badge shardq-{}" data-liveness="{}" title="{}">{}</span>',
             obj.liveness,
@@ -749,7 +808,7 @@ def worker_link_bare(worker_id):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ShardqModelAdmin):
     """Jobs: filters, search, redacted arguments, readable tracebacks, and the
     dead-letter actions (Retry, Discard), each behind its own permission."""
 
@@ -763,6 +822,8 @@ class JobAdmin(admin.ModelAdmin):
         "shard_key_display",
         "arguments_display",
         "enqueued_at_display",
+        "waited_display",
+        "ran_display",
         "finished_at_display",
     )
     list_filter = ("status", DeadLetterFilter, QueueFilter, TaskPathFilter)
@@ -771,9 +832,6 @@ class JobAdmin(admin.ModelAdmin):
     search_fields = ("=id", "task_path")
     search_help_text = "A job id, part of a task path, or an exact shard key."
     ordering = ("-id",)
-    # The exact count of a large job table is a full scan; one count a page is enough.
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
     actions = ["retry_failed", "discard_failed"]
     fieldsets = (
         (None, {"fields": ("id", "task_path", "status_display", "queue_name", "priority", "backend")}),
@@ -803,6 +861,9 @@ class JobAdmin(admin.ModelAdmin):
                     "started_at_display",
                     "last_attempted_at_display",
                     "finished_at_display",
+                    "waited_display",
+                    "ran_display",
+                    "total_display",
                 )
             },
         ),
@@ -818,10 +879,10 @@ class JobAdmin(admin.ModelAdmin):
         "shard_key_display",
         "key_hash_display",
         *(f"{name}_display" for name in TIMES),
+        "waited_display",
+        "ran_display",
+        "total_display",
     )
-
-    class Media:
-        css = {"all": ["shardq/admin.css"]}
 
     def get_queryset(self, request):
         # The stored values that may be large or odd are never loaded as
@@ -829,9 +890,28 @@ class JobAdmin(admin.ModelAdmin):
         # text), outcomes only as bounded excerpts (get_object), timestamps
         # through with_safe_times (an infinite one cannot be loaded).
         queryset = super().get_queryset(request).defer("args", "kwargs", *OUTCOME_FIELDS)
+        now = ClockTimestamp()
+        waiting = Q(status__in=["READY", "CLAIMED"])
         return with_safe_times(queryset, TIMES).annotate(
             args_bounded=bounded_json("args"),
             kwargs_bounded=bounded_json("kwargs"),
+            # The pickup latency of the dashboard: from due (run_after) to
+            # the start of the final attempt; a job not started yet, so far.
+            waited_seconds=Case(
+                When(waiting & Q(run_after__lte=now), then=seconds_between(F("run_after"), now)),
+                When(waiting, then=None),
+                default=seconds_between(F("run_after"), Coalesce(F("last_attempted_at"), F("finished_at"))),
+            ),
+            # The final attempt's run: from its start to the outcome; a
+            # running job, so far.
+            ran_seconds=Case(
+                When(
+                    status__in=["SUCCESSFUL", "FAILED"], then=seconds_between(F("last_attempted_at"), F("finished_at"))
+                ),
+                When(status="RUNNING", then=seconds_between(F("last_attempted_at"), now)),
+                default=None,
+            ),
+            total_seconds=seconds_between(F("enqueued_at"), F("finished_at")),
         )
 
     def get_object(self, request, object_id, from_field=None):
@@ -901,6 +981,33 @@ class JobAdmin(admin.ModelAdmin):
     started_at_display = time_column("started_at", "started at")
     last_attempted_at_display = time_column("last_attempted_at", "last attempted at")
     finished_at_display = time_column("finished_at", "finished at")
+
+    @admin.display(description="waited")
+    def waited_display(self, obj):
+        """How long it waited once due for its final attempt to start (so far, when it has not started)."""
+        if obj.waited_seconds is None:
+            return "—"
+        if obj.status in ("READY", "CLAIMED"):
+            return format_html(
+                '{}<span class="shardq-so-far" title="not started yet: so far">…</span>',
+                seconds_html(obj.waited_seconds),
+            )
+        return seconds_html(obj.waited_seconds)
+
+    @admin.display(description="ran")
+    def ran_display(self, obj):
+        """How long its final attempt ran (so far, while it runs)."""
+        if obj.ran_seconds is None:
+            return "—"
+        if obj.status == "RUNNING":
+            return format_html(
+                '{}<span class="shardq-so-far" title="running: so far">…</span>', seconds_html(obj.ran_seconds)
+            )
+        return seconds_html(obj.ran_seconds)
+
+    @admin.display(description="enqueued → finished")
+    def total_display(self, obj):
+        return seconds_html(obj.total_seconds)
 
     @admin.display(description="attempts")
     def attempts_display(self, obj):
@@ -1118,7 +1225,7 @@ class JobAdmin(admin.ModelAdmin):
 
 
 @admin.register(ShardEvent)
-class ShardEventAdmin(admin.ModelAdmin):
+class ShardEventAdmin(ShardqModelAdmin):
     """Ownership history: every claim, takeover and release of a shard."""
 
     list_display = ("at_display", "shard", "reason", "claim_version", "worker_display", "rescued")
@@ -1127,8 +1234,6 @@ class ShardEventAdmin(admin.ModelAdmin):
     list_filter = ("reason",)
     search_fields = ("=shard", "=worker")
     ordering = ("-at",)
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
 
     def has_add_permission(self, request):
         return False
@@ -1258,49 +1363,119 @@ def dashboard_data(minutes: int) -> dict:
         "median_depth": median_depth,
         "median_wait_text": human_seconds(median_wait),
         "median_p99_text": human_seconds(median_p99),
+        "charts": shard_charts(shards),
+    }
+
+
+def shard_charts(shards: list[dict]) -> list[dict]:
+    """READY depth and p99 pickup latency by shard, hot shards in red."""
+    labels = [str(r["shard"]) for r in shards]
+    ticks_at = [i for i, r in enumerate(shards) if r["shard"] % 8 == 0]
+    hot = [bool(r["hot_reasons"]) for r in shards]
+    return [
+        {
+            **charts.bar_chart(
+                "READY depth by shard (now)",
+                "READY jobs",
+                "shard",
+                labels,
+                [charts.Series("READY", "bar", [r["depth"] for r in shards])],
+                ticks_at=ticks_at,
+                fmt=lambda v: f"{v:g}",
+                hot=hot,
+                whole=True,
+            ),
+            "key": "depth-by-shard",
+        },
+        {
+            **charts.bar_chart(
+                "p99 pickup latency by shard (the window)",
+                "p99 pickup",
+                "shard",
+                labels,
+                [charts.Series("p99", "bar", [r["p99"] for r in shards])],
+                ticks_at=ticks_at,
+                fmt=human_seconds,
+                hot=hot,
+            ),
+            "key": "p99-by-shard",
+        },
+    ]
+
+
+# The time-series charts cover the last hour, a point a minute.
+CHART_MINUTES = 60
+TIMESERIES_COLUMNS = ("minute", "successful", "failed", "p50", "p99", "waiting", "oldest")
+
+
+def timeseries_data(minutes: int = CHART_MINUTES) -> dict:
+    """The last ``minutes``, a row a minute (``admin_timeseries``), and their charts."""
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["admin_timeseries"], {"minutes": minutes})
+        rows = [dict(zip(TIMESERIES_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
+    local = [timezone.localtime(r["minute"]) for r in rows]
+    labels = [format_date(m, "H:i") for m in local]
+    ticks_at = [i for i, m in enumerate(local) if m.minute % 10 == 0]
+    time_title = f"time ({timezone.get_current_timezone_name()}), a point a minute; the last minute so far"
+    column = {key: [r[key] for r in rows] for key in TIMESERIES_COLUMNS}
+
+    def chart(key, build, *args, **kwargs):
+        return {**build(*args, ticks_at=ticks_at, **kwargs), "key": key}
+
+    return {
+        "rows": rows,
         "charts": [
-            bar_chart("READY depth by shard", shards, "depth", str),
-            bar_chart("p99 pickup latency by shard", shards, "p99", human_seconds),
+            chart(
+                "finished",
+                charts.bar_chart,
+                "Jobs finished a minute, by status",
+                "jobs / min",
+                time_title,
+                labels,
+                [
+                    charts.Series("SUCCESSFUL", "successful", column["successful"]),
+                    charts.Series("FAILED", "failed", column["failed"]),
+                ],
+                fmt=lambda v: f"{v:g}",
+                whole=True,
+            ),
+            chart(
+                "pickup",
+                charts.line_chart,
+                "Pickup latency (due → final start) of the jobs finished each minute",
+                "seconds",
+                time_title,
+                labels,
+                [charts.Series("p50", "p50", column["p50"]), charts.Series("p99", "p99", column["p99"])],
+                fmt=human_seconds,
+            ),
+            chart(
+                "waiting",
+                charts.line_chart,
+                "Due jobs waiting for their start (READY depth), at each minute's end",
+                "jobs",
+                time_title,
+                labels,
+                [charts.Series("due, waiting", "waiting", column["waiting"])],
+                fmt=lambda v: f"{v:g}",
+                whole=True,
+            ),
+            chart(
+                "oldest",
+                charts.line_chart,
+                "Oldest due job's wait (oldest READY age), at each minute's end",
+                "seconds",
+                time_title,
+                labels,
+                [charts.Series("oldest wait", "oldest", column["oldest"])],
+                fmt=human_seconds,
+            ),
         ],
     }
 
 
-def bar_chart(title: str, shards: list[dict], key: str, label, height: int = 120, bar: int = 10) -> dict:
-    """An inline SVG bar chart (drawn server-side: no JavaScript, no CDN)."""
-
-    def bar_value(value):
-        # An odd row's ±Infinity or NaN: +Infinity is a full bar, the others none.
-        if value is None or math.isnan(value) or value < 0:
-            return 0
-        return value
-
-    finite = [bar_value(r[key]) for r in shards if r[key] is not None and math.isfinite(r[key])]
-    values = [bar_value(r[key]) for r in shards]
-    top = max(finite, default=0) or 1
-    bars = []
-    for i, r in enumerate(shards):
-        h = round(height * min(bar_value(r[key]) / top, 1.0), 1)
-        bars.append(
-            {
-                "x": i * bar + 1,
-                "y": round(height - h, 1),
-                "h": h,
-                "w": bar - 2,
-                "hot": bool(r["hot_reasons"]),
-                "tip": f"shard {r['shard']}: {label(r[key]) if r[key] is not None else '—'}",
-            }
-        )
-    return {
-        "title": title,
-        "bars": bars,
-        "width": len(shards) * bar + 2,
-        "height": height,
-        "top": label(top) if any(values) else "0",
-    }
-
-
 @admin.register(Dashboard)
-class DashboardAdmin(admin.ModelAdmin):
+class DashboardAdmin(admin.ModelAdmin):  # not a list: no ShardqModelAdmin
     """The dashboard page: a proxy model's admin whose only URL is its changelist."""
 
     def has_add_permission(self, request):
@@ -1323,6 +1498,8 @@ class DashboardAdmin(admin.ModelAdmin):
         context = {
             **self.admin_site.each_context(request),
             **dashboard_data(minutes),
+            "timeseries": timeseries_data(),
+            "chart_minutes": CHART_MINUTES,
             "title": "shardq dashboard",
             "opts": self.opts,
             "minutes": minutes,

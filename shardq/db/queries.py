@@ -1,6 +1,11 @@
 """Loads ``queries.sql``: one dict entry per ``-- name:`` block."""
 
+import re
 from pathlib import Path
+
+# A block written {{name}} inside another is that block, in parentheses: an
+# expression (a definition such as worker_liveness) is written once.
+INCLUDE = re.compile(r"\{\{(\w+)\}\}")
 
 
 def load(path: Path) -> dict[str, str]:
@@ -16,7 +21,29 @@ def load(path: Path) -> dict[str, str]:
             lines.append(line)
     if name:
         queries[name] = "\n".join(lines).strip().rstrip(";")
-    return queries
+    return {name: expand(text, queries) for name, text in queries.items()}
+
+
+def expand(text: str, queries: dict[str, str], seen: tuple[str, ...] = ()) -> str:
+    def include(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in queries:
+            raise KeyError(f"queries.sql: {{{{{name}}}}} names no block")
+        if name in seen:
+            raise ValueError(f"queries.sql: {{{{{name}}}}} includes itself")
+        return "(" + expand(queries[name], queries, (*seen, name)) + ")"
+
+    return INCLUDE.sub(include, text)
+
+
+PARAMETER = re.compile(r"%\((\w+)\)s")
+
+
+def positional(name: str, params: dict[str, object]) -> tuple[str, list[object]]:
+    """Block ``name`` with its ``%(x)s`` parameters as ``%s`` and their
+    values in order, for Django's ``RawSQL`` (which takes a list)."""
+    text = QUERIES[name]
+    return PARAMETER.sub("%s", text), [params[p] for p in PARAMETER.findall(text)]
 
 
 QUERIES = load(Path(__file__).with_name("queries.sql"))

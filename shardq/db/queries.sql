@@ -1,6 +1,8 @@
 -- Every statement shardq runs on a hot path, each a named block.
 -- `-- name: NAME` starts a block; the next comment line says what it does.
 -- Parameters are psycopg's %(name)s; a literal percent sign is written %%.
+-- A block may be an SQL expression that others include as {{NAME}}
+-- (in parentheses), so a definition is written once.
 
 -- name: insert_job
 -- Insert one READY job on the caller's connection and NOTIFY its shard (delivered at commit).
@@ -576,6 +578,66 @@ SELECT NULL, NULL, NULL, NULL, NULL, f.finished, f.failed, f.dead, f.p50, f.p99,
 FROM finished AS f WHERE f.is_total
 ORDER BY 1 NULLS LAST;
 
+-- name: admin_timeseries
+-- Admin dashboard charts, one row a minute of the last :minutes (oldest first; the current minute so far): minute start, jobs finished in it (SUCCESSFUL, FAILED), the p50/p99 pickup latency of those, and, rebuilt from the jobs' own times, how many jobs were due and waiting for their final start at the minute's end and how long the oldest of them had waited (seconds).
+-- A job waits from run_after (due) to last_attempted_at (its final attempt's
+-- start, the dashboard's pickup latency), or on while READY or CLAIMED. No
+-- samples are stored: READY jobs are read over shardq_job_due_idx, CLAIMED and
+-- RUNNING ones over shardq_job_inflight_idx, and the jobs finished in the
+-- window by one scan (finished_at has no index, see admin_dashboard). Earlier
+-- attempts of a retried job, and jobs deleted since (Discard, shardq_prune),
+-- are not in it.
+WITH bounds AS MATERIALIZED (
+    SELECT clock_timestamp() AS now,
+           date_trunc('minute', clock_timestamp()) - make_interval(mins => %(minutes)s - 1) AS since
+), minutes AS (
+    SELECT m, LEAST(m + interval '1 minute', b.now) AS edge
+    FROM bounds AS b, generate_series(b.since, date_trunc('minute', b.now), interval '1 minute') AS m
+), finished AS MATERIALIZED (
+    SELECT j.status, j.run_after, j.last_attempted_at, j.finished_at
+    FROM shardq_job AS j, bounds AS b
+    WHERE j.status IN ('SUCCESSFUL', 'FAILED') AND j.finished_at >= b.since
+), per_minute AS (
+    SELECT date_trunc('minute', f.finished_at) AS m,
+           count(*) FILTER (WHERE f.status = 'SUCCESSFUL') AS successful,
+           count(*) FILTER (WHERE f.status = 'FAILED') AS failed,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY l.s) AS p50,
+           percentile_cont(0.99) WITHIN GROUP (ORDER BY l.s) AS p99
+    FROM finished AS f
+    -- Epoch differences: an infinite time gives ±Infinity, not an error.
+    CROSS JOIN LATERAL (SELECT (extract(epoch FROM f.last_attempted_at) - extract(epoch FROM f.run_after))::float8 AS s) AS l
+    GROUP BY 1
+), waits AS MATERIALIZED (
+    -- Every wait that overlaps the window, grouped by the minute it began
+    -- (or the window's first) and the minute it ended (NULL: waits on);
+    -- a wait counts at a minute's end when began <= minute < ended.
+    SELECT date_trunc('minute', GREATEST(j.run_after, b.since)) AS began, NULL::timestamptz AS ended,
+           count(*) AS n, min(j.run_after) AS oldest_due
+    FROM shardq_job AS j, bounds AS b
+    WHERE j.status = 'READY' AND j.run_after <= b.now
+    GROUP BY 1
+    UNION ALL
+    SELECT date_trunc('minute', GREATEST(w.due, b.since)), date_trunc('minute', w.started), count(*), min(w.due)
+    FROM (
+        SELECT j.run_after AS due, CASE WHEN j.status = 'RUNNING' THEN j.last_attempted_at END AS started
+        FROM shardq_job AS j, bounds AS b
+        WHERE j.status IN ('CLAIMED', 'RUNNING') AND j.run_after <= b.now
+        UNION ALL
+        SELECT f.run_after, COALESCE(f.last_attempted_at, f.finished_at) FROM finished AS f
+    ) AS w, bounds AS b
+    WHERE w.started IS NULL OR (w.started >= b.since AND w.started > w.due)
+    GROUP BY 1, 2
+)
+SELECT mi.m, COALESCE(pm.successful, 0), COALESCE(pm.failed, 0), pm.p50, pm.p99,
+       COALESCE(w.waiting, 0), (extract(epoch FROM mi.edge) - extract(epoch FROM w.oldest_due))::float8
+FROM minutes AS mi
+LEFT JOIN per_minute AS pm ON pm.m = mi.m
+LEFT JOIN LATERAL (
+    SELECT sum(g.n)::bigint AS waiting, min(g.oldest_due) AS oldest_due FROM waits AS g
+    WHERE g.began <= mi.m AND (g.ended IS NULL OR g.ended > mi.m)
+) AS w ON true
+ORDER BY mi.m;
+
 -- name: cancel_jobs
 -- Cancel the jobs of :ids that have not finished: READY or RUNNING become FAILED with a shardq.exceptions.Cancelled error and status_rank + 1, so the ack of an attempt still running (it carries the claim's rank + 1) can no longer land; returns the ids cancelled with their queue and task (the metrics' labels).
 UPDATE shardq_job
@@ -596,13 +658,23 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- Commit this session's writes without waiting for the WAL flush (the claim and start connections: a lost claim or start leaves its jobs READY or CLAIMED, never a wrong outcome).
 SET synchronous_commit = off;
 
+-- name: worker_liveness
+-- The one definition of a worker's liveness (the admin's worker list, shardq_status), an expression over a shardq_worker row: 'stopped' (it said goodbye), 'dead' (no heartbeat for longer than :ttl, LEASE_TTL: its leases expire and its shards are taken over), 'live' (RUNNING with a heartbeat within :ttl: a member of its pool, as the heartbeat statement counts one), 'stopping' (draining after a signal, heartbeat fresh: not a member any more). An odd state reads 'unknown'.
+CASE WHEN shardq_worker.state = 'STOPPED' THEN 'stopped'
+     WHEN NOT shardq_worker.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s) THEN 'dead'
+     WHEN shardq_worker.state = 'RUNNING' THEN 'live'
+     WHEN shardq_worker.state = 'STOPPING' THEN 'stopping'
+     ELSE 'unknown' END
+
 -- name: status_workers
--- shardq_status: the workers not stopped, oldest first: id, name, host, pid, pool, state, heartbeat age in seconds (epoch difference: an infinite time gives ±Infinity), stats as text, live shards held.
-SELECT w.id::text, w.name, w.host, w.pid, w.pool, w.state,
-       (extract(epoch FROM clock_timestamp()) - extract(epoch FROM w.heartbeat_at))::float8,
-       w.stats::text,
-       (SELECT count(*) FROM shardq_shard AS s WHERE s.owner = w.id AND s.lease_expires > clock_timestamp())
-FROM shardq_worker AS w WHERE w.state <> 'STOPPED' ORDER BY w.started_at;
+-- shardq_status: the workers not stopped, oldest first: id, name, host, pid, pool, state, liveness (worker_liveness), heartbeat age in seconds (epoch difference: an infinite time gives ±Infinity), stats as text, live shards held.
+SELECT shardq_worker.id::text, shardq_worker.name, shardq_worker.host, shardq_worker.pid, shardq_worker.pool,
+       shardq_worker.state, {{worker_liveness}},
+       (extract(epoch FROM clock_timestamp()) - extract(epoch FROM shardq_worker.heartbeat_at))::float8,
+       shardq_worker.stats::text,
+       (SELECT count(*) FROM shardq_shard AS s
+        WHERE s.owner = shardq_worker.id AND s.lease_expires > clock_timestamp())
+FROM shardq_worker WHERE shardq_worker.state <> 'STOPPED' ORDER BY shardq_worker.started_at;
 
 -- name: status_jobs
 -- shardq_status: jobs by status.
@@ -614,11 +686,10 @@ SELECT (extract(epoch FROM clock_timestamp()) - extract(epoch FROM min(run_after
 FROM shardq_job WHERE status = 'READY' AND run_after <= clock_timestamp();
 
 -- name: status_pools
--- shardq_status: each pool with its live workers (heartbeat within :ttl), its shards held under a live lease and its shards unowned or expired.
+-- shardq_status: each pool with its live workers (worker_liveness), its shards held under a live lease and its shards unowned or expired.
 SELECT s.pool,
-       (SELECT count(*) FROM shardq_worker AS w
-        WHERE w.pool = s.pool AND w.state = 'RUNNING'
-          AND w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)) AS workers,
+       (SELECT count(*) FROM shardq_worker
+        WHERE shardq_worker.pool = s.pool AND {{worker_liveness}} = 'live') AS workers,
        count(*) FILTER (WHERE s.owner IS NOT NULL AND s.lease_expires > clock_timestamp()) AS held,
        count(*) FILTER (WHERE s.owner IS NULL OR s.lease_expires <= clock_timestamp()) AS unowned
 FROM shardq_shard AS s

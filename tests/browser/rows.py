@@ -130,3 +130,47 @@ def csrf_post(page, url: str, form: dict):
     (or scripted) submission would: the server alone decides."""
     token = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
     return page.request.post(url, form={**form, "csrfmiddlewaretoken": token}, max_redirects=0)
+
+
+def an_hour_of_work(task_path: str = "tests.taskapp.admin_tasks.ship") -> None:
+    """Jobs as an hour of a busy cluster leaves them, a minute at a time:
+    throughput that swells and ebbs, a failure now and then, and between
+    minutes 25 and 40 a backlog (jobs waited up to 90 s for their start)
+    that drains; plus a few due READY jobs waiting now. Times as the worker
+    writes them: run_after (due), last_attempted_at (final start),
+    finished_at; g spreads them deterministically."""
+    sql(
+        """
+        INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
+            shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
+            return_value, errors, worker_ids, enqueued_at, started_at, last_attempted_at, finished_at)
+        SELECT %(task)s, 'default', 'default', 0, t.done - t.ran - t.lat, g %% 64, g, (g %% 500)::text, false,
+               CASE WHEN g %% 17 = 0 THEN 'FAILED' ELSE 'SUCCESSFUL' END, 2, 1, 1, 1,
+               jsonb_build_array(g %% 500), '{}', '1', '[]', '[]', t.done - t.ran - t.lat,
+               t.done - t.ran, t.done - t.ran, t.done
+        FROM generate_series(0, 59) AS k
+        CROSS JOIN LATERAL generate_series(
+            1, (40 + 25 * sin(k / 5.0) + CASE WHEN k BETWEEN 28 AND 40 THEN 50 ELSE 0 END)::int) AS i
+        CROSS JOIN LATERAL (SELECT k * 1000 + i AS g) AS n
+        CROSS JOIN LATERAL (SELECT
+            LEAST(date_trunc('minute', clock_timestamp()) - make_interval(mins => 59 - k)
+                  + make_interval(secs => (g * 7919 %% 60000) / 1000.0), clock_timestamp()) AS done,
+            make_interval(secs => 0.02 + (g * 13 %% 100) / 200.0) AS ran,
+            make_interval(secs => 0.05 + (g * 31 %% 100) / 100.0 * 0.3
+                + CASE WHEN k BETWEEN 25 AND 40 THEN 90 * (1 - abs(k - 33) / 8.0) * (g * 17 %% 100) / 100.0
+                       ELSE 0 END) AS lat) AS t
+        """,
+        {"task": task_path},
+    )
+    sql(
+        """
+        INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
+            shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
+            errors, worker_ids, enqueued_at)
+        SELECT %(task)s, 'default', 'default', 0, clock_timestamp() - make_interval(secs => g * 9), g %% 64, g,
+               g::text, false, 'READY', 0, 0, 0, 1, jsonb_build_array(g), '{}', '[]', '[]',
+               clock_timestamp() - make_interval(secs => g * 9)
+        FROM generate_series(1, 15) AS g
+        """,
+        {"task": task_path},
+    )

@@ -99,7 +99,9 @@ def test_dashboard_shows_pickup_latency_percentiles_depth_and_hot_shards(open_ad
     expect(page.locator("#shard-40")).to_have_class("hot")
     for calm in (2, 5, 9, 50, waiting_shard):
         expect(page.locator(f"#shard-{calm} [data-col=hot]")).to_have_text("")
-    expect(page.locator("svg rect.hot")).to_have_count(2)  # shard 40 in both charts
+    # Shard 40's p99 bar is red; it has no READY job, so no bar in the depth chart.
+    expect(page.locator("svg rect.hot")).to_have_count(1)
+    expect(page.locator("[data-chart=p99-by-shard] rect.hot[data-label='40']")).to_have_count(1)
 
     # A wider window takes in the job that finished 30 minutes ago.
     page.fill("#minutes", "60")
@@ -124,3 +126,73 @@ def test_dashboard_needs_its_view_permission(open_admin, django_user_model, tran
     page = open_admin(staff)
     response = page.goto("/admin/shardq/dashboard/")
     assert response.status == 403
+
+
+def chart_value(page, chart: str, element: str, label: str, series: str | None = None) -> float:
+    scope = f"[data-chart={chart}]" + (f" [data-series='{series}']" if series and element == "circle" else "")
+    extra = f"[data-series='{series}']" if series and element == "rect" else ""
+    return float(page.locator(f"{scope} {element}[data-label='{label}']{extra}").get_attribute("data-value"))
+
+
+def test_dashboard_charts_the_last_hour_a_minute_at_a_time_with_axes(open_admin, viewer):
+    (minute,) = sql("SELECT date_trunc('minute', clock_timestamp())")[0]
+    # Minute M-10: 3 SUCCESSFUL and 1 FAILED, each claimed `latency` after due.
+    for latency, status in ((0.1, "SUCCESSFUL"), (0.2, "SUCCESSFUL"), (0.3, "SUCCESSFUL"), (0.4, "FAILED")):
+        sql(
+            """
+            WITH t AS (SELECT %(m)s::timestamptz - interval '10 min' + interval '30 s' AS done)
+            INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
+                shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
+                return_value, errors, worker_ids, enqueued_at, started_at, last_attempted_at, finished_at)
+            SELECT 'tests.taskapp.admin_tasks.ship', 'default', 'default', 0,
+                   t.done - interval '1 s' - make_interval(secs => %(latency)s), 3, 3, NULL, false, %(status)s,
+                   2, 1, 1, 1, '[1]', '{}', '1', '[]', '[]', t.done - interval '2 s', t.done - interval '1 s',
+                   t.done - interval '1 s', t.done
+            FROM t
+            """,
+            {"m": minute, "latency": latency, "status": status},
+        )
+    # A: due at M-40 and still READY. B: due at M-30, started at M-20 (waited 10 minutes).
+    a = ship.enqueue(order_id=61).id
+    sql(
+        "UPDATE shardq_job SET run_after = %s::timestamptz - interval '40 min' + interval '20 s' WHERE id = %s",
+        [minute, a],
+    )
+    b = ship.enqueue(order_id=62).id
+    sql(
+        "UPDATE shardq_job SET status = 'SUCCESSFUL', status_rank = 2, attempts = 1, "
+        "run_after = %(m)s::timestamptz - interval '30 min' + interval '10 s', "
+        "last_attempted_at = %(m)s::timestamptz - interval '20 min' + interval '10 s', "
+        "finished_at = %(m)s::timestamptz - interval '20 min' + interval '15 s' WHERE id = %(id)s",
+        {"m": minute, "id": b},
+    )
+
+    def label(minutes_before: int) -> str:
+        return (minute - timedelta(minutes=minutes_before)).strftime("%H:%M")  # TIME_ZONE is UTC
+
+    page = open_admin(viewer)
+    page.goto("/admin/shardq/dashboard/")
+    charts = page.locator("#timeseries figure[data-chart]")
+    expect(charts).to_have_count(4)
+    for key in ("finished", "pickup", "waiting", "oldest"):
+        chart = page.locator(f"#timeseries [data-chart={key}]")
+        # Axes: labelled y ticks from 0, time labels every 10 minutes, both axis titles.
+        assert len(chart.locator(".y-axis text:not(.axis-title)").all_inner_texts()) >= 2
+        assert len(chart.locator(".x-axis text:not(.axis-title)").all_inner_texts()) in (5, 6, 7)
+        expect(chart.locator(".x-axis .axis-title")).to_contain_text("time (UTC)")
+        expect(chart.locator(".y-axis .axis-title")).not_to_be_empty()
+
+    assert chart_value(page, "finished", "rect", label(10), "SUCCESSFUL") == 3
+    assert chart_value(page, "finished", "rect", label(10), "FAILED") == 1
+    assert chart_value(page, "finished", "rect", label(20), "SUCCESSFUL") == 1  # B
+    assert chart_value(page, "pickup", "circle", label(10), "p50") == pytest.approx(0.25)
+    assert chart_value(page, "pickup", "circle", label(10), "p99") == pytest.approx(0.397)
+    assert chart_value(page, "pickup", "circle", label(20), "p99") == pytest.approx(600)
+
+    # Rebuilt from the jobs' times: A waits from M-40 on, B from M-30 until M-20.
+    expected = {45: 0, 40: 1, 31: 1, 30: 2, 21: 2, 20: 1, 1: 1}
+    for before, waiting in expected.items():
+        assert chart_value(page, "waiting", "circle", label(before)) == waiting, before
+    # The oldest wait at the end of minute M-31 is A's: 9 minutes 40 seconds.
+    assert chart_value(page, "oldest", "circle", label(31)) == pytest.approx(9 * 60 + 40, abs=0.01)
+    assert chart_value(page, "oldest", "circle", label(21)) == pytest.approx(19 * 60 + 40, abs=0.01)

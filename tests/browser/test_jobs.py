@@ -227,3 +227,41 @@ def test_discard_deletes_only_failed_jobs(open_admin, superuser):
     assert result_ids(page) == {int(ready)}
     entry = LogEntry.objects.get(object_id=str(dead))
     assert entry.action_flag == DELETION and entry.user.username == superuser.username
+
+
+def test_job_times_read_to_the_second_with_how_long_a_job_waited_and_ran(open_admin, viewer):
+    done = ship.enqueue(order_id=51).id
+    # Due at T, its final attempt started 1.5 s later and ran 2.25 s.
+    sql(
+        "UPDATE shardq_job SET status = 'SUCCESSFUL', status_rank = 2, attempts = 1, "
+        "enqueued_at = timestamptz '2026-03-04 05:06:07.25+00', run_after = timestamptz '2026-03-04 05:06:07.25+00', "
+        "started_at = timestamptz '2026-03-04 05:06:08.75+00', "
+        "last_attempted_at = timestamptz '2026-03-04 05:06:08.75+00', "
+        "finished_at = timestamptz '2026-03-04 05:06:11+00' WHERE id = %s",
+        [int(done)],
+    )
+    waiting = ship.enqueue(order_id=52).id
+    sql("UPDATE shardq_job SET run_after = clock_timestamp() - interval '90 s' WHERE id = %s", [int(waiting)])
+
+    page = open_admin(viewer)
+    page.goto("/admin/shardq/job/")
+    row = changelist_row(page, "id", done)
+    expect(row.locator("td.field-enqueued_at_display")).to_have_text("2026-03-04 05:06:07")
+    expect(row.locator("td.field-finished_at_display")).to_have_text("2026-03-04 05:06:11")
+    assert float(row.locator("td.field-waited_display [data-seconds]").get_attribute("data-seconds")) == 1.5
+    assert float(row.locator("td.field-ran_display [data-seconds]").get_attribute("data-seconds")) == 2.25
+    expect(row.locator("td.field-ran_display")).to_have_text("2.25 s")
+    # A READY job waits on: so far, marked as such; it has not run.
+    row = changelist_row(page, "id", waiting)
+    assert float(row.locator("td.field-waited_display [data-seconds]").get_attribute("data-seconds")) >= 90
+    expect(row.locator("td.field-waited_display .shardq-so-far")).to_have_count(1)
+    expect(row.locator("td.field-ran_display")).to_have_text("—")
+
+    page.goto(f"/admin/shardq/job/{done}/change/")
+    expect(page.locator(".field-started_at_display time")).to_have_attribute(
+        "datetime", "2026-03-04T05:06:08.750000+00:00"
+    )
+    expect(page.locator(".field-started_at_display")).to_contain_text("2026-03-04 05:06:08")
+    expect(page.locator(".field-waited_display")).to_contain_text("1.50 s")
+    expect(page.locator(".field-ran_display")).to_contain_text("2.25 s")
+    expect(page.locator(".field-total_display")).to_contain_text("3.75 s")

@@ -128,3 +128,53 @@ def _nodes(node):
     yield node
     for child in node.get("Plans", []):
         yield from _nodes(child)
+
+
+@pytest.fixture
+def hours_of_jobs(db):
+    """200k jobs as three hours of work leave them (rolled back with the test's
+    transaction): 75% finished over the last 3 hours, 20% READY (a backlog
+    due over the last 40 minutes, some deferred), 5% RUNNING; analyzed."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
+                shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors,
+                worker_ids, enqueued_at, started_at, last_attempted_at, finished_at)
+            SELECT 'tests.taskapp.tasks.noop', 'default', 'default', 0, t.due, g % 64, g, NULL, false,
+                   t.status, 2, 1, 1, 1, '[]', '{}', '[]', '[]', t.due,
+                   CASE WHEN t.status <> 'READY' THEN t.due + t.lat END,
+                   CASE WHEN t.status <> 'READY' THEN t.due + t.lat END,
+                   CASE WHEN t.status IN ('SUCCESSFUL', 'FAILED') THEN t.due + t.lat + interval '50 ms' END
+            FROM generate_series(1, 200000) AS g
+            CROSS JOIN LATERAL (SELECT
+                CASE WHEN g % 20 < 15 THEN (CASE WHEN g % 37 = 0 THEN 'FAILED' ELSE 'SUCCESSFUL' END)
+                     WHEN g % 20 < 19 THEN 'READY' ELSE 'RUNNING' END AS status,
+                CASE WHEN g % 20 < 15 THEN clock_timestamp() - make_interval(secs => (g * 7919 % 10800))
+                     WHEN g % 20 < 19 THEN clock_timestamp() - make_interval(secs => (g * 7919 % 2400) - 300)
+                     ELSE clock_timestamp() - make_interval(secs => (g % 600)) END AS due,
+                make_interval(secs => (g % 1000) / 1000.0 * (1 + g % 7)) AS lat) AS t
+            """
+        )
+        cursor.execute("ANALYZE shardq_job")
+
+
+def test_the_dashboard_charts_read_waiting_jobs_through_their_indexes_and_scan_once(hours_of_jobs):
+    """The hour's charts: READY jobs over shardq_job_due_idx, CLAIMED and
+    RUNNING ones over shardq_job_inflight_idx, the finished ones in one scan
+    (no index on finished_at, by design); a row a minute."""
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + QUERIES["admin_timeseries"], {"minutes": 60})
+        document = cursor.fetchone()[0]
+        cursor.execute(QUERIES["admin_timeseries"], {"minutes": 60})
+        rows = cursor.fetchall()
+    plan = json.loads(document) if isinstance(document, str) else document
+    nodes = list(_nodes(plan[0]["Plan"]))
+    summary = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes]
+    indexes = {n.get("Index Name") for n in nodes}
+    assert {"shardq_job_due_idx", "shardq_job_inflight_idx"} <= indexes, summary
+    seq_scans = [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "shardq_job"]
+    assert len(seq_scans) <= 1, summary
+    assert len(rows) == 60
+    finished_in_hour = sum(r[1] + r[2] for r in rows)
+    assert 40_000 <= finished_in_hour <= 60_000  # about a third of the 150k finished jobs

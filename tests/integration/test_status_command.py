@@ -72,3 +72,72 @@ def test_status_shows_each_live_pool_and_the_queues_no_live_pool_serves():
         assert "due READY jobs that no live worker's pool serves: reports 2" in text
     finally:
         store.close()
+
+
+# Heartbeat ages (in LEASE_TTLs) and states, and the liveness each must read,
+# in shardq_status and in the admin's worker list alike.
+LIVENESS_CASES = {
+    "fresh-runner": (0.0, "RUNNING", "live"),
+    "late-runner": (0.8, "RUNNING", "live"),
+    "silent-runner": (163 / 30, "RUNNING", "dead"),
+    "draining": (0.0, "STOPPING", "stopping"),
+    "silent-draining": (2.0, "STOPPING", "dead"),
+    "gone": (0.0, "STOPPED", "stopped"),
+}
+
+
+def status_json() -> dict:
+    out = StringIO()
+    call_command("shardq_status", "--json", stdout=out)
+    return json.loads(out.getvalue())
+
+
+@pytest.mark.django_db
+def test_status_shows_a_worker_silent_longer_than_the_lease_ttl_as_dead_and_does_not_count_it_live(settings):
+    from tests.browser.rows import register_worker
+
+    settings.SHARDQ = {**settings.SHARDQ, "LEASE_TTL": 30.0}
+    register_worker("silent-host", 4242, heartbeat_age=163.0)
+    [worker] = status_json()["workers"]
+    assert (worker["state"], worker["liveness"]) == ("RUNNING", "dead")
+    assert worker["heartbeat_age_seconds"] >= 163
+    out = StringIO()
+    call_command("shardq_status", stdout=out)
+    [line] = [row for row in out.getvalue().splitlines() if "silent-host" in row]
+    assert " dead " in line
+    assert "workers: 0 live, 0 stopping, 1 dead" in out.getvalue()
+    assert "pool *: 0 live worker(s)" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_the_admin_worker_list_and_shardq_status_read_every_worker_as_alive_or_dead_alike(settings, rf):
+    from django.contrib.admin.sites import site
+
+    from shardq.admin import WorkerAdmin
+    from shardq.models import Worker
+    from tests.browser.rows import register_worker
+
+    settings.SHARDQ = {**settings.SHARDQ, "LEASE_TTL": 30.0}
+    ids = {
+        register_worker(host, 1, heartbeat_age=ttls * 30.0, state=state): (host, expected)
+        for host, (ttls, state, expected) in LIVENESS_CASES.items()
+    }
+    admin_says = {
+        str(w.id): w.liveness for w in WorkerAdmin(Worker, site).get_queryset(rf.get("/admin/shardq/worker/"))
+    }
+    status_says = {w["id"]: w["liveness"] for w in status_json()["workers"]}
+    for worker, (host, expected) in ids.items():
+        assert admin_says[worker] == expected, host
+        if expected != "stopped":  # shardq_status lists the workers not stopped
+            assert status_says[worker] == expected, host
+    # And the pool's members, as the heartbeat statement counts them (the
+    # workers that share its shards), are exactly the live ones.
+    from django.db import connection
+
+    from shardq.db.queries import QUERIES
+
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["heartbeat"], {"worker": None, "stats": "{}", "pool": "*", "ttl": 30.0})
+        members = {str(row[0]) for row in cursor.fetchall()}
+    assert members == {w for w, (_, expected) in ids.items() if expected == "live"}
+    assert status_json()["pools"] == [{"pool": "*", "workers": 2, "shards_held": 0, "unowned_shards": 64}]

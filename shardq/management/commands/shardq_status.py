@@ -35,13 +35,17 @@ def _seconds_text(value) -> str:
 
 
 class Command(BaseCommand):
-    help = "Show live workers (shards held, heartbeat age, counters), job counts by status and the READY lag."
+    help = (
+        "Show workers (live, stopping or dead; shards held, heartbeat age, counters), job counts by status "
+        "and the READY lag."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="Print one JSON document instead of tables.")
 
     def handle(self, *args, **options):
         config = get_config()
+        # Liveness is worker_liveness, the definition the admin's worker list uses.
         workers = [
             {
                 "id": wid,
@@ -50,11 +54,14 @@ class Command(BaseCommand):
                 "pid": pid,
                 "pool": pool,
                 "state": state,
+                "liveness": liveness,
                 "heartbeat_age_seconds": _number(round(age, 1) if age is not None else None),
                 "shards": shards,
                 "stats": json.loads(stats) if stats is not None else None,
             }
-            for wid, name, host, pid, pool, state, age, stats, shards in operations.run("status_workers")
+            for wid, name, host, pid, pool, state, liveness, age, stats, shards in operations.run(
+                "status_workers", {"ttl": config.lease_ttl_seconds}
+            )
         ]
         jobs = dict(operations.run("status_jobs"))
         (lag,) = operations.run("status_lag", fetch="one")
@@ -94,7 +101,7 @@ class Command(BaseCommand):
             )
             return
         self.stdout.write(
-            f"{'worker':38} {'host:pid':24} {'pool':16} {'state':9} {'shards':>6} {'heartbeat':>9}  counters"
+            f"{'worker':38} {'host:pid':24} {'pool':16} {'liveness':9} {'state':9} {'shards':>6} {'heartbeat':>9}  counters"
         )
         for w in workers:
             stats = w["stats"]
@@ -107,9 +114,15 @@ class Command(BaseCommand):
             label = printable(w["id"]) + (f" ({printable(w['name'])})" if w["name"] else "")
             self.stdout.write(
                 f"{label:38} {printable(w['host']) + ':' + str(w['pid']):24} {printable(w['pool']):16} "
-                f"{printable(w['state']):9} "
+                f"{printable(w['liveness']):9} {printable(w['state']):9} "
                 f"{w['shards']:>6} {printable(age):>8}s  {printable(counters)}"
             )
+        by_liveness = {k: sum(w["liveness"] == k for w in workers) for k in ("live", "stopping", "dead")}
+        self.stdout.write(
+            f"workers: {by_liveness['live']} live, {by_liveness['stopping']} stopping, {by_liveness['dead']} dead "
+            f"(dead: no heartbeat for longer than LEASE_TTL = {config.lease_ttl_seconds:g} s; its shards are "
+            "taken over)"
+        )
         for p in pools_shown:
             self.stdout.write(
                 f"pool {printable(p['pool'])}: {p['workers']} live worker(s), {p['shards_held']} shards held, "
