@@ -212,6 +212,10 @@ class Drainer:
                 "any_backend": True,
                 "per_shard": per_shard,
                 "limit": self.batch if limit is None else limit,
+                # Every claimed job starts now: the claim writes the start too
+                # (RUNNING, attempts + 1), as the worker's claim does for the
+                # jobs its threads run next.
+                "start": self.batch if limit is None else limit,
                 "lookahead": 0.0,
             },
             prepare=True,
