@@ -20,6 +20,9 @@ class ShardqConfig(AppConfig):
 
     def ready(self):
         from .db.store import ensure_shards
+        from .dispatch import settings_changed
 
         post_migrate.connect(ensure_shards, sender=self, dispatch_uid="shardq_ensure_shards")
         setting_changed.connect(_reset_backends, dispatch_uid="shardq_reset_backends")
+        # DEBUG decides what Django's default log handlers emit (dispatch.py).
+        setting_changed.connect(settings_changed, dispatch_uid="shardq_log_verdicts")

@@ -265,8 +265,10 @@ class Executor:
             # the shard): this run repeats work that may have had effects.
             self.stats.add("reexecutions")
         # The TaskResult exists for the task's context and for signal
-        # receivers; when neither wants it (a plain task, only Django's own
-        # logging receivers, that logger quiet) it is not built at all.
+        # receivers; when neither wants it (a plain task, no receiver but
+        # Django's own logging ones, whose records no handler would emit:
+        # Django's default logging without DEBUG) it is not built at all
+        # (shardq/dispatch.py).
         result = None
         if task.takes_context or self.started_gate.needed(logging.INFO) or self.finished_gate.needed(logging.INFO):
             result = self._result(task, job)
