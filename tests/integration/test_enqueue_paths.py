@@ -6,6 +6,8 @@ and NOTIFYs each distinct shard once, in one atomic block. Both must keep the
 transactional guarantees of a plain Django cursor.
 """
 
+from zoneinfo import ZoneInfo
+
 import pytest
 from django.db import DataError, IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
@@ -15,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import shardq
+from shardq.backend import _STATEMENT_CURSORS, _statement_cursor
 from tests.taskapp.tasks import add, echo, keyed, noop
 
 from .conftest import job_count, job_row
@@ -83,6 +86,37 @@ def test_enqueue_runs_insert_job_prepared_and_leaves_djangos_setting_alone():
         row = job_row(result.id)
         assert row["args"] == args and row["status"] == "READY"
         assert row["enqueued_at"] == result.enqueued_at and result.enqueued_at.tzinfo is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_keeps_one_cursor_per_connection_and_a_new_connection_gets_its_own():
+    connection.close()
+    first = add.enqueue(1, 2)
+    raw = connection.connection
+    [kept] = [cursor for conn, (cursor, _) in list(_STATEMENT_CURSORS.items()) if conn is raw]
+    add.enqueue(3, 4)
+    assert _STATEMENT_CURSORS[raw][0] is kept  # reused, not rebuilt per statement
+
+    connection.close()  # Django reconnects for the next statement
+    second = add.enqueue(5, 6)
+    assert connection.connection is not raw and _STATEMENT_CURSORS[connection.connection][0] is not kept
+    for result, args in [(first, [1, 2]), (second, [5, 6])]:
+        row = job_row(result.id)
+        assert row["args"] == args and row["enqueued_at"] == result.enqueued_at
+        # As a Django cursor loads timestamps: in the connection's time zone.
+        assert result.enqueued_at.tzinfo is connection.timezone
+
+
+@pytest.mark.django_db
+def test_the_kept_cursor_follows_the_connections_time_zone():
+    connection.ensure_connection()
+    raw = connection.connection
+    paris = ZoneInfo("Europe/Paris")
+    cursor = _statement_cursor(raw, paris)
+    assert cursor.execute("SELECT statement_timestamp()").fetchone()[0].tzinfo is paris
+    back = _statement_cursor(raw, connection.timezone)
+    assert back is not cursor
+    assert back.execute("SELECT statement_timestamp()").fetchone()[0].tzinfo is connection.timezone
 
 
 @pytest.mark.django_db(transaction=True)
