@@ -197,6 +197,9 @@ class Drainer:
         self.batch = batch
         self.per_shard = max(1, math.ceil(2 * batch / len(shards)))
         self.done = 0
+        # (wall clock, this process's CPU seconds) after every ack: the CPU
+        # spent between two database timestamps (bench/e2e.py's CPU per job).
+        self.cpu_samples: list[tuple[float, float]] = []
 
     def claim(self, per_shard: int, limit: int | None = None) -> list[tuple]:
         return self.conn.execute(
@@ -241,6 +244,7 @@ class Drainer:
             QUERIES["complete_jobs"], {"ids": ids, "batch": "[" + ",".join(acks) + "]"}, prepare=True
         ).fetchall()
         self.done += len(rows)
+        self.cpu_samples.append((time.time(), time.process_time()))
 
     def claim_and_run(self) -> list[tuple]:
         rows = self.claim(self.per_shard)
@@ -260,14 +264,18 @@ class Drainer:
         return ran
 
 
-def drain_process(url: str, worker: str, shards: list[int], ready, go, max_jobs, batch: int = 256) -> None:
-    """Entry point of one limit drain process (multiprocessing target)."""
+def drain_process(url: str, worker: str, shards: list[int], ready, go, max_jobs, batch: int = 256, report=None) -> None:
+    """Entry point of one limit drain process (multiprocessing target); puts
+    its CPU samples on ``report`` (a queue) when given."""
     drainer = Drainer(url, worker, shards, batch)
     drainer.warm()
     ready.set()
     go.wait()
+    drainer.cpu_samples.append((time.time(), time.process_time()))
     drainer.drain_available(max_jobs)
     drainer.conn.close()
+    if report is not None:
+        report.put(drainer.cpu_samples)
 
 
 def consume_process(url: str, worker: str, shards: list[int], listen: bool, poll_seconds: float, ready, stop) -> None:
