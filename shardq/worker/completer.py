@@ -23,7 +23,6 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
@@ -59,10 +58,12 @@ class Completer:
         self._queue: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
         self._returns: list[ReturnedJob] = []
         self._returns_lock = threading.Lock()
-        self._pending_by_shard: Counter[int] = Counter()
+        # Plain dicts, not Counters: a Counter's += on a new key calls its
+        # Python-level __missing__, once per job here.
+        self._pending_by_shard: dict[int, int] = {}
         # Counted: a recalled outcome can be queued while the rejected one
         # it replaces is still being written.
-        self._pending_ids: Counter[int] = Counter()
+        self._pending_ids: dict[int, int] = {}
         self._finished_ids: FifoSet[int] = FifoSet(REMEMBERED_OUTCOMES)
         self._finished_outcomes: dict[int, Outcome] = {}
         self._pending_lock = threading.Lock()
@@ -75,8 +76,8 @@ class Completer:
 
     def put(self, outcome: Outcome) -> None:
         with self._pending_lock:
-            self._pending_by_shard[outcome.shard] += 1
-            self._pending_ids[outcome.id] += 1
+            self._pending_by_shard[outcome.shard] = self._pending_by_shard.get(outcome.shard, 0) + 1
+            self._pending_ids[outcome.id] = self._pending_ids.get(outcome.id, 0) + 1
             if outcome.status == "SUCCESSFUL" and len(outcome.return_value_json or "") <= REMEMBERED_RESULT_BYTES:
                 for forgotten in self._finished_ids.add(outcome.id):
                     del self._finished_outcomes[forgotten]
@@ -100,7 +101,7 @@ class Completer:
         if jobs:
             with self._pending_lock:
                 for job in jobs:
-                    self._pending_by_shard[job.shard] += 1
+                    self._pending_by_shard[job.shard] = self._pending_by_shard.get(job.shard, 0) + 1
             with self._returns_lock:
                 self._returns.extend(jobs)
             self._queue.put(None)  # wake the thread
@@ -251,8 +252,8 @@ class Completer:
         with self._pending_lock:
             if self._finished_outcomes.pop(outcome.id, None) is not None:
                 self._finished_ids.discard(outcome.id)
-            self._pending_by_shard[outcome.shard] += 1
-            self._pending_ids[outcome.id] += 1
+            self._pending_by_shard[outcome.shard] = self._pending_by_shard.get(outcome.shard, 0) + 1
+            self._pending_ids[outcome.id] = self._pending_ids.get(outcome.id, 0) + 1
         reason = str(error).encode("ascii", "backslashreplace").decode("ascii").replace("\x00", "\\x00")[:2000]
         text = (
             f"shardq.exceptions.OutcomeRejected: PostgreSQL refused to store the {outcome.status} "
