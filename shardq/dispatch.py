@@ -141,18 +141,19 @@ class SignalGate:
     True when a receiver other than Django's own logging receiver is
     connected, or when that receiver's record would be seen
     (``record_is_seen`` on the ``django.tasks`` logger, cached by
-    ``LogVerdicts``). The receiver list is compared on every call.
+    ``LogVerdicts``; gates of one caller can share theirs). The receiver
+    list is compared on every call.
     """
 
-    def __init__(self, signal, own_receiver):
+    def __init__(self, signal, own_receiver, verdicts: LogVerdicts | None = None):
         self.signal = signal
         self.own_receiver = own_receiver
-        self.logger = logging.getLogger("django.tasks")
-        self.verdicts = LogVerdicts(self.logger)
+        self.verdicts = verdicts or LogVerdicts(logging.getLogger("django.tasks"))
         self._seen: list | None = None
         self._others = True
 
-    def needed(self, level: int) -> bool:
+    def other_receivers(self) -> bool:
+        """Is a receiver other than Django's own logging receiver connected?"""
         receivers = self.signal.receivers
         # The same tuples as last time (an identity check each): nothing
         # connected or disconnected since.
@@ -165,4 +166,7 @@ class SignalGate:
                 if target is not None:
                     live.append(target)
             self._others = any(target is not self.own_receiver for target in live)
-        return self._others or self.verdicts.seen(level)
+        return self._others
+
+    def needed(self, level: int) -> bool:
+        return self.other_receivers() or self.verdicts.seen(level)

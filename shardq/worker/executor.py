@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from ..conf import get_config
 from ..db.store import WorkerStore
-from ..dispatch import SignalGate
+from ..dispatch import LogVerdicts, SignalGate
 from ..exceptions import FenceLost, ResultTooLarge, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
 from .buffer import Buffer
@@ -133,8 +133,10 @@ class Executor:
         self.max_result_bytes = config.max_result_bytes
         self._stop = threading.Event()
         self._local = threading.local()
-        self.started_gate = SignalGate(task_started, log_task_started)
-        self.finished_gate = SignalGate(task_finished, log_task_finished)
+        # One verdict on the django.tasks logger for both signals.
+        self.task_log = LogVerdicts(logging.getLogger("django.tasks"))
+        self.started_gate = SignalGate(task_started, log_task_started, self.task_log)
+        self.finished_gate = SignalGate(task_finished, log_task_finished, self.task_log)
         # Moving average of task run time (seconds), read by Worker.demand();
         # starts at 10 ms until measured, then at the first task's time.
         self.average_task_seconds = 0.01
@@ -271,7 +273,12 @@ class Executor:
         # Django's default logging without DEBUG) it is not built at all
         # (shardq/dispatch.py).
         result = None
-        if task.takes_context or self.started_gate.needed(logging.INFO) or self.finished_gate.needed(logging.INFO):
+        if (
+            task.takes_context
+            or self.started_gate.other_receivers()
+            or self.finished_gate.other_receivers()
+            or self.task_log.seen(logging.INFO)
+        ):
             result = self._result(task, job)
             task_started.send(sender=self.backend_class, task_result=result)
         began = time.monotonic()
