@@ -41,6 +41,9 @@ logger = logging.getLogger("shardq.worker.completer")
 REMEMBERED_OUTCOMES = 8192
 REMEMBERED_RESULT_BYTES = 16384
 
+# The counter an applied outcome adds to, by status.
+_COUNTER_OF = {"SUCCESSFUL": "succeeded", "FAILED": "failed", "READY": "retried"}
+
 
 class ReturnedJob(JobRef, Protocol):
     """A claimed job handed back (a ``ClaimedJob``, or the fetcher's ``LostClaim``)."""
@@ -224,11 +227,12 @@ class Completer:
                 for job_id, _rank in applied:
                     if self._finished_outcomes.pop(job_id, None) is not None:
                         self._finished_ids.discard(job_id)
+        counts = dict.fromkeys(("succeeded", "failed", "retried", "fence_rejections"), 0)
         for outcome in outcomes:
             if (outcome.id, outcome.rank) in applied:
-                self.stats.add({"SUCCESSFUL": "succeeded", "FAILED": "failed", "READY": "retried"}[outcome.status])
+                counts[_COUNTER_OF[outcome.status]] += 1
             else:
-                self.stats.add("fence_rejections")
+                counts["fence_rejections"] += 1
                 logger.warning(
                     "outcome of job %s rejected: this worker's fence %s is no longer current "
                     "(shard %s changed hands or the job moved on); not written",
@@ -236,6 +240,9 @@ class Completer:
                     outcome.fence,
                     outcome.shard,
                 )
+        for name, n in counts.items():
+            if n:
+                self.stats.add(name, n)
         self._settle(outcomes)
 
     def _write_batch(
