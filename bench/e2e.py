@@ -52,6 +52,8 @@ SHARDS = limit.SHARD_COUNT
 DEFAULT_LOGGING = "tests.isolation.default_logging_settings"
 # The test settings' LOGGING: django.tasks at WARNING (the bench's old mode).
 QUIET_TASK_LOGGING = "tests.settings"
+# One-by-one enqueue runs alternate the limit and shardq this many times a round.
+ENQUEUE_CHUNKS = 6
 
 
 @dataclass
@@ -90,6 +92,13 @@ class Row:
 
 def median(values):
     return statistics.median(values) if values else None
+
+
+def paired_ratio(shardq: list[float | None], limit: list[float | None]) -> float | None:
+    """The median of shardq ÷ limit over runs made side by side (same round,
+    same chunk): a shift in the machine's load between rounds cancels out."""
+    ratios = [s / lim for s, lim in zip(shardq, limit, strict=True) if s is not None and lim]
+    return median(ratios)
 
 
 class Bench:
@@ -251,32 +260,25 @@ class Bench:
     # -- enqueue ------------------------------------------------------------------------
 
     def enqueue(self) -> dict:
-        """Enqueue rates, limit and shardq alternated round by round."""
+        """Enqueue rates, limit and shardq alternated: bulk round by round, one
+        by one chunk by chunk (``api_child.py pairs``)."""
         o = self.o
         out: dict[str, list[float]] = {}
         self.reset()
         limit.copy_enqueue(self.url, 200)  # warm up the server's caches
         for _ in range(o.rounds):
-            for name, run, mode, n in [
-                ("copy", lambda: limit.copy_enqueue(self.url, o.bulk), "bulk", o.bulk),
-                (
-                    "insert_tx",
-                    lambda: limit.insert_enqueue(self.url, o.one_by_one, transaction=True),
-                    "atomic",
-                    o.one_by_one,
-                ),
-                (
-                    "insert_autocommit",
-                    lambda: limit.insert_enqueue(self.url, o.one_by_one, transaction=False),
-                    "autocommit",
-                    o.one_by_one,
-                ),
-            ]:
+            self.reset()
+            out.setdefault("limit_copy", []).append(o.bulk / limit.copy_enqueue(self.url, o.bulk))
+            self.reset()
+            seconds = self.api("enqueue", "bulk", o.bulk, 1)["seconds"]
+            out.setdefault("shardq_bulk", []).append(o.bulk / seconds[0])
+            self.step("enqueue: bulk")
+            for name, mode in [("insert_tx", "atomic"), ("insert_autocommit", "autocommit")]:
                 self.reset()
-                out.setdefault(f"limit_{name}", []).append(n / run())
-                self.reset()
-                seconds = self.api("enqueue", mode, n, 1)["seconds"]
-                out.setdefault(f"shardq_{mode}", []).append(n / seconds[0])
+                pairs = self.api("pairs", mode, o.one_by_one, ENQUEUE_CHUNKS)
+                size = pairs["jobs_per_chunk"]
+                out.setdefault(f"limit_{name}", []).extend(size / t for t in pairs["limit"])
+                out.setdefault(f"shardq_{mode}", []).extend(size / t for t in pairs["shardq"])
                 self.step(f"enqueue: {mode}")
         self.reset()
         return out
@@ -570,6 +572,9 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
         def m(key, what):
             return median([r[what] for r in d.get(key, []) if r.get(what)])
 
+        def paired(side, base, what):
+            return paired_ratio([r.get(what) for r in d.get(side, [])], [r.get(what) for r in d.get(base, [])])
+
         # The headline: what a new project gets (Django's default logging).
         one = Row(
             "drain_1p",
@@ -578,6 +583,7 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
             m("limit_1p", "wall_rate"),
             m("shardq_1p", "wall_rate"),
             target="≥ 90% of limit",
+            ratio=paired("shardq_1p", "limit_1p", "wall_rate"),
         )
         one.met = one.ratio is not None and one.ratio >= 0.9
         rows.append(one)
@@ -588,6 +594,7 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
             m("limit_1p", "steady_rate"),
             m("shardq_1p", "steady_rate"),
             target="≥ 110% of limit",
+            ratio=paired("shardq_1p", "limit_1p", "steady_rate"),
         )
         steady.met = steady.ratio is not None and steady.ratio >= 1.1
         rows.append(steady)
@@ -599,6 +606,7 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
             m("shardq_1p", "cpu_us_per_job"),
             target="≤ 1.5× limit",
             higher_is_better=False,
+            ratio=paired("shardq_1p", "limit_1p", "cpu_us_per_job"),
         )
         cpu.met = cpu.ratio is not None and cpu.ratio <= 1.5
         rows.append(cpu)
@@ -610,6 +618,7 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
                     "jobs/s",
                     m("limit_1p", "wall_rate"),
                     m("shardq_1p_quiet", "wall_rate"),
+                    ratio=paired("shardq_1p_quiet", "limit_1p", "wall_rate"),
                 )
             )
             rows.append(
@@ -619,6 +628,7 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
                     "jobs/s",
                     m("limit_1p", "steady_rate"),
                     m("shardq_1p_quiet", "steady_rate"),
+                    ratio=paired("shardq_1p_quiet", "limit_1p", "steady_rate"),
                 )
             )
     e = raw.get("enqueue")
@@ -634,7 +644,15 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
             ),
             ("enqueue_bulk", "bulk enqueue (COPY vs enqueue_many)", "limit_copy", "shardq_bulk", 0.5),
         ]:
-            row = Row(key, figure, "jobs/s", median(e[lim]), median(e[sq]), target=f"≥ {need:.0%} of limit")
+            row = Row(
+                key,
+                figure,
+                "jobs/s",
+                median(e[lim]),
+                median(e[sq]),
+                target=f"≥ {need:.0%} of limit",
+                ratio=paired_ratio(e[sq], e[lim]),
+            )
             row.met = row.ratio is not None and row.ratio >= need
             rows.append(row)
     if d:
@@ -645,6 +663,7 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
                 "jobs/s",
                 m("limit_2p", "wall_rate"),
                 m("shardq_2p", "wall_rate"),
+                ratio=paired("shardq_2p", "limit_2p", "wall_rate"),
             )
         )
         rows.append(
@@ -654,6 +673,7 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
                 "jobs/s",
                 m("limit_2p", "steady_rate"),
                 m("shardq_2p", "steady_rate"),
+                ratio=paired("shardq_2p", "limit_2p", "steady_rate"),
             )
         )
         lim_scale = _div(m("limit_2p", "wall_rate"), m("limit_1p", "wall_rate"))
@@ -884,8 +904,11 @@ def section(rows: list[Row], info: dict, o: Options, when: str, plotted: bool) -
         f"(`--concurrency {o.concurrency}`) with **Django's default logging**, as a new project has it (no "
         "`LOGGING` setting, `DEBUG` off: `django.tasks` is enabled at INFO and its handlers drop the records); "
         'the rows "with django.tasks at WARNING" run the same drain with the test settings\' `LOGGING`, '
-        f"the bench's mode before. Every compared figure is the median of {o.rounds} alternated rounds "
-        "(limit, shardq, limit, shardq, …; `--rounds N`) in this one run. Drains start from "
+        f"the bench's mode before. Every compared figure is measured in {o.rounds} alternated rounds "
+        "(limit, shardq, limit, shardq, …; `--rounds N`) in this one run; one-by-one enqueue alternates "
+        f"{ENQUEUE_CHUNKS} chunks of {o.one_by_one // ENQUEUE_CHUNKS:,} jobs a round. Rates are medians; "
+        "**shardq ÷ limit is the median of the ratios of runs made side by side** (same round or chunk), "
+        "so a change in the shared machine's load between rounds cancels out. Drains start from "
         f"{o.jobs:,} READY no-op jobs; "
         '"start → all done" includes the worker\'s start-up, "steady state" is '
         "(jobs − 1) ÷ (last `finished_at` − first); CPU per job is the process tree's CPU time (user + "
