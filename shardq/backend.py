@@ -61,7 +61,6 @@ import random
 import re
 import threading
 import time
-import weakref
 from dataclasses import fields as dataclass_fields
 from functools import partial
 
@@ -618,27 +617,27 @@ def _register_tzloader(tz, context):
     register_tzloader(tz, context)
 
 
-# The cursor enqueue runs its statement on, one per raw connection (a Django
-# connection belongs to one thread, and so does its cursor), kept with the
-# time zone its timestamps are loaded in. A new cursor costs more than the
-# rest of the statement's client-side work: adapters map, transformer, and
-# a lookup of every result column's loader.
-_STATEMENT_CURSORS: "weakref.WeakKeyDictionary[psycopg.Connection, tuple[psycopg.Cursor, object]]" = (
-    weakref.WeakKeyDictionary()
-)
+# The cursor enqueue runs its statement on, kept on the raw connection itself
+# with the time zone its timestamps are loaded in: it lives and dies with the
+# connection (a mapping keyed by the connection would keep it alive, the
+# cursor referring to it), and a Django connection, so its cursor, belongs to
+# one thread. A new cursor per statement costs more than the rest of the
+# statement's client-side work: an adapters map, a transformer and a lookup
+# of every result column's loader.
+_CURSOR_ATTRIBUTE = "_shardq_statement_cursor"
 
 
 def _statement_cursor(raw: psycopg.Connection, timezone) -> psycopg.Cursor:
     """The cursor of ``raw`` for enqueue's statement, loading timestamps in
     ``timezone`` as Django's create_cursor() does."""
-    kept = _STATEMENT_CURSORS.get(raw)
+    kept = getattr(raw, _CURSOR_ATTRIBUTE, None)
     if kept is not None and kept[1] is timezone and not kept[0].closed:
         return kept[0]
     cursor = psycopg.Cursor(raw)
     tz_loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, psycopg.pq.Format.TEXT)
     if timezone != tz_loader.timezone:  # type: ignore[union-attr]  # psycopg: type[Loader] | None
         _register_tzloader(timezone, cursor)
-    _STATEMENT_CURSORS[raw] = (cursor, timezone)
+    setattr(raw, _CURSOR_ATTRIBUTE, (cursor, timezone))
     return cursor
 
 

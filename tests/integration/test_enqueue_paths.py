@@ -6,6 +6,8 @@ and NOTIFYs each distinct shard once, in one atomic block. Both must keep the
 transactional guarantees of a plain Django cursor.
 """
 
+import gc
+import weakref
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -17,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import shardq
-from shardq.backend import _STATEMENT_CURSORS, _statement_cursor
+from shardq.backend import _statement_cursor
 from tests.taskapp.tasks import add, echo, keyed, noop
 
 from .conftest import job_count, job_row
@@ -93,18 +95,30 @@ def test_enqueue_keeps_one_cursor_per_connection_and_a_new_connection_gets_its_o
     connection.close()
     first = add.enqueue(1, 2)
     raw = connection.connection
-    [kept] = [cursor for conn, (cursor, _) in list(_STATEMENT_CURSORS.items()) if conn is raw]
+    kept = _statement_cursor(raw, connection.timezone)
     add.enqueue(3, 4)
-    assert _STATEMENT_CURSORS[raw][0] is kept  # reused, not rebuilt per statement
+    assert _statement_cursor(raw, connection.timezone) is kept  # reused, not rebuilt per statement
 
     connection.close()  # Django reconnects for the next statement
     second = add.enqueue(5, 6)
-    assert connection.connection is not raw and _STATEMENT_CURSORS[connection.connection][0] is not kept
+    assert connection.connection is not raw
+    assert _statement_cursor(connection.connection, connection.timezone) is not kept
     for result, args in [(first, [1, 2]), (second, [5, 6])]:
         row = job_row(result.id)
         assert row["args"] == args and row["enqueued_at"] == result.enqueued_at
         # As a Django cursor loads timestamps: in the connection's time zone.
         assert result.enqueued_at.tzinfo is connection.timezone
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_closed_connection_and_its_kept_cursor_are_freed():
+    connection.close()
+    add.enqueue(1, 2)
+    raw = weakref.ref(connection.connection)
+    cursor = weakref.ref(_statement_cursor(connection.connection, connection.timezone))
+    connection.close()
+    gc.collect()
+    assert raw() is None and cursor() is None
 
 
 @pytest.mark.django_db
