@@ -9,6 +9,9 @@ settings that know ``tests.taskapp.tasks.noop``) and the bench database's
                             chunk run by the bare psycopg loop (bench/limit.py)
                             and then by noop.enqueue(): seconds per chunk, side by side
     steady RATE SECONDS     noop.enqueue() at RATE jobs/s, autocommit
+    urgent N INTERVAL BACKLOG
+                            N times, every INTERVAL seconds: top the READY priority-0
+                            noop jobs up to BACKLOG, then stamp.using(priority=100).enqueue()
 """
 
 import json
@@ -27,7 +30,17 @@ django.setup()
 from django.db import connection, transaction  # noqa: E402
 
 import shardq  # noqa: E402
-from tests.taskapp.tasks import noop  # noqa: E402
+from tests.taskapp.tasks import noop, stamp  # noqa: E402
+
+TOP_UP = """
+    INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard,
+        key_hash, shard_key, ordered, status, status_rank, fence, attempts, max_attempts,
+        args, kwargs, errors, worker_ids, enqueued_at)
+    SELECT 'tests.taskapp.tasks.noop', 'default', 'default', 0, t, h & 63, h, NULL, false, 'READY', 0, 0, 0, 1,
+           '[]'::jsonb, '{}'::jsonb, '[]'::jsonb, '[]'::jsonb, t
+    FROM (SELECT (random() * 4294967295 - 2147483648)::bigint::int AS h, clock_timestamp() AS t
+          FROM generate_series(1, GREATEST(0, %s - (SELECT count(*) FROM shardq_job WHERE status = 'READY')))) AS g
+"""
 
 
 def run_enqueue(mode: str, n: int) -> float:
@@ -85,6 +98,21 @@ def main(argv: list[str]) -> None:
                 time.sleep(delay)
             noop.enqueue()
         print(json.dumps({"enqueued": count + 1, "seconds": time.perf_counter() - started}))
+    elif argv[:1] == ["urgent"]:
+        count, interval, backlog = int(argv[1]), float(argv[2]), int(argv[3])
+        urgent = stamp.using(priority=100)
+        ids = []
+        started = time.perf_counter()
+        for i in range(count):
+            delay = started + i * interval - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            # The worker drains the backlog meanwhile: each urgent job finds
+            # BACKLOG priority-0 jobs READY ahead of it (and a full buffer).
+            with connection.cursor() as cursor:
+                cursor.execute(TOP_UP, [backlog])
+            ids.append(int(urgent.enqueue().id))
+        print(json.dumps({"ids": ids}))
     else:
         raise SystemExit(__doc__)
 

@@ -39,14 +39,15 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from bench import limit
+from bench import fairshare, limit, priority
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 DOCS = REPO / "docs" / "benchmarks.md"
 PLOT = REPO / "docs" / "drain_vs_processes.png"
 SECTION = "## End to end"
-PHASES = ("enqueue", "drain", "latency", "rss", "backlog")
+PRIORITY_SECTION = "## Priority"
+PHASES = ("enqueue", "drain", "latency", "rss", "backlog", "priority", "fairshare")
 SHARDS = limit.SHARD_COUNT
 # Django's default logging, as a new project has it: the headline mode.
 DEFAULT_LOGGING = "tests.isolation.default_logging_settings"
@@ -112,6 +113,9 @@ class Bench:
         self.logs = RESULTS / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.mp = multiprocessing.get_context("spawn")
+        # The checkout whose shardq the worker processes run (an A/B run
+        # points it at another one; see bench/ab_drain.py).
+        self.repo = REPO
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -161,7 +165,12 @@ class Bench:
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     def start_worker(
-        self, processes: int, env: dict | None = None, name: str = "worker", settings: str = DEFAULT_LOGGING
+        self,
+        processes: int,
+        env: dict | None = None,
+        name: str = "worker",
+        concurrency: int | None = None,
+        settings: str = DEFAULT_LOGGING,
     ) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "w")  # noqa: SIM115 (the worker writes it until stop_worker)
         proc = subprocess.Popen(
@@ -172,12 +181,13 @@ class Bench:
                 "--processes",
                 str(processes),
                 "--concurrency",
-                str(self.o.concurrency),
+                str(concurrency or self.o.concurrency),
                 "--grace",
                 "5",
             ],
-            cwd=REPO,
-            env=self.child_env(settings, **(env or {})),
+            cwd=self.repo,
+            # This checkout's shardq, whatever the virtualenv's editable install names.
+            env=self.child_env(settings, PYTHONPATH=str(self.repo), **(env or {})),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: we can kill the whole tree
@@ -471,7 +481,15 @@ class Bench:
     # -- the run ----------------------------------------------------------------------------
 
     def steps(self) -> float:
-        counts = {"enqueue": 3 * self.o.rounds, "drain": 5 * self.o.rounds, "latency": 4, "rss": 2, "backlog": 2}
+        counts = {
+            "enqueue": 3 * self.o.rounds,
+            "drain": 5 * self.o.rounds,
+            "latency": 4,
+            "rss": 2,
+            "backlog": 2,
+            "priority": 2,
+            "fairshare": 3,
+        }
         return sum(counts[p] for p in self.o.phases)
 
     def run(self) -> dict:
@@ -491,6 +509,11 @@ class Bench:
                 "limit": median([r["steady_rate"] for r in raw.get("drain", {}).get("limit_1p", [])]),
                 "shardq": steady,
             }
+        if "priority" in self.o.phases:
+            raw["priority"] = priority.run(self)
+        if "fairshare" in self.o.phases:
+            raw["fairshare"] = fairshare.run(self, self.o.rounds, self.o.jobs, 3 * self.o.jobs)
+            self.step("fair share: two workers together, a worker joining", advance=3)
         self.reset()
         return raw
 
@@ -732,6 +755,123 @@ def rows_from(raw: dict, o: Options) -> list[Row]:
     return rows
 
 
+def fairshare_rows(raw: dict, o: Options) -> list[Row]:
+    """Two worker commands started together, and a worker joining a busy one
+    (bench/fairshare.py; default HEARTBEAT and LEASE_TTL)."""
+    f = raw.get("fairshare")
+    if not f:
+        return []
+    s = f["summary"]
+    rows = [
+        Row(
+            "together_ratio",
+            f"2 worker commands started together ÷ 1 worker, {o.jobs:,}-job drain",
+            "×",
+            None,
+            s["two_over_one"],
+            target="≥ 1.5×",
+            met=s["two_over_one"] >= 1.5,
+        ),
+        Row(
+            "together_share",
+            "  the larger worker's share of that drain",
+            "%",
+            None,
+            100 * s["larger_share"],
+            target="≤ 55 %",
+            met=s["larger_share"] <= 0.55,
+        ),
+        Row(
+            "join_seconds",
+            "a worker joining a busy one: registered → holds its fair share",
+            "s",
+            None,
+            s["seconds_to_fair_share"],
+            target="≤ 1 s",
+            met=s["seconds_to_fair_share"] <= 1.0,
+        ),
+        Row(
+            "join_unowned",
+            "  longest a shard had no live owner during the join",
+            "ms",
+            None,
+            1000 * s["longest_unowned_s"],
+            target="≤ 100 ms",
+            met=s["longest_unowned_s"] <= 0.1,
+        ),
+        Row(
+            "join_twice",
+            "  jobs not run exactly once",
+            "jobs",
+            None,
+            s["jobs_not_run_exactly_once"],
+            target="0",
+            met=s["jobs_not_run_exactly_once"] == 0,
+        ),
+    ]
+    return rows
+
+
+def priority_rows(raw: dict) -> list[Row]:
+    """The priority phase's table: shardq only (a bare loop has no priorities to keep)."""
+    p = raw.get("priority")
+    if not p:
+        return []
+    pick, rows = p["pickup"], []
+    for q in ("p50", "p99", "max"):
+        row = Row(
+            f"priority_pickup_{q}",
+            f"priority-100 pickup behind {pick['backlog']:,} READY priority-0 jobs: {q}",
+            "ms",
+            None,
+            pick[f"{q}_ms"],
+            higher_is_better=False,
+        )
+        if q == "p99":
+            row.target, row.met = "≤ 50 ms", pick["p99_ms"] is not None and pick["p99_ms"] <= 50
+        rows.append(row)
+    for key, what in (("order", "a few levels"), ("order_201_levels", "all 201 levels")):
+        o = p[key]
+        row = Row(
+            f"priority_{key}_rises",
+            f"mixed drain ({o['jobs']:,} jobs, {what}), 1 thread: runs after a lower priority, after the first fill",
+            "count",
+            None,
+            o["rises_after_first_fill"],
+            target="0",
+            higher_is_better=False,
+        )
+        row.met = o["rises_after_first_fill"] == 0
+        rows.append(row)
+        rows.append(Row(f"priority_{key}_rate", "  same, drain rate", "jobs/s", None, o["rate"]))
+    return rows
+
+
+def priority_section(rows: list[Row], raw: dict, info: dict, o: Options, when: str) -> str:
+    p = raw["priority"]["pickup"]
+    return "\n".join(
+        [
+            PRIORITY_SECTION,
+            "",
+            "Written by `make bench` (`bench/priority.py`, the `priority` phase), in the same run as the table "
+            "above. **Pickup**: one `shardq_worker` (`--concurrency "
+            f"{o.concurrency}`, default prefetch) drains READY priority-0 no-op jobs; every 50 ms a separate "
+            f"process tops the READY backlog up to {p['backlog']:,} jobs and enqueues one priority-100 job "
+            "through the public API (`stamp.using(priority=100).enqueue()`), "
+            f"{p['samples']} times. Pickup is the moment the task ran (it returns `time.time()`) minus its "
+            "`enqueued_at` (the database's clock on the same host), so it includes the jobs the worker had "
+            "already started ahead of it. **Order**: one worker with `--concurrency 1` drains 5,000 `stamp` jobs "
+            "of mixed priorities spread over the 64 shards; their stamps give the order they ran in; counted are "
+            "the times a job ran right after one of lower priority, after the first buffer fill (1 + 512 jobs). "
+            "The drain rate shows what claiming level by level costs when every one of Django's 201 priorities "
+            f"is present. Machine as above; run: {when}.",
+            "",
+            markdown_table(rows),
+            "",
+        ]
+    )
+
+
 def _div(a, b):
     return a / b if a is not None and b else None
 
@@ -743,6 +883,8 @@ def fmt(value, unit: str) -> str:
         return f"{value:,.0f}"
     if unit == "ms":
         return f"{value:,.1f}"
+    if unit == "count":
+        return f"{value:,.0f}"
     if unit == "MiB":
         return f"{value:,.0f}"
     if unit == "µs":
@@ -940,11 +1082,11 @@ def section(rows: list[Row], info: dict, o: Options, when: str, plotted: bool) -
     return "\n".join(parts)
 
 
-def write_section(text: str, path: Path = DOCS) -> None:
-    """Replace (or append) the "## End to end" section; keep every other section."""
+def write_section(text: str, path: Path = DOCS, heading: str = SECTION) -> None:
+    """Replace (or append) the section under ``heading``; keep every other section."""
     current = path.read_text() if path.exists() else "# Benchmarks\n"
     lines = current.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
+    start = next((i for i, line in enumerate(lines) if line.strip() == heading), None)
     if start is None:
         body = current.rstrip("\n") + "\n\n" + text
     else:
@@ -984,7 +1126,7 @@ def run(options: Options, console=None) -> dict:
             finally:
                 bench.conn.close()
         progress.update(task, description="done")
-    rows = rows_from(raw, options)
+    rows = rows_from(raw, options) + fairshare_rows(raw, options)
     subtitle = f"{info['cpus']} CPUs, PostgreSQL {info['postgresql'].split()[0]}, Python {info['python']}, {when}"
     headline = next((row for row in rows if row.key == "drain_1p"), None)
     if headline is not None and headline.ratio is not None:
@@ -993,13 +1135,17 @@ def run(options: Options, console=None) -> dict:
             f"{headline.ratio:.2f}× the bare-SQL limit ({fmt(headline.limit, headline.unit)}; target "
             f"{headline.target}: {met_mark(headline)})"
         )
-    console.print(rich_table(rows, f"shardq vs limit — {subtitle}"))
+    if rows:
+        console.print(rich_table(rows, f"shardq vs limit — {subtitle}"))
+    prio_rows = priority_rows(raw)
+    if prio_rows:
+        console.print(rich_table(prio_rows, f"priority — {subtitle}"))
     report = {
         "when": when,
         "seconds": time.monotonic() - started,
         "machine": info,
         "options": {k: v for k, v in asdict(options).items() if k != "database_url"},
-        "rows": [asdict(r) for r in rows],
+        "rows": [asdict(r) for r in rows + prio_rows],
         "raw": raw,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -1010,6 +1156,7 @@ def run(options: Options, console=None) -> dict:
     if options.write_docs and set(options.phases) == set(PHASES):
         plotted = plot(raw, PLOT, subtitle)
         write_section(section(rows, info, options, when, plotted))
+        write_section(priority_section(prio_rows, raw, info, options, when), heading=PRIORITY_SECTION)
         console.print(f"wrote {DOCS.relative_to(REPO)} ({SECTION!r}) and {PLOT.relative_to(REPO)}")
     elif options.write_docs:
         console.print("docs/benchmarks.md not written: only a full run (every phase) updates it")

@@ -19,7 +19,7 @@ from datetime import datetime
 
 import psycopg
 
-from shardq.db.queries import QUERIES
+from shardq.db.queries import ANY_PRIORITY, QUERIES
 
 NOOP = "tests.taskapp.tasks.noop"
 SHARD_COUNT = 64
@@ -220,6 +220,7 @@ class Drainer:
                 # jobs its threads run next.
                 "start": self.batch if limit is None else limit,
                 "lookahead": 0.0,
+                "min_priority": ANY_PRIORITY,
             },
             prepare=True,
             binary=True,

@@ -18,9 +18,12 @@ env = environ.Env()
 if not os.environ.get("DATABASE_URL"):
     from shardq import embedded
 
-    os.environ["DATABASE_URL"] = embedded.start(embedded.data_dir(BASE_DIR))
-    # Child processes inherit the URL; this marks who started the server.
-    os.environ["SHARDQ_EMBEDDED_STARTED_BY"] = str(os.getpid())
+    # Child processes inherit the URL and join the server. Whoever started it
+    # stops it when it exits (a command that only joined a running server
+    # leaves it running); SHARDQ_EMBEDDED_STARTED_BY names that process.
+    os.environ["DATABASE_URL"] = embedded.start(embedded.data_dir(BASE_DIR), stop_at_exit=True)
+    if embedded.started_here():
+        os.environ["SHARDQ_EMBEDDED_STARTED_BY"] = str(os.getpid())
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="insecure-example-key-change-me")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
@@ -40,11 +43,15 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # The admin's static files under gunicorn with DEBUG off (no web server in front).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # X-Frame-Options: DENY (Django's default X_FRAME_OPTIONS): no page is framed.
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
 ROOT_URLCONF = "example_project.urls"
@@ -72,6 +79,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
+# WhiteNoise serves straight from the apps' static folders, so the example
+# runs without a collectstatic step; a production project sets STATIC_ROOT,
+# runs collectstatic and leaves this False.
+WHITENOISE_USE_FINDERS = True
+LOGIN_URL = "admin:login"
 
 TASKS = {
     "default": {

@@ -308,10 +308,16 @@ def worker_link(worker_id, host, pid):
 
 @admin.register(Shard)
 class ShardAdmin(admin.ModelAdmin):
-    """The shard map: one row a shard, with its lease and its READY backlog."""
+    """The shard map: one row a lease, (pool, shard), with its READY backlog.
+
+    Shards are leased per pool (the queues a worker serves): each pool holds
+    every shard once, so a shard shows once per pool that has run a worker.
+    The READY depth is the shard's, over all queues.
+    """
 
     list_display = (
         "shard",
+        "pool",
         "owner_display",
         "lease_left_display",
         "claim_version",
@@ -320,8 +326,8 @@ class ShardAdmin(admin.ModelAdmin):
         "claimed_at_display",
     )
     list_display_links = ("shard",)
-    list_filter = (LeaseFilter,)
-    ordering = ("shard",)
+    list_filter = (LeaseFilter, "pool")
+    ordering = ("pool", "shard")
     # Every shard on one page (SHARD_COUNT is a power of two, 64 by default).
     list_per_page = 1024
     list_max_show_all = 4096
@@ -329,6 +335,7 @@ class ShardAdmin(admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
     fields = (
         "shard",
+        "pool",
         "owner_display",
         "lease_left_display",
         "claim_version",
@@ -411,7 +418,9 @@ class ShardAdmin(admin.ModelAdmin):
 
     @admin.display(description="recent ownership events")
     def recent_events(self, obj):
-        events = with_safe_times(ShardEvent.objects.filter(shard=obj.shard), ("at",)).order_by("-at")[:20]
+        events = with_safe_times(ShardEvent.objects.filter(shard=obj.shard, pool=obj.pool), ("at",)).order_by("-at")[
+            :20
+        ]
         rows = format_html_join(
             "",
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -457,13 +466,13 @@ class WorkerAdmin(admin.ModelAdmin):
         "state",
         "shards_held_display",
         "heartbeat_age_display",
-        "queues_display",
+        "pool",
         "started_at_display",
         "counters_short",
         "id",
     )
     list_display_links = ("host",)
-    list_filter = (LivenessFilter, "state")
+    list_filter = (LivenessFilter, "state", "pool")
     search_fields = ("=id", "host")
     ordering = ("-started_at",)
     show_full_result_count = False
@@ -477,6 +486,7 @@ class WorkerAdmin(admin.ModelAdmin):
         "started_at_display",
         "heartbeat_at_display",
         "heartbeat_age_display",
+        "pool",
         "queues_display",
         "shards_display",
         "counters_table",

@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.core import checks
 from django.core.signals import setting_changed
 from django.db.models.signals import post_migrate
 
@@ -19,8 +20,16 @@ class ShardqConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        # django.tasks registers the check that runs each backend's check()
+        # (shardq.E001...) when it is imported: import it, so `check` runs them
+        # even in a project that has not imported a task yet.
+        import django.tasks  # noqa: F401
+
+        from .checks import app_without_backend
         from .db.store import ensure_shards
         from .dispatch import settings_changed
+
+        checks.register(app_without_backend)
 
         post_migrate.connect(ensure_shards, sender=self, dispatch_uid="shardq_ensure_shards")
         setting_changed.connect(_reset_backends, dispatch_uid="shardq_reset_backends")

@@ -65,6 +65,7 @@ from dataclasses import fields as dataclass_fields
 from functools import partial
 
 import psycopg
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
@@ -73,7 +74,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import log_task_enqueued, task_enqueued
 from django.utils.json import normalize_json
 
-from .checks import backend_checks
+from .checks import backend_checks, unusable
 from .conf import get_config
 from .core.hashing import salted_key_hash, shard_key_hash
 from .core.lru import make_lru
@@ -209,6 +210,11 @@ class ShardqBackend(BaseTaskBackend):
         rest of an enqueue). Returns a copy of the task's ``task_params``."""
         known = self._known_tasks.get(id(task))
         if known is None or known[0] is not task:
+            # Once per task, as the rest: the app missing or SQLite is a clear
+            # error here rather than a missing table or a syntax error.
+            problem = unusable(self)
+            if problem:
+                raise ImproperlyConfigured(problem)
             self.validate_task(task)
             if len(self._known_tasks) >= _KNOWN_TASKS:
                 self._known_tasks.clear()

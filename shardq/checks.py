@@ -9,12 +9,28 @@ Stable ids:
   shardq.E006  OPTIONS["DATABASE"] names no configured database
   shardq.E007  OPTIONS["UNIQUE_CACHE_SIZE"] is not an int >= 0
   shardq.E008  CHANNEL is not a usable LISTEN/NOTIFY channel name
+  shardq.E009  a shardq backend is configured but "shardq" is not in INSTALLED_APPS
+  shardq.E010  a key of a shardq backend's OPTIONS is unknown (misspelled)
+  shardq.E011  a key of SHARDQ is unknown (misspelled)
+  shardq.W001  "shardq" is in INSTALLED_APPS but no TASKS backend is shardq's
+
+E009 is reported through the backend's ``check()``, which Django runs once
+``django.tasks`` is imported (a view or tasks module that enqueues does it):
+without the app nothing of shardq's is loaded to register a check of its own.
+So ``enqueue`` refuses the same mistakes too (``unusable()``), with the same
+message, instead of failing on a missing table or on SQLite's SQL.
 """
 
+import difflib
+
+from django.apps import apps
 from django.core import checks
 from django.db import connections
 
 from .conf import DEFAULTS
+
+# Every key a shardq backend reads from its OPTIONS (backend.py).
+OPTION_KEYS = ("DATABASE", "PREPARED_STATEMENTS", "UNIQUE_CACHE_SIZE")
 
 # PostgreSQL's NAMEDATALEN - 1: pg_notify() refuses a longer channel name and
 # LISTEN truncates it, so every enqueue would fail (and workers listen elsewhere).
@@ -38,29 +54,102 @@ def channel_error(channel) -> str | None:
     return None
 
 
+def unknown_keys(given, known, setting: str) -> list[tuple[str, str]]:
+    """(message, hint) for each key of ``given`` not in ``known``, with the
+    closest known key as a "did you mean"."""
+    found = []
+    for key in given:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+        message = f"{setting} has an unknown key {key!r}"
+        message += f": did you mean {close[0]!r}?" if close else "."
+        found.append((message, f"The keys shardq reads are {', '.join(sorted(known))}; any other is ignored."))
+    return found
+
+
+def missing_app_error(backend) -> checks.Error | None:
+    if apps.is_installed("shardq"):
+        return None
+    return checks.Error(
+        f"TASKS[{backend.alias!r}] uses shardq's backend, but 'shardq' is not in INSTALLED_APPS: "
+        "migrate creates no shardq tables and manage.py has no shardq_worker.",
+        hint="Add it: INSTALLED_APPS += ['shardq'], then run manage.py migrate.",
+        id="shardq.E009",
+    )
+
+
+def vendor_error(backend) -> checks.Error | None:
+    alias = backend.database_alias
+    vendor = connections[alias].vendor
+    if vendor == "postgresql":
+        return None
+    return checks.Error(
+        f"shardq needs PostgreSQL, but database {alias!r} is {vendor}.",
+        hint="Point DATABASES[...]['ENGINE'] at django.db.backends.postgresql "
+        "(PostgreSQL 15 or newer: SKIP LOCKED, LISTEN/NOTIFY).",
+        id="shardq.E001",
+    )
+
+
+def unusable(backend) -> str | None:
+    """Why ``backend`` cannot store a job (the app missing, a database that is
+    not PostgreSQL), as the check says it; None when it can. Enqueue raises
+    it, so a missed ``manage.py check`` still ends in a clear error."""
+    error = missing_app_error(backend)
+    if error is None and backend.database_alias in connections.settings:  # else E006: Django names the alias
+        error = vendor_error(backend)
+    return f"{error.msg} {error.hint}" if error else None
+
+
+def app_without_backend(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """shardq.W001, registered by the app: installed, but no backend uses it."""
+    from django.conf import settings
+    from django.utils.module_loading import import_string
+
+    from .backend import ShardqBackend
+
+    for config in (getattr(settings, "TASKS", None) or {}).values():
+        try:
+            backend_class = import_string(config.get("BACKEND", ""))
+        except (ImportError, AttributeError):
+            continue
+        if isinstance(backend_class, type) and issubclass(backend_class, ShardqBackend):
+            return []
+    return [
+        checks.Warning(
+            "'shardq' is in INSTALLED_APPS but no TASKS backend is shardq's: tasks are not stored by shardq "
+            "and shardq_worker has nothing to serve.",
+            hint="Set TASKS = {'default': {'BACKEND': 'shardq.backend.ShardqBackend'}} (docs/configuration.md).",
+            id="shardq.W001",
+        )
+    ]
+
+
 def backend_checks(backend) -> list[checks.CheckMessage]:
-    errors = []
+    errors: list[checks.CheckMessage] = []
+    missing_app = missing_app_error(backend)
+    if missing_app:
+        errors.append(missing_app)
+    for message, hint in unknown_keys(backend.options, OPTION_KEYS, f"TASKS[{backend.alias!r}]['OPTIONS']"):
+        errors.append(checks.Error(message, hint=hint, id="shardq.E010"))
+    from django.conf import settings
+
+    for message, hint in unknown_keys(getattr(settings, "SHARDQ", {}), list(DEFAULTS), "SHARDQ"):
+        errors.append(checks.Error(message, hint=hint, id="shardq.E011"))
     alias = backend.database_alias
     if alias not in connections.settings:
         return [
+            *errors,
             checks.Error(
                 f"TASKS[{backend.alias!r}]['OPTIONS']['DATABASE'] = {alias!r} is not in DATABASES.",
                 hint="Name a database alias from settings.DATABASES (default: 'default').",
                 id="shardq.E006",
-            )
+            ),
         ]
-    vendor = connections[alias].vendor
-    if vendor != "postgresql":
-        errors.append(
-            checks.Error(
-                f"shardq needs PostgreSQL, but database {alias!r} is {vendor}.",
-                hint="Point DATABASES[...]['ENGINE'] at django.db.backends.postgresql "
-                "(PostgreSQL 15 or newer: SKIP LOCKED, LISTEN/NOTIFY).",
-                id="shardq.E001",
-            )
-        )
-    from django.conf import settings
-
+    vendor = vendor_error(backend)
+    if vendor:
+        errors.append(vendor)
     raw = {**DEFAULTS, **getattr(settings, "SHARDQ", {})}
     count = raw["SHARD_COUNT"]
     if not isinstance(count, int) or isinstance(count, bool) or count < 1 or count > 16384 or count & (count - 1):

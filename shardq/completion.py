@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from .conf import get_config
-from .db.queries import QUERIES
+from .db import operations
 from .exceptions import FenceLost
 
 
@@ -79,19 +79,19 @@ def complete_in_transaction(context, return_value=None, *, using: str = DEFAULT_
     state = context.completion_state
     job_id = int(context.task_result.id)
     idle_ms = int(get_config().lease_ttl_seconds * 1000)
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            QUERIES["complete_job_in_transaction"],
-            {
-                "id": job_id,
-                "fence": context.fence,
-                "rank": context.rank,
-                "shard": context.shard,
-                "return_value": value_json,
-                "idle_ms": idle_ms,
-            },
-        )
-        row = cursor.fetchone()
+    row = operations.run(
+        "complete_job_in_transaction",
+        {
+            "id": job_id,
+            "fence": context.fence,
+            "rank": context.rank,
+            "shard": context.shard,
+            "return_value": value_json,
+            "idle_ms": idle_ms,
+        },
+        using=using,
+        fetch="one",
+    )
     if row is None:
         raise FenceLost(
             f"job {job_id}: the fence {context.fence} of this attempt is no longer current "

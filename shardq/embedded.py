@@ -2,8 +2,11 @@
 
 Used only when ``DATABASE_URL`` is unset: the example project's settings then
 start a server whose data lives in the project's git-ignored ``.pgdata``
-folder. The server keeps running after the process that started it exits, so
-gunicorn, workers and tests share it; ``stop()`` ends it.
+folder. Child processes (gunicorn, workers, the tests' workers) join the
+running server through the exported URL. ``start(stop_at_exit=True)`` stops
+the server when the process that started it exits; a process that only
+joined a running server never stops it. ``stop()`` ends it from anywhere
+(``make clean`` calls it before deleting ``.pgdata``).
 
 Where the data lives, first match wins:
 
@@ -22,6 +25,7 @@ Where the data lives, first match wins:
 import hashlib
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from urllib.parse import quote
 
@@ -64,10 +68,37 @@ def _settings_base_dir() -> Path | None:
     return Path(base) if base else None
 
 
-def start(path: Path | None = None) -> str:
-    """Start (or join) the embedded server and return its DATABASE_URL."""
+# The data folders this process started a server in (not the ones it joined).
+_started: set[Path] = set()
+
+
+def running(path: Path) -> bool:
+    """Does a server run on ``path`` (its postmaster.pid names a live process)?"""
     try:
-        import pgserver
+        pid = int((path / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
+
+
+def started_here(path: Path | None = None) -> bool:
+    """Did this process start the server (on ``path``, or on any folder)?"""
+    return (path in _started) if path is not None else bool(_started)
+
+
+def start(path: Path | None = None, *, stop_at_exit: bool = False) -> str:
+    """Start (or join) the embedded server and return its DATABASE_URL.
+
+    With ``stop_at_exit`` a server this call started is stopped when this
+    process exits (not its forked children, nor a server it joined)."""
+    try:
+        with warnings.catch_warnings():
+            # pgserver asks platformdirs for a runtime directory at import;
+            # without XDG_RUNTIME_DIR (a container, cron, CI) platformdirs
+            # warns and falls back to /tmp, which is all pgserver needs.
+            warnings.filterwarnings("ignore", message=r"XDG_RUNTIME_DIR is not set")
+            import pgserver
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ImproperlyConfigured(
             "DATABASE_URL is unset and the embedded PostgreSQL is not installed: "
@@ -75,9 +106,23 @@ def start(path: Path | None = None) -> str:
         ) from exc
     path = path or data_dir()
     path.mkdir(parents=True, exist_ok=True)
+    joined = running(path)
     server = pgserver.get_server(str(path), cleanup_mode=None)
     server.psql("SELECT 1;")  # wait until it accepts connections
+    if not joined:
+        _started.add(path)
+        if stop_at_exit:
+            import atexit
+
+            atexit.register(_stop_if_owner, path, os.getpid())
     return f"postgres://postgres@/postgres?host={quote(str(path))}"
+
+
+def _stop_if_owner(path: Path, owner: int) -> None:
+    # A forked child runs atexit handlers too when it exits normally: only
+    # the process that started the server stops it.
+    if os.getpid() == owner:
+        stop(path)
 
 
 def stop(path: Path | None = None) -> None:

@@ -65,6 +65,14 @@ class Job(models.Model):
                 condition=Q(status__in=["CLAIMED", "RUNNING"]),
                 name="shardq_job_inflight_idx",
             ),
+            # Where several pools hold a shard, a claim checks an ordered
+            # job's earlier jobs of the same key through this one (only
+            # ordered, unfinished jobs are in it).
+            models.Index(
+                fields=["shard", "shard_key", "id"],
+                condition=Q(ordered=True, status__in=["READY", "CLAIMED", "RUNNING"]),
+                name="shardq_job_ordered_idx",
+            ),
         ]
         # The admin's dead-letter actions, each behind its own permission.
         permissions = [
@@ -77,19 +85,33 @@ class Job(models.Model):
 
 
 class Shard(models.Model):
-    shard = models.SmallIntegerField(primary_key=True)
+    """One lease: a shard as one pool (a worker queue selection) holds it.
+
+    Each pool covers every shard of its queues, so there is one row per
+    (pool, shard); the pool ``*`` (a worker with no --queues) always exists.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # The worker selection that leases this row (shardq.core.pools.pool_name).
+    pool = models.CharField(max_length=200, default="*", db_default="*")
+    shard = models.SmallIntegerField()
     owner = models.UUIDField(null=True, blank=True)
     lease_expires = models.DateTimeField(null=True, blank=True)
-    # The fencing token: never decreases, never reused; rows never deleted.
+    # The fencing token, from one sequence for every row (shardq_claim_version_seq):
+    # never decreases, never reused, so (shard, claim_version) names one lease
+    # for ever; rows are never deleted.
     claim_version = models.BigIntegerField(default=0)
     claimed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "shardq_shard"
-        ordering = ["shard"]
+        ordering = ["pool", "shard"]
+        constraints = [models.UniqueConstraint(fields=["pool", "shard"], name="shardq_shard_pool_shard_uniq")]
+        # Acks, starts and rescues find a job's lease by (shard, fence).
+        indexes = [models.Index(fields=["shard", "claim_version"], name="shardq_shard_version_idx")]
 
     def __str__(self):
-        return f"shard {self.shard}"
+        return f"shard {self.shard}" if self.pool == "*" else f"shard {self.shard} of pool {self.pool}"
 
 
 class Dashboard(Shard):
@@ -116,6 +138,7 @@ class ShardEvent(models.Model):
         RELEASE = "release"
 
     id = models.BigAutoField(primary_key=True)
+    pool = models.CharField(max_length=200, default="*", db_default="*")
     shard = models.SmallIntegerField()
     claim_version = models.BigIntegerField()
     worker = models.UUIDField()
@@ -138,6 +161,8 @@ class Worker(models.Model):
     host = models.CharField(max_length=255)
     pid = models.IntegerField()
     queues = models.JSONField(default=list)
+    # The pool it leases shards in (shardq.core.pools.pool_name of its selection).
+    pool = models.CharField(max_length=200, default="*", db_default="*")
     started_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField()
     state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)

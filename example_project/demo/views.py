@@ -1,5 +1,6 @@
 import json
 
+from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.http import Http404, HttpResponseBadRequest, JsonResponse
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -36,8 +37,10 @@ def enqueue_add(request):
     return JsonResponse({"job": result.id}, status=201)
 
 
+@login_required
 @require_GET
 def job_status(request, job_id):
+    """A job's status, for logged-in users only (arguments and results may be private)."""
     try:
         result = send_receipt.get_backend().get_result(job_id)
     except TaskResultDoesNotExist:

@@ -20,3 +20,7 @@ def load(path: Path) -> dict[str, str]:
 
 
 QUERIES = load(Path(__file__).with_name("queries.sql"))
+
+# claim_jobs' :min_priority that leaves no job out: the least smallint (a row
+# written by hand may hold a priority below Django's -100).
+ANY_PRIORITY = -32768

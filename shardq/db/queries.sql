@@ -89,19 +89,19 @@ SELECT id, task_path, backend, queue_name, priority,
 FROM shardq_job WHERE id = %(id)s;
 
 -- name: ensure_shards
--- Create the shard rows 0 .. count-1 that do not exist yet (rows are never deleted).
-INSERT INTO shardq_shard (shard, owner, lease_expires, claim_version, claimed_at)
-SELECT g, NULL, NULL, 0, NULL FROM generate_series(0, %(count)s - 1) AS g
-ON CONFLICT (shard) DO NOTHING;
+-- Create the lease rows 0 .. count-1 of pool :pool that do not exist yet (rows are never deleted).
+INSERT INTO shardq_shard (pool, shard, owner, lease_expires, claim_version, claimed_at)
+SELECT %(pool)s, g, NULL, NULL, 0, NULL FROM generate_series(0, %(count)s - 1) AS g
+ON CONFLICT (pool, shard) DO NOTHING;
 
 -- name: register_worker
--- Register a worker incarnation (a fresh UUID every start) and its readable name (--worker-id, '' for none).
-INSERT INTO shardq_worker (id, host, pid, queues, started_at, heartbeat_at, state, stats, name)
-VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s::jsonb, clock_timestamp(), clock_timestamp(),
+-- Register a worker incarnation (a fresh UUID every start) of pool :pool and its readable name (--worker-id, '' for none).
+INSERT INTO shardq_worker (id, host, pid, queues, pool, started_at, heartbeat_at, state, stats, name)
+VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(pool)s, clock_timestamp(), clock_timestamp(),
         'RUNNING', '{}'::jsonb, %(name)s);
 
 -- name: heartbeat
--- Record this worker's heartbeat and counters; list the live workers (heartbeat within the TTL, this one included) in a stable order, each with the database time.
+-- Record this worker's heartbeat and counters; list the live workers of its pool (heartbeat within the TTL, this one included) in a stable order: they share the pool's shards.
 WITH me AS (
     UPDATE shardq_worker SET heartbeat_at = clock_timestamp(), stats = %(stats)s::jsonb
     WHERE id = %(worker)s
@@ -109,51 +109,51 @@ WITH me AS (
 )
 SELECT w.id, (SELECT count(*) FROM me)
 FROM shardq_worker w
-WHERE w.state = 'RUNNING'
+WHERE w.state = 'RUNNING' AND w.pool = %(pool)s
   AND (w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s) OR w.id = %(worker)s)
 ORDER BY w.started_at, w.id;
 
 -- name: claim_shards
--- Take up to :wanted unowned or expired shards (SKIP LOCKED) and bump their claim_version; returns shard, claim_version, previous owner. The store then runs rescue_jobs and log_shard_claims in the same transaction.
+-- Take up to :wanted unowned or expired shards of pool :pool (SKIP LOCKED), each under a new claim_version from the one sequence; returns shard, claim_version, previous owner. The store then runs rescue_jobs and log_shard_claims in the same transaction.
 WITH candidate AS (
-    SELECT shard, owner FROM shardq_shard
-    WHERE shard < %(shard_count)s
+    SELECT id, shard, owner FROM shardq_shard
+    WHERE pool = %(pool)s AND shard < %(shard_count)s
       AND (owner IS NULL OR lease_expires < clock_timestamp())
     ORDER BY shard
     LIMIT %(wanted)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE shardq_shard AS s
-SET owner = %(worker)s, claim_version = s.claim_version + 1,
+SET owner = %(worker)s, claim_version = nextval('shardq_claim_version_seq'),
     lease_expires = clock_timestamp() + make_interval(secs => %(ttl)s),
     claimed_at = clock_timestamp()
-FROM candidate AS c WHERE s.shard = c.shard
+FROM candidate AS c WHERE s.id = c.id
 RETURNING s.shard, s.claim_version, c.owner AS previous_owner;
 
 -- name: renew_leases
--- Extend exactly the (shard, claim_version) pairs this worker holds; a missing row in the answer means that shard was lost.
+-- Extend exactly the (shard, claim_version) pairs this worker holds in pool :pool; a missing row in the answer means that shard was lost.
 WITH locked AS (
-    SELECT s.shard FROM shardq_shard AS s
+    SELECT s.id, s.shard FROM shardq_shard AS s
     JOIN unnest(%(shards)s::int[], %(versions)s::bigint[]) AS h(shard, version)
-      ON s.shard = h.shard AND s.claim_version = h.version AND s.owner = %(worker)s
+      ON s.pool = %(pool)s AND s.shard = h.shard AND s.claim_version = h.version AND s.owner = %(worker)s
     ORDER BY s.shard
     FOR UPDATE OF s
 )
 UPDATE shardq_shard AS s
 SET lease_expires = clock_timestamp() + make_interval(secs => %(ttl)s)
-FROM locked WHERE s.shard = locked.shard
+FROM locked WHERE s.id = locked.id
 RETURNING s.shard;
 
 -- name: release_shards
--- Give up (shard, claim_version) pairs so another worker can claim them at once; log each release.
+-- Give up (shard, claim_version) pairs of pool :pool so another worker of the pool can claim them at once; log each release.
 WITH released AS (
     UPDATE shardq_shard AS s SET owner = NULL, lease_expires = NULL
     FROM unnest(%(shards)s::int[], %(versions)s::bigint[]) AS h(shard, version)
-    WHERE s.shard = h.shard AND s.claim_version = h.version AND s.owner = %(worker)s
+    WHERE s.pool = %(pool)s AND s.shard = h.shard AND s.claim_version = h.version AND s.owner = %(worker)s
     RETURNING s.shard, s.claim_version
 )
-INSERT INTO shardq_shard_event (shard, claim_version, worker, reason, rescued, at)
-SELECT shard, claim_version, %(worker)s, 'release', 0, clock_timestamp() FROM released
+INSERT INTO shardq_shard_event (pool, shard, claim_version, worker, reason, rescued, at)
+SELECT %(pool)s, shard, claim_version, %(worker)s, 'release', 0, clock_timestamp() FROM released
 RETURNING shard;
 
 -- name: stop_worker
@@ -162,7 +162,7 @@ UPDATE shardq_worker SET state = 'STOPPED', heartbeat_at = clock_timestamp(), st
 WHERE id = %(worker)s;
 
 -- name: claim_jobs
--- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds: per shard an index range walk (LIMIT :per_shard, SKIP LOCKED), :limit in all, under each shard's current claim version.
+-- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds, the highest priorities first across them: one index probe per shard finds its best due priority (no lock); the floor is the second-best of those. Taken are only jobs at or above the floor: first from the one shard above it, if any (its walk may fill the batch), then :per_shard from each shard at the floor, in the given order (a shard alone with work: :per_shard); :limit in all (index range walks, SKIP LOCKED), under each shard's current claim version. So no job left outranks a job taken. Jobs below :min_priority are left alone (the fetcher's claim for jobs that outrank its buffer).
 -- Only jobs of the worker's queues (:queues, or every queue but :exclude_queues when :all_queues) and of its backend alias (:backend, or any when :any_backend); these are filters on the walk, not index columns.
 -- The first :start jobs (priority order) that are due, unordered and never lost a worker are started at once (RUNNING, the attempt counted, started_at, last_attempted_at, worker_ids: as start_jobs does): they are what this worker's threads run next, so a separate start write would only add a statement per job. The rest are CLAIMED; nothing is counted for them until start_jobs.
 -- A row whose values cannot be read (problem IS NOT NULL) is quarantined: FAILED with an UnreadableJob error naming the value, no arithmetic on it.
@@ -172,14 +172,54 @@ WITH held AS MATERIALIZED (
     -- under the old version, where starts and acks cannot land (both check the
     -- shard's current version) and the new owner's sweep (rescue_jobs) puts
     -- them back.
-    SELECT s.shard, s.claim_version, h.ord
+    SELECT s.shard, s.claim_version, h.ord,
+           -- Another pool's live lease on the shard: its workers may claim
+           -- jobs of the same keys (the ordered-key guard below).
+           EXISTS (SELECT 1 FROM shardq_shard AS o
+                   WHERE o.shard = s.shard AND o.id <> s.id AND o.owner IS NOT NULL
+                     AND o.lease_expires > clock_timestamp()) AS shared
     FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
-    JOIN shardq_shard AS s ON s.shard = h.shard
+    JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
     WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
+), tops AS MATERIALIZED (
+    -- Each held shard's best due priority: one probe of its slice of the
+    -- ready index (the same filters as the walk below), no lock taken. A
+    -- claim that walked every shard for a few jobs each, as this one did
+    -- before, took priority-0 jobs of one shard while another shard's
+    -- priority-20 jobs waited in the table; the local queue can only order
+    -- what was claimed.
+    SELECT held.shard, held.claim_version, held.ord, held.shared, top.priority
+    FROM held
+    CROSS JOIN LATERAL (
+        SELECT priority FROM shardq_job
+        WHERE shard = held.shard AND status = 'READY' AND priority >= %(min_priority)s
+          AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
+          AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
+          AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
+          AND (backend = %(backend)s OR %(any_backend)s)
+        ORDER BY priority DESC, run_after, id
+        LIMIT 1
+    ) AS top
+), runner_up AS MATERIALIZED (
+    -- The second-best top (the best one when two shards share it): no job
+    -- left in the table outranks it except in the one shard that leads.
+    -- None when at most one shard has work: that shard's walk is the order.
+    SELECT second, COALESCE(second, %(min_priority)s) AS floor
+    FROM (SELECT (SELECT priority FROM tops ORDER BY priority DESC LIMIT 1 OFFSET 1) AS second) AS s
 ), candidates AS MATERIALIZED (
     SELECT j.id, j.problem, j.priority, j.run_after, j.ordered, j.worker_losses,
            j.last_attempted_at, held.claim_version
-    FROM (SELECT * FROM held ORDER BY ord) AS held
+    -- Level by level: only jobs of the runner-up's priority or more, so every
+    -- job taken outranks or equals every job left, however the limits cut.
+    -- A shard whose top is above the floor is the only one that has such
+    -- jobs: it comes first and, when other shards follow, may fill the batch
+    -- (cut at :per_shard it would leave jobs that outrank theirs). The
+    -- shards at the floor follow in the fetcher's rotating order,
+    -- :per_shard each. The next level comes with the next claim (the
+    -- fetcher goes again at once after a short answer).
+    FROM (SELECT tops.*, runner_up.second, runner_up.floor FROM tops, runner_up
+          WHERE tops.priority >= runner_up.floor
+          ORDER BY tops.priority > runner_up.floor DESC, tops.ord) AS held
     CROSS JOIN LATERAL (
         SELECT id, priority, run_after, ordered, worker_losses, last_attempted_at,
                CASE
@@ -196,13 +236,26 @@ WITH held AS MATERIALIZED (
                    WHEN jsonb_typeof(worker_ids) IS DISTINCT FROM 'array' THEN format('worker_ids %%s is not a JSON array', left(worker_ids::text, 80))
                END AS problem
         FROM shardq_job
-        WHERE shard = held.shard AND status = 'READY'
+        WHERE shard = held.shard AND status = 'READY' AND priority >= held.floor
           AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
           AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
           AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
           AND (backend = %(backend)s OR %(any_backend)s)
+          -- Several pools can claim one shard's jobs (docs/architecture.md,
+          -- "Pools"): where another pool holds this shard, an ordered job is
+          -- claimed only when no earlier job of its key is due before it
+          -- (READY) or in flight under another lease. A READY predecessor
+          -- counts as seen by this statement's snapshot, so a claim racing
+          -- another pool's claim of that predecessor errs toward waiting.
+          AND CASE WHEN ordered AND held.shared THEN NOT EXISTS (
+                  SELECT 1 FROM shardq_job AS e
+                  WHERE e.shard = held.shard AND e.shard_key = shardq_job.shard_key AND e.ordered
+                    AND e.status IN ('READY', 'CLAIMED', 'RUNNING') AND e.id < shardq_job.id
+                    AND CASE WHEN e.status = 'READY' THEN e.run_after <= shardq_job.run_after
+                             ELSE e.fence <> held.claim_version END)
+              ELSE true END
         ORDER BY priority DESC, run_after, id
-        LIMIT %(per_shard)s
+        LIMIT CASE WHEN held.priority > held.second THEN %(limit)s ELSE %(per_shard)s END
         FOR UPDATE SKIP LOCKED
     ) AS j
     LIMIT %(limit)s
@@ -301,8 +354,9 @@ WITH guard AS MATERIALIZED (
     SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true) AS ms
 ), locked AS MATERIALIZED (
     -- Shard row before job row, like claim_shards and claim_jobs: no deadlock.
+    -- The attempt's own lease (its fence names it), still current.
     SELECT s.claim_version FROM shardq_shard AS s, guard
-    WHERE s.shard = %(shard)s
+    WHERE s.shard = %(shard)s AND s.claim_version = %(fence)s
     FOR SHARE OF s
 )
 UPDATE shardq_job AS job
@@ -345,12 +399,17 @@ ORDER BY run_after
 LIMIT 1;
 
 -- name: rescue_jobs
--- The one rescue. Jobs of these (shard, claim_version) pairs still CLAIMED or RUNNING under an older fence (their worker lost the shard): a claim never started goes back to READY with nothing charged; an interrupted attempt is a worker loss (worker_losses + 1) and runs again (at-least-once), whatever max_attempts says, until its losses reach :max_worker_losses: then it is dead-lettered as WorkerLost. Returns shard, id, whether it had started, whether it was dead-lettered.
+-- The one rescue. Jobs of these shards still CLAIMED or RUNNING under a lease that is gone (their worker lost the shard): a fence that is no longer any pool's current version of the shard, or the version of a lease released or expired for more than :ttl seconds past its end (no worker trusts it any more: its pool has no live worker). a claim never started goes back to READY with nothing charged; an interrupted attempt is a worker loss (worker_losses + 1) and runs again (at-least-once), whatever max_attempts says, until its losses reach :max_worker_losses: then it is dead-lettered as WorkerLost. Returns shard, id, whether it had started, whether it was dead-lettered.
 WITH lost AS MATERIALIZED (
     SELECT j.id, h.version, j.status = 'RUNNING' AS started,
            j.status = 'RUNNING' AND j.worker_losses + 1 >= %(max_worker_losses)s AS dead
     FROM unnest(%(shards)s::int[], %(versions)s::bigint[]) AS h(shard, version)
-    JOIN shardq_job AS j ON j.shard = h.shard AND j.status IN ('CLAIMED', 'RUNNING') AND j.fence < h.version
+    JOIN shardq_job AS j ON j.shard = h.shard AND j.status IN ('CLAIMED', 'RUNNING') AND j.fence <> h.version
+    -- Another pool's lease of the shard that is still live keeps its jobs.
+    WHERE NOT EXISTS (
+        SELECT 1 FROM shardq_shard AS l
+        WHERE l.shard = j.shard AND l.claim_version = j.fence AND l.owner IS NOT NULL
+          AND l.lease_expires > clock_timestamp() - make_interval(secs => %(ttl)s))
     FOR UPDATE OF j
 )
 UPDATE shardq_job AS j
@@ -375,8 +434,8 @@ RETURNING j.shard, j.id, lost.started, lost.dead;
 
 -- name: log_shard_claims
 -- Log each shard claim (a takeover when it had an owner) with how many jobs its rescue moved.
-INSERT INTO shardq_shard_event (shard, claim_version, worker, reason, rescued, at)
-SELECT c.shard, c.version, %(worker)s, CASE WHEN c.previous IS NULL THEN 'claim' ELSE 'takeover' END,
+INSERT INTO shardq_shard_event (pool, shard, claim_version, worker, reason, rescued, at)
+SELECT %(pool)s, c.shard, c.version, %(worker)s, CASE WHEN c.previous IS NULL THEN 'claim' ELSE 'takeover' END,
        c.rescued, clock_timestamp()
 FROM unnest(%(shards)s::int[], %(versions)s::bigint[], %(previous)s::text[], %(rescued)s::int[])
      AS c(shard, version, previous, rescued);
@@ -469,7 +528,7 @@ DELETE FROM shardq_job WHERE id = ANY(%(ids)s::bigint[]) AND status = 'FAILED'
 RETURNING id, task_path;
 
 -- name: admin_dashboard
--- Admin dashboard, one row a shard plus one totals row (shard NULL): owner, seconds of lease left, jobs finished in the last :minutes minutes (and how many FAILED), pickup latency p50/p99/mean/max of those (seconds from due, run_after, to the start of the final attempt, last_attempted_at), dead-lettered jobs, READY depth (all, due), the wait of the oldest due READY job, RUNNING jobs.
+-- Admin dashboard, one row a shard plus one totals row (shard NULL): owner and seconds of lease left (of the pool whose lease has the most left), jobs finished in the last :minutes minutes (and how many FAILED), pickup latency p50/p99/mean/max of those (seconds from due, run_after, to the start of the final attempt, last_attempted_at), dead-lettered jobs, READY depth (all, due), the wait of the oldest due READY job, RUNNING jobs.
 WITH now AS MATERIALIZED (
     SELECT clock_timestamp() AS t, clock_timestamp() - make_interval(mins => %(minutes)s) AS since
 ), finished AS (
@@ -495,7 +554,12 @@ SELECT s.shard, s.owner, w.host, w.pid,
        (extract(epoch FROM s.lease_expires) - extract(epoch FROM now.t))::float8,
        COALESCE(f.finished, 0), COALESCE(f.failed, 0), COALESCE(f.dead, 0), f.p50, f.p99, f.mean, f.max,
        r.depth, r.due, r.oldest, (SELECT count(*) FROM shardq_job AS x WHERE x.shard = s.shard AND x.status = 'RUNNING')
-FROM shardq_shard AS s
+FROM (
+    -- One row a shard: with several pools, the lease with the most time left
+    -- (the shard map lists every pool's lease).
+    SELECT DISTINCT ON (shard) shard, owner, lease_expires FROM shardq_shard
+    ORDER BY shard, lease_expires DESC NULLS LAST
+) AS s
 CROSS JOIN now
 LEFT JOIN shardq_worker AS w ON w.id = s.owner
 LEFT JOIN finished AS f ON f.shard = s.shard AND NOT f.is_total
@@ -531,3 +595,42 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- name: async_commit
 -- Commit this session's writes without waiting for the WAL flush (the claim and start connections: a lost claim or start leaves its jobs READY or CLAIMED, never a wrong outcome).
 SET synchronous_commit = off;
+
+-- name: status_workers
+-- shardq_status: the workers not stopped, oldest first: id, name, host, pid, pool, state, heartbeat age in seconds (epoch difference: an infinite time gives ±Infinity), stats as text, live shards held.
+SELECT w.id::text, w.name, w.host, w.pid, w.pool, w.state,
+       (extract(epoch FROM clock_timestamp()) - extract(epoch FROM w.heartbeat_at))::float8,
+       w.stats::text,
+       (SELECT count(*) FROM shardq_shard AS s WHERE s.owner = w.id AND s.lease_expires > clock_timestamp())
+FROM shardq_worker AS w WHERE w.state <> 'STOPPED' ORDER BY w.started_at;
+
+-- name: status_jobs
+-- shardq_status: jobs by status.
+SELECT status, count(*) FROM shardq_job GROUP BY 1 ORDER BY 1;
+
+-- name: status_lag
+-- shardq_status: seconds the oldest due READY job has waited (NULL: none is due).
+SELECT (extract(epoch FROM clock_timestamp()) - extract(epoch FROM min(run_after)))::float8
+FROM shardq_job WHERE status = 'READY' AND run_after <= clock_timestamp();
+
+-- name: status_pools
+-- shardq_status: each pool with its live workers (heartbeat within :ttl), its shards held under a live lease and its shards unowned or expired.
+SELECT s.pool,
+       (SELECT count(*) FROM shardq_worker AS w
+        WHERE w.pool = s.pool AND w.state = 'RUNNING'
+          AND w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)) AS workers,
+       count(*) FILTER (WHERE s.owner IS NOT NULL AND s.lease_expires > clock_timestamp()) AS held,
+       count(*) FILTER (WHERE s.owner IS NULL OR s.lease_expires <= clock_timestamp()) AS unowned
+FROM shardq_shard AS s
+WHERE s.shard < %(shard_count)s
+GROUP BY s.pool ORDER BY s.pool;
+
+-- name: status_due_queues
+-- shardq_status: the (backend, queue) pairs that have due READY jobs, with how many (to name queues no live pool serves).
+SELECT backend, queue_name, count(*) FROM shardq_job
+WHERE status = 'READY' AND run_after <= clock_timestamp()
+GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- name: time_before
+-- The database's time :age (an interval) ago: the cutoff of shardq_prune.
+SELECT clock_timestamp() - %(age)s;

@@ -30,9 +30,10 @@ from psycopg import sql
 from psycopg.rows import RowFactory, RowMaker, TupleRow, dict_row
 
 from ..conf import get_config
+from ..core import pools
 from ..core.breaker import CircuitBreaker
 from ..exceptions import DatabaseUnavailable, StatementRejected
-from .queries import QUERIES
+from .queries import ANY_PRIORITY, QUERIES
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -78,12 +79,14 @@ type Fetch = Literal["all", "one", "none"]
 
 
 def ensure_shards(sender: object = None, using: str = DEFAULT_DB_ALIAS, **kwargs: object) -> None:
-    """post_migrate: one shardq_shard row per configured shard."""
+    """post_migrate: the lease rows of the pool ``*`` (a worker with no
+    --queues), one per configured shard. A worker creates its own pool's rows
+    when it registers."""
     connection = connections[using]
     if connection.vendor != "postgresql":
         return
     with connection.cursor() as cursor:
-        cursor.execute(QUERIES["ensure_shards"], {"count": get_config().shard_count})
+        cursor.execute(QUERIES["ensure_shards"], {"count": get_config().shard_count, "pool": pools.ALL})
 
 
 def connection_kwargs(alias: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
@@ -104,7 +107,13 @@ def connect(
     try:
         return psycopg.connect(**connection_kwargs(alias), autocommit=autocommit, application_name=application_name)
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {exc}".strip()) from exc
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {one_line(exc)}") from exc
+
+
+def one_line(exc: BaseException) -> str:
+    """The driver's message on one line (libpq's has a newline and a tab in
+    "Is the server running on that host ...?"): a log line stays one line."""
+    return " ".join(str(exc).split())
 
 
 def dumps(value: object) -> str:
@@ -335,7 +344,7 @@ class WorkerStore:
             if is_connection_error(exc) or self.conn is None or self.conn.broken:
                 self.guard.failed()
             self.close()
-            raise DatabaseUnavailable(f"{what}: {exc}".strip()) from exc
+            raise DatabaseUnavailable(f"{what}: {one_line(exc)}") from exc
         self.guard.succeeded()
         return result
 
@@ -367,27 +376,59 @@ class WorkerStore:
 
     # -- leases ---------------------------------------------------------------
 
-    def register_worker(self, worker: str, host: str, pid: int, queues: list[str], name: str | None = None) -> None:
-        self.run(
-            "register_worker",
-            {"worker": worker, "host": host, "pid": pid, "queues": dumps(queues), "name": name or ""},
-            fetch="none",
-        )
+    def register_worker(
+        self,
+        worker: str,
+        host: str,
+        pid: int,
+        queues: list[str],
+        name: str | None = None,
+        *,
+        pool: str = pools.ALL,
+        shard_count: int | None = None,
+    ) -> None:
+        """Register this incarnation in ``pool`` and make sure the pool's
+        lease rows exist (a new pool's first worker creates them;
+        ``shard_count`` defaults to SHARDQ["SHARD_COUNT"])."""
+        if shard_count is None:
+            shard_count = get_config().shard_count
 
-    def heartbeat(self, worker: str, stats: Mapping[str, object], ttl: float) -> list[str]:
-        rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl})
+        def work(cursor: psycopg.Cursor[TupleRow]) -> None:
+            with cursor.connection.transaction():
+                self._execute(cursor, "ensure_shards", {"pool": pool, "count": shard_count}, fetch="none")
+                self._execute(
+                    cursor,
+                    "register_worker",
+                    {
+                        "worker": worker,
+                        "host": host,
+                        "pid": pid,
+                        "queues": dumps(queues),
+                        "name": name or "",
+                        "pool": pool,
+                    },
+                    fetch="none",
+                )
+
+        self.guarded("register_worker", work)
+
+    def heartbeat(self, worker: str, stats: Mapping[str, object], ttl: float, pool: str = pools.ALL) -> list[str]:
+        """Record the heartbeat; the live workers of ``pool``, in start order."""
+        rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl, "pool": pool})
         return [str(row[0]) for row in rows]
 
     def claim_shards(
-        self, worker: str, wanted: int, ttl: float, shard_count: int, max_worker_losses: int
+        self, worker: str, wanted: int, ttl: float, shard_count: int, max_worker_losses: int, pool: str = pools.ALL
     ) -> list[NamedRow]:
-        """Take up to ``wanted`` free or expired shards, rescue the jobs their
-        previous owners left in flight and log each claim: one transaction.
-        Rows: shard, claim_version, previous_owner, rescued."""
+        """Take up to ``wanted`` free or expired shards of ``pool``, rescue
+        the jobs their previous owners left in flight and log each claim: one
+        transaction. Rows: shard, claim_version, previous_owner, rescued."""
 
         def work(cursor: psycopg.Cursor[NamedRow]) -> list[NamedRow]:
             taken = self._execute(
-                cursor, "claim_shards", {"worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count}
+                cursor,
+                "claim_shards",
+                {"worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count, "pool": pool},
             )
             if not taken:
                 return []
@@ -398,7 +439,12 @@ class WorkerStore:
                 for row in self._execute(
                     cursor,
                     "rescue_jobs",
-                    {"shards": list(pairs), "versions": list(pairs.values()), "max_worker_losses": max_worker_losses},
+                    {
+                        "shards": list(pairs),
+                        "versions": list(pairs.values()),
+                        "max_worker_losses": max_worker_losses,
+                        "ttl": ttl,
+                    },
                 )
             )
             self._execute(
@@ -406,6 +452,7 @@ class WorkerStore:
                 "log_shard_claims",
                 {
                     "worker": worker,
+                    "pool": pool,
                     "shards": list(pairs),
                     "versions": list(pairs.values()),
                     "previous": [row["previous_owner"] for row in taken],
@@ -421,19 +468,19 @@ class WorkerStore:
 
         return self.guarded("claim_shards", in_transaction, named=True)
 
-    def renew_leases(self, worker: str, held: dict[int, int], ttl: float) -> set[int]:
+    def renew_leases(self, worker: str, held: dict[int, int], ttl: float, pool: str = pools.ALL) -> set[int]:
         shards = list(held)
         rows = self.run(
             "renew_leases",
-            {"worker": worker, "ttl": ttl, "shards": shards, "versions": [held[s] for s in shards]},
+            {"worker": worker, "ttl": ttl, "shards": shards, "versions": [held[s] for s in shards], "pool": pool},
         )
         return {row[0] for row in rows}
 
-    def release_shards(self, worker: str, pairs: dict[int, int]) -> set[int]:
+    def release_shards(self, worker: str, pairs: dict[int, int], pool: str = pools.ALL) -> set[int]:
         shards = list(pairs)
         rows = self.run(
             "release_shards",
-            {"worker": worker, "shards": shards, "versions": [pairs[s] for s in shards]},
+            {"worker": worker, "shards": shards, "versions": [pairs[s] for s in shards], "pool": pool},
         )
         return {row[0] for row in rows}
 
@@ -457,10 +504,14 @@ class WorkerStore:
         start: int = 0,
         exclude_queues: list[str] | None = None,
         backend: str | None = None,
+        pool: str = pools.ALL,
+        min_priority: int = ANY_PRIORITY,
     ) -> list[Any]:
-        """Claim a batch (rows by name: dicts, or ``row_factory(**columns)``;
-        a row with ``problem`` set was quarantined, not claimed; one with
-        ``started`` true was started by the claim, see queries.sql)."""
+        """Claim a batch of the highest priority level due (rows by name:
+        dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
+        quarantined, not claimed; one with ``started`` true was started by
+        the claim, see queries.sql). Only jobs of priority ``min_priority``
+        or more are taken."""
         # Binary results: timestamps and numbers decode without parsing text.
         params = {
             "worker": worker,
@@ -474,8 +525,10 @@ class WorkerStore:
             "any_backend": backend is None,
             "per_shard": per_shard,
             "limit": limit,
+            "min_priority": min_priority,
             "lookahead": lookahead,
             "start": start,
+            "pool": pool,
         }
         if row_factory is None:
             return self.run("claim_jobs", params, binary=True, named=True)
@@ -516,13 +569,20 @@ class WorkerStore:
         seconds: float | None = row[0] if row else None
         return seconds
 
-    def rescue_jobs(self, held: dict[int, int], max_worker_losses: int) -> list[NamedRow]:
+    def rescue_jobs(self, held: dict[int, int], max_worker_losses: int, ttl: float | None = None) -> list[NamedRow]:
         """The one rescue (see ``rescue_jobs`` in queries.sql) over the
         (shard, claim_version) pairs ``held``: rows shard, id, started, dead."""
         shards = sorted(held)
+        if ttl is None:
+            ttl = get_config().lease_ttl_seconds
         return self.run(
             "rescue_jobs",
-            {"shards": shards, "versions": [held[s] for s in shards], "max_worker_losses": max_worker_losses},
+            {
+                "shards": shards,
+                "versions": [held[s] for s in shards],
+                "max_worker_losses": max_worker_losses,
+                "ttl": ttl,
+            },
             named=True,
         )
 

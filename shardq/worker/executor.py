@@ -104,6 +104,15 @@ def _class_path(exc: BaseException) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
+def _exception_line(exc: BaseException) -> str:
+    """``ValueError: message`` on one line (a long message cut at 500 characters)."""
+    message = " ".join(str(exc).split())
+    if len(message) > 500:
+        message = message[:500] + "…"
+    name = type(exc).__qualname__ if type(exc).__module__ == "builtins" else _class_path(exc)
+    return f"{name}: {message}" if message else name
+
+
 class Executor:
     def __init__(
         self,
@@ -425,18 +434,24 @@ class Executor:
         # Never retry a BaseException that is not an Exception (KeyboardInterrupt,
         # SystemExit, CancelledError): it is the job's failure, not a transient one.
         retry = isinstance(task, ShardTask) and job.attempts < job.max_attempts and isinstance(error, Exception)
+        # One line a failed attempt, whatever the project's LOGGING: the job,
+        # the task and the exception (the traceback is in the job's errors).
+        failed = f"job {job.id} ({job.task_path}) failed: {_exception_line(error)}; attempt {job.attempts} of {job.max_attempts}"
         if retry:
             backoff = task.backoff or DEFAULT_BACKOFF
+            delay = backoff.delay(job.attempts)
+            logger.warning("%s, retrying in %.1fs", failed, delay)
             return Outcome(
                 job.id,
                 job.fence,
                 rank,
                 "READY",
                 error_json=Outcome.error(path, text),
-                delay=backoff.delay(job.attempts),
+                delay=delay,
                 shard=job.shard,
                 attempts=job.attempts,
             )
+        logger.error("%s, no retry left: FAILED", failed)
         return Outcome(
             job.id,
             job.fence,

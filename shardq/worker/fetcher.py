@@ -4,8 +4,9 @@ Demand-driven: the fetcher asks for at most ``demand()`` jobs — the worker's
 in-flight target (its concurrency plus a look-ahead sized from the measured
 task duration, see ``Worker.demand``) minus what is buffered or processing —,
 in one statement over every fetchable shard (a per-shard index range walk,
-see ``claim_jobs`` in queries.sql), rotating the shard order so no shard
-starves when demand is small. It sleeps until woken by a NOTIFY for a shard
+see ``claim_jobs`` in queries.sql) that takes the highest priority level due
+across them first, rotating the shard order so no shard starves within a
+level when demand is small. It sleeps until woken by a NOTIFY for a shard
 this worker holds, by free slots appearing after the buffer was full, or by
 the poll interval (the fallback that covers a lost LISTEN connection or a
 dropped notification).
@@ -141,9 +142,12 @@ class Fetcher:
             start = self._rotation % len(order)
             self._rotation += 1
             order = order[start:] + order[:start]
-            # A shallow pass takes a few jobs from every shard (priority order is
-            # merged in memory); after a short answer a deep pass lets any shard
-            # fill the batch, so a backlog in a few shards drains at full speed.
+            # The claim takes the highest priority level due over all these
+            # shards (see claim_jobs); a shallow pass takes a few jobs of it
+            # from every shard that has it. After a short answer (the level
+            # ran out, or lives in a few shards) the next claim goes at once,
+            # and a deep pass lets any shard fill the batch, so a backlog in a
+            # few shards drains at full speed.
             per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
             try:
                 rows = self.store.claim_jobs(
@@ -157,6 +161,7 @@ class Fetcher:
                     start=self.start_now(),
                     exclude_queues=self.exclude_queues,
                     backend=self.backend,
+                    pool=self.leaser.pool,
                 )
             except DatabaseUnavailable as exc:
                 # The claim may have committed with its answer lost: its jobs
@@ -336,7 +341,9 @@ class Listener:
     """
 
     FETCH_WAKE_SECONDS = 0.002
-    LEASE_WAKE_SECONDS = 0.25
+    # A joining worker is woken by the release that gives it its share: a
+    # wake held back 250 ms (as this was) left those shards unowned as long.
+    LEASE_WAKE_SECONDS = 0.05
 
     def __init__(
         self,
@@ -385,7 +392,9 @@ class Listener:
 
     def on_notify(self, channel: str, payload: str) -> None:
         if channel == LEASE_CHANNEL:
-            if self.lease_wakes.ask():
+            # Our own announcements come back too: they need no lease round
+            # (and must not use up the rate limit a peer's release needs).
+            if payload != self.leaser.worker_id and self.lease_wakes.ask():
                 self.leaser.wake()
             return
         shard = parse_shard(payload, self.shard_count)

@@ -13,7 +13,9 @@ one for the first ``SHARD_COUNT % live`` workers in start order, so 64 shards
 over 3 workers settle at exactly 22/21/21. Below its share it claims
 unowned or expired shards (a takeover bumps ``claim_version`` and rescues the
 previous owner's RUNNING jobs in the same transaction); above it, it drains
-and releases one shard at a time.
+every shard above its share at once and releases each as soon as none of its
+jobs runs here, then announces the release, so a joining worker holds its
+share within milliseconds of registering rather than one shard a tick.
 
 Times that matter for correctness come from the database
 (``clock_timestamp()``). Locally the worker trusts its leases only until
@@ -37,9 +39,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from ..core import pools
 from ..core.rwlock import RWLock
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable
+from .logs import shard_ranges
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.leaser")
@@ -71,9 +75,13 @@ class Leaser:
         clock: Callable[[], float] = time.monotonic,
         expected_workers: int = 1,
         max_worker_losses: int = 3,
+        pool: str = pools.ALL,
     ) -> None:
         self.store = store
         self.worker_id = worker_id
+        # The pool this worker leases shards in: it shares them with the live
+        # workers of the same pool only (shardq.core.pools).
+        self.pool = pool
         self.stats = stats
         self.shard_count = shard_count
         self.ttl = lease_ttl_seconds
@@ -93,7 +101,7 @@ class Leaser:
 
         self.held: dict[int, int] = {}  # shard -> claim_version
         self.ownership = RWLock()  # read: a claim in flight; write: dropping shards
-        self.draining: int | None = None
+        self.draining: set[int] = set()  # held, not fetched from, released once idle
         self.trusted_until = 0.0
         self.share = 0
         self.live_workers = 0
@@ -119,8 +127,8 @@ class Leaser:
         if self.stopping or self.clock() >= self.trusted_until:
             return {}
         held = dict(self.held)
-        if self.draining is not None:
-            held.pop(self.draining, None)
+        for shard in self.draining:
+            held.pop(shard, None)
         return held
 
     def wake(self) -> None:
@@ -139,7 +147,7 @@ class Leaser:
                 interval = self.heartbeat
                 if not self.database_ok:
                     interval = min(interval, 0.5)
-                elif self.draining is not None or len(self.held) > self.share:
+                elif self.draining or len(self.held) > self.share:
                     # Rebalancing: release the next shard after a short pause,
                     # not a whole heartbeat later.
                     interval = min(interval, 0.02)
@@ -165,7 +173,7 @@ class Leaser:
         try:
             self._renew()
             self.stats.add("heartbeats")
-            live = self.store.heartbeat(self.worker_id, self.stats.snapshot(), self.ttl)
+            live = self.store.heartbeat(self.worker_id, self.stats.snapshot(), self.ttl, self.pool)
             self.database_ok = True
         except DatabaseUnavailable as exc:
             self.stats.add("db_errors")
@@ -182,16 +190,21 @@ class Leaser:
         if self.stopping:
             return
         try:
-            if self.draining is not None:
+            excess = len(self.held) - len(self.draining) - self.share
+            if excess > 0:
+                # Give back the highest-numbered shards above the share, all
+                # at once: stop claiming from them and hand back their
+                # buffered jobs now; each is released as soon as none of its
+                # jobs runs here (this tick for short tasks, later ones for
+                # long). One at a time, a joining worker waited a tick per
+                # shard for its share.
+                kept = sorted(s for s in self.held if s not in self.draining)
+                self.start_draining(*kept[-excess:])
+            if self.draining:
                 self._finish_draining()
             elif len(self.held) < self.share:
                 self._claim(self.share - len(self.held))
                 self._first_claim_done = True
-            elif len(self.held) > self.share:
-                # Give back the highest-numbered shard: stop claiming from it,
-                # let its running jobs finish, then release (next ticks).
-                self.start_draining(max(self.held))
-                self._finish_draining()
         except DatabaseUnavailable as exc:
             self.stats.add("db_errors")
             self.database_ok = False
@@ -202,7 +215,7 @@ class Leaser:
             return
         sent = self.clock()
         held = dict(self.held)
-        kept = self.store.renew_leases(self.worker_id, held, self.ttl)
+        kept = self.store.renew_leases(self.worker_id, held, self.ttl, self.pool)
         lost = set(held) - kept
         if lost:
             self._self_fence(lost, "the renewal returned fewer shards than it sent")
@@ -210,17 +223,21 @@ class Leaser:
         if kept:
             # A claim by the previous owner that raced our takeover left jobs
             # CLAIMED under its old version: nobody runs them; put them back.
-            swept = self.store.rescue_jobs({s: held[s] for s in kept}, self.max_worker_losses)
+            swept = self.store.rescue_jobs({s: held[s] for s in kept}, self.max_worker_losses, self.ttl)
             if swept:
                 self.stats.add("rescued", len(swept))
                 logger.info("put back %s jobs claimed under a superseded lease", len(swept))
 
     def _claim(self, wanted: int) -> None:
         sent = self.clock()
-        rows = self.store.claim_shards(self.worker_id, wanted, self.ttl, self.shard_count, self.max_worker_losses)
+        rows = self.store.claim_shards(
+            self.worker_id, wanted, self.ttl, self.shard_count, self.max_worker_losses, self.pool
+        )
         if not rows:
             return
         gained = set()
+        taken_over: set[int] = set()
+        rescued_jobs = 0
         for row in rows:
             shard, version, previous_owner, rescued = (
                 row["shard"],
@@ -233,20 +250,33 @@ class Leaser:
             self.stats.add("shard_claims")
             if previous_owner is not None:
                 self.stats.add("takeovers")
+                taken_over.add(shard)
             if rescued:
                 self.stats.add("rescued", rescued)
-                logger.info("took over shard %s (version %s): %s jobs rescued", shard, version, rescued)
+                rescued_jobs += rescued
+        logger.info(
+            "claimed %s shard(s) %s%s; holding %s (share %s, %s live worker(s) in pool %s)",
+            len(gained),
+            shard_ranges(gained),
+            f" (took over the expired lease(s) of {shard_ranges(taken_over)}: {rescued_jobs} job(s) rescued)"
+            if taken_over
+            else "",
+            len(self.held),
+            self.share,
+            self.live_workers,
+            self.pool,
+        )
         # New shards are trusted from this claim; shards already held keep the
         # (earlier, so stricter) deadline of this tick's renewal.
         if self.trusted_until <= sent:
             self.trusted_until = sent + self.ttl - self.margin
         self.on_gained(gained)
 
-    def start_draining(self, shard: int) -> None:
-        """Stop claiming from ``shard`` and hand back its buffered jobs."""
+    def start_draining(self, *shards: int) -> None:
+        """Stop claiming from ``shards`` and hand back their buffered jobs."""
         with self._dropping():
-            self.draining = shard
-            self.on_lost({shard})
+            self.draining.update(shards)
+            self.on_lost(set(shards))
 
     @contextmanager
     def _dropping(self) -> Iterator[None]:
@@ -265,39 +295,46 @@ class Leaser:
                 self.ownership.release_write()
 
     def _finish_draining(self) -> None:
-        shard = self.draining
-        if shard is None or self.running_in_shard(shard):
+        """Release, in one statement, the draining shards none of whose jobs
+        runs here any more (or has an unwritten outcome); the rest wait for
+        the next tick."""
+        idle = {s: v for s in self.draining if (v := self.held.get(s)) is not None and not self.running_in_shard(s)}
+        gone = {s for s in self.draining if s not in self.held}
+        if not idle and not gone:
             return
-        version = self.held.get(shard)
-        if version is None:
-            self.draining = None
-            return
-        # ``draining`` stays set until the shard has left ``held``: clearing it
-        # first (as this once did) put the shard back in ``fetchable()`` for
-        # the release's round trip, so a claim could take jobs of a shard
-        # being released; they then sat CLAIMED with no owner and the next
-        # owner's takeover rescued them (the rolling-restart test's stray
+        # A shard stays in ``draining`` until it has left ``held``: clearing
+        # it first (as this once did) put it back in ``fetchable()`` for the
+        # release's round trip, so a claim could take jobs of a shard being
+        # released; they then sat CLAIMED with no owner and the next owner's
+        # takeover rescued them (the rolling-restart test's stray
         # ``rescued == 1``). A release that fails (database away) leaves the
-        # shard draining, retried at the next tick.
-        released = self.store.release_shards(self.worker_id, {shard: version})
+        # shards draining, retried at the next tick.
+        released = self.store.release_shards(self.worker_id, idle, self.pool) if idle else set()
         with self._dropping():
             # Under the write side: ``fetchable()`` (called under the read
             # side) reads ``held`` and ``draining`` one after the other and
-            # must never see the shard held but no longer draining.
-            self.held.pop(shard, None)
-            self.draining = None
+            # must never see a shard held but no longer draining.
+            for shard in idle.keys() | gone:
+                self.held.pop(shard, None)
+                self.draining.discard(shard)
         if released:
-            self.stats.add("releases")
+            self.stats.add("releases", len(released))
+            logger.info(
+                "released %s shard(s) %s to the pool's other workers; holding %s (share %s)",
+                len(released),
+                shard_ranges(released),
+                len(self.held),
+                self.share,
+            )
             self._notify_release()
 
     def _self_fence(self, shards: set[int], why: str) -> None:
         with self._dropping():
             for shard in shards:
                 self.held.pop(shard, None)
-            if self.draining in shards:
-                self.draining = None
+            self.draining -= shards
             self.stats.add("self_fences", len(shards))
-            logger.warning("self-fenced %s shard(s) %s: %s", len(shards), sorted(shards), why)
+            logger.warning("self-fenced %s shard(s) %s: %s", len(shards), shard_ranges(shards), why)
             self.on_lost(shards)
 
     def announce(self) -> None:
@@ -315,7 +352,7 @@ class Leaser:
         pairs = {s: v for s, v in self.held.items() if s not in keep}
         if not pairs:
             return 0
-        released = self.store.release_shards(self.worker_id, pairs)
+        released = self.store.release_shards(self.worker_id, pairs, self.pool)
         for shard in released:
             self.held.pop(shard, None)
         self.stats.add("releases", len(released))

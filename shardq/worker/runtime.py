@@ -20,6 +20,7 @@ import uuid
 
 from ..backend import ShardqBackend
 from ..conf import get_config
+from ..core import pools
 from ..cron import schedules
 from ..db.store import DatabaseGuard, WorkerStore
 from ..tasks import autodiscover
@@ -48,7 +49,7 @@ class Worker:
         prefetch: int | None = None,
         database: str = "default",
         exclude_queues: list[str] | None = None,
-        backend: str | None = None,
+        backend: str | None = pools.DEFAULT_BACKEND,
         max_tasks: int | None = None,
         name: str | None = None,
     ):
@@ -57,6 +58,8 @@ class Worker:
         self.name = name  # --worker-id: shown next to the id in logs and shardq_status
         self.queues = queues
         self.exclude_queues = exclude_queues
+        # Shards are leased per pool, the queue selection (DESIGN §4.8).
+        self.pool = pools.pool_name(queues, exclude_queues, backend)
         # --max-tasks: stop gracefully once this many jobs finished here, and
         # never claim more than are left (see demand()).
         self.max_tasks = max_tasks
@@ -104,6 +107,7 @@ class Worker:
             on_gained=self.on_shards_gained,
             expected_workers=int(os.environ.get("SHARDQ_EXPECTED_WORKERS", "1")),
             max_worker_losses=self.config.max_worker_losses,
+            pool=self.pool,
         )
         self.fetcher = Fetcher(
             self.store["fetcher"],
@@ -263,14 +267,23 @@ class Worker:
     def run(self) -> int:
         autodiscover(self.config.task_modules)
         self.store["leaser"].register_worker(
-            self.id, socket.gethostname(), os.getpid(), self.queues or [], name=self.name
+            self.id,
+            socket.gethostname(),
+            os.getpid(),
+            self.queues or [],
+            name=self.name,
+            pool=self.pool,
+            shard_count=self.config.shard_count,
         )
         logger.info(
-            "worker %s started (pid %s, concurrency %s, queues %s)",
+            "worker %s started (pid %s, concurrency %s, queues %s, pool %s, %s shards, lease TTL %gs)",
             self.label,
             os.getpid(),
             self.concurrency,
             self.queues or (f"all but {', '.join(self.exclude_queues)}" if self.exclude_queues else "all"),
+            self.pool,
+            self.config.shard_count,
+            self.config.lease_ttl_seconds,
         )
         self.completer.start()
         self.executor.start()

@@ -202,6 +202,32 @@ def test_a_third_worker_joining_two_moves_shares_to_22_21_21_without_double_owne
     assert samples > 1
 
 
+def test_a_worker_joining_at_the_default_heartbeat_gets_its_share_in_one_handover(workers):
+    # HEARTBEAT 10 s and LEASE_TTL 30 s, as a project has them: the joiner
+    # must not wait for heartbeats. The holder gives back every shard above
+    # its share at once (one release statement for idle shards), announced,
+    # so the joiner claims them at once. One shard a tick, as before, spread
+    # the releases over seconds (32 ticks of at least 20 ms each).
+    defaults = {"SHARDQ_HEARTBEAT": "10", "SHARDQ_LEASE_TTL": "30", "SHARDQ_POLL_INTERVAL": "1"}
+    a = workers.start("--concurrency", "2", env=defaults)
+    first = worker_id_of(a.pid)
+    wait_until(lambda: shards_by_owner() == {first: 64}, timeout=30)
+    b = workers.start("--concurrency", "2", env=defaults)
+    second = worker_id_of(b.pid)
+    wait_until(
+        lambda: shards_by_owner() == {first: 32, second: 32},
+        timeout=10,  # less than one heartbeat
+        message="the joiner to hold its share",
+    )
+    spread = scalar(
+        "SELECT extract(epoch FROM max(at) - min(at))::float8 FROM shardq_shard_event "
+        "WHERE reason = 'release' AND worker = %s",
+        [first],
+    )
+    assert spread < 0.3, f"the 32 releases took {spread:.3f}s"
+    assert scalar("SELECT count(*) FROM shardq_shard_event WHERE reason = 'release' AND worker = %s", [first]) == 32
+
+
 def test_sigterm_lets_running_jobs_finish_and_releases_leases(workers):
     a = workers.start("--concurrency", "4", "--grace", "20")
     ids_a = worker_id_of(a.pid)

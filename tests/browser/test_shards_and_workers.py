@@ -51,12 +51,14 @@ def test_shard_map_shows_every_shard_with_its_owner_lease_and_ready_depth(open_a
 
     # Read-only: no add link, and the shard's page has no save or delete button.
     expect(page.locator("#content-main a.addlink")).to_have_count(0)
-    page.goto(f"/admin/shardq/shard/{busy}/change/")
+    # A lease row's page is at its id (one row per pool and shard).
+    row_id = sql("SELECT id FROM shardq_shard WHERE pool = '*' AND shard = %s", [busy])[0][0]
+    page.goto(f"/admin/shardq/shard/{row_id}/change/")
     expect(page.locator(".field-owner_display")).to_contain_text("worker-a:4101")
     expect(page.locator(".field-recent_events table")).to_contain_text("claim")
     expect(page.locator("input[name=_save]")).to_have_count(0)
     expect(page.locator("a.deletelink")).to_have_count(0)
-    response = csrf_post(page, f"/admin/shardq/shard/{busy}/change/", {"shard": busy, "owner": "", "_save": "Save"})
+    response = csrf_post(page, f"/admin/shardq/shard/{row_id}/change/", {"shard": busy, "owner": "", "_save": "Save"})
     assert response.status == 403 and "CSRF" not in response.text()  # PermissionDenied: nobody changes a shard row
     assert sql("SELECT owner::text FROM shardq_shard WHERE shard = %s", [busy])[0][0] == live
 

@@ -67,6 +67,10 @@ class LeaseProtocol(RuleBasedStateMachine):
         self.claims: list[dict] = []  # every claim ever returned: (job, fence, rank) messages
         self.seen = {job_id: dict(state) for job_id, state in self.jobs.items()}
         self.seen_versions = {s: 0 for s in range(SHARDS)}
+        self.last_version = max(
+            self.admin.execute("SELECT last_value FROM shardq_claim_version_seq").fetchone()[0],
+            0,
+        )
         self.retried_by_admin: set[int] = set()
 
     def tick(self) -> int:
@@ -83,11 +87,17 @@ class LeaseProtocol(RuleBasedStateMachine):
     @rule(worker=st.sampled_from(WORKERS), wanted=st.integers(1, SHARDS))
     def claim_shards(self, worker, wanted):
         rows = self.stores[worker].claim_shards(worker, wanted, TTL, SHARDS, MAX_WORKER_LOSSES)
+        # Versions come from one sequence: each claim's is new, above every
+        # version issued before (to any shard), in shard order within a claim.
+        issued = {r["shard"]: r["claim_version"] for r in rows}
         expected = []
         for s in sorted(s for s, sh in self.shards.items() if sh["owner"] is None or sh["expired"])[:wanted]:
             shard = self.shards[s]
             previous = shard["owner"]
-            shard.update(owner=worker, version=shard["version"] + 1, expired=False)
+            assert s in issued, (s, issued)
+            assert issued[s] > self.last_version, (issued[s], self.last_version)
+            self.last_version = issued[s]
+            shard.update(owner=worker, version=issued[s], expired=False)
             rescued = 0
             for job in self.jobs.values():
                 if job["shard"] == s and job["status"] in ("CLAIMED", "RUNNING") and job["fence"] < shard["version"]:

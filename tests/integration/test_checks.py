@@ -7,9 +7,10 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
-from django.test import override_settings
+from django.test import modify_settings, override_settings
 
 from shardq.backend import ShardqBackend
 from tests.taskapp.tasks import add
@@ -120,3 +121,80 @@ def test_the_models_and_migrations_agree():
     call_command("makemigrations", "--check", "--dry-run", stdout=out)
 
     assert "No changes detected" in out.getvalue()
+
+
+def test_a_shardq_backend_without_the_app_installed_fails_e009():
+    with modify_settings(INSTALLED_APPS={"remove": ["shardq"]}):
+        messages = list(add.get_backend().check())
+
+    assert [m.id for m in messages] == ["shardq.E009"]
+    assert "'shardq' is not in INSTALLED_APPS" in messages[0].msg
+    assert "INSTALLED_APPS += ['shardq']" in messages[0].hint
+
+
+def test_enqueue_without_the_app_installed_is_a_clear_error_and_stores_nothing():
+    backend = ShardqBackend("default", {"QUEUES": []})  # a new backend: nothing validated yet
+
+    with (
+        modify_settings(INSTALLED_APPS={"remove": ["shardq"]}),
+        pytest.raises(
+            ImproperlyConfigured, match=r"'shardq' is not in INSTALLED_APPS.*INSTALLED_APPS \+= \['shardq'\]"
+        ),
+    ):
+        backend.enqueue(add, (1, 2), {})
+
+
+def test_enqueue_on_sqlite_is_a_clear_error(sqlite_alias):
+    backend = ShardqBackend("default", {"QUEUES": [], "OPTIONS": {"DATABASE": sqlite_alias}})
+
+    with pytest.raises(ImproperlyConfigured, match=r"shardq needs PostgreSQL, but database 'lite' is sqlite"):
+        backend.enqueue(add, (1, 2), {})
+
+
+@pytest.mark.parametrize(
+    ("backend_path", "expected"),
+    [("django.tasks.backends.immediate.ImmediateBackend", ["shardq.W001"]), ("shardq.backend.ShardqBackend", [])],
+)
+def test_the_app_installed_without_a_shardq_backend_warns_w001(backend_path, expected):
+    from shardq.checks import app_without_backend
+
+    with override_settings(TASKS={"default": {"BACKEND": backend_path}}):
+        messages = app_without_backend()
+
+    assert [m.id for m in messages] == expected
+
+
+def test_manage_py_check_runs_the_w001_check_registered_by_the_app():
+    with (
+        override_settings(TASKS={"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}),
+        pytest.raises(SystemCheckError, match=r"shardq\.W001"),
+    ):
+        call_command("check", "--fail-level", "WARNING", stdout=StringIO(), stderr=StringIO())
+
+
+def test_a_misspelled_option_fails_e010_with_a_did_you_mean():
+    backend = ShardqBackend("default", {"OPTIONS": {"DATABSE": "default", "UNIQUE_CACHE": 10}})
+
+    messages = list(backend.check())
+
+    assert [m.id for m in messages] == ["shardq.E010", "shardq.E010"]
+    assert messages[0].msg == "TASKS['default']['OPTIONS'] has an unknown key 'DATABSE': did you mean 'DATABASE'?"
+    assert "did you mean 'UNIQUE_CACHE_SIZE'?" in messages[1].msg
+    assert "DATABASE, PREPARED_STATEMENTS, UNIQUE_CACHE_SIZE" in messages[0].hint
+
+
+def test_misspelled_shardq_settings_fail_e011_with_a_did_you_mean():
+    with shardq_overridden(LEASE_TLL=30, HEARTBAET=10, COLOUR="blue"):
+        messages = list(add.get_backend().check())
+
+    assert [m.id for m in messages] == ["shardq.E011"] * 3
+    assert [m.msg for m in messages] == [
+        "SHARDQ has an unknown key 'LEASE_TLL': did you mean 'LEASE_TTL'?",
+        "SHARDQ has an unknown key 'HEARTBAET': did you mean 'HEARTBEAT'?",
+        "SHARDQ has an unknown key 'COLOUR'.",
+    ]
+
+
+def test_manage_py_check_reports_a_misspelled_setting():
+    with shardq_overridden(LEASE_TLL=30), pytest.raises(SystemCheckError, match=r"did you mean 'LEASE_TTL'"):
+        call_command("check", stdout=StringIO(), stderr=StringIO())

@@ -5,7 +5,7 @@ import uuid
 import pytest
 from django.db import connection
 
-from shardq.db.queries import QUERIES
+from shardq.db.queries import ANY_PRIORITY, QUERIES
 
 pytestmark = pytest.mark.django_db
 
@@ -57,7 +57,9 @@ def claim_params(worker, *, per_shard=16, limit=256) -> dict:
         "limit": limit,
         "lookahead": 0.0,
         "start": 0,
+        "min_priority": ANY_PRIORITY,
         "worker_id": str(worker),
+        "pool": "*",
     }
 
 

@@ -170,7 +170,7 @@ def test_the_claim_columns_line_up_with_claimed_job_fields(shard0):
     store = WorkerStore(application_name="test-claim-start")
     try:
         cursor = store._cursor()
-        from shardq.db.queries import QUERIES
+        from shardq.db.queries import ANY_PRIORITY, QUERIES
 
         cursor.execute(
             QUERIES["claim_jobs"],
@@ -186,6 +186,8 @@ def test_the_claim_columns_line_up_with_claimed_job_fields(shard0):
                 "limit": 1,
                 "lookahead": 0.0,
                 "start": 0,
+                "pool": "*",
+                "min_priority": ANY_PRIORITY,
             },
         )
         names = [column.name for column in cursor.description]

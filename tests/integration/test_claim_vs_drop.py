@@ -72,11 +72,11 @@ def test_a_drain_waits_for_the_claim_in_flight_and_then_hands_back_its_jobs(paus
     drain = threading.Thread(target=worker.leaser.start_draining, args=(shard,))
     drain.start()
     wait_until(lambda: worker.leaser.ownership.waiting == (0, 1), timeout=10, message="the drain to wait for the claim")
-    assert worker.leaser.draining is None
+    assert not worker.leaser.draining
     proceed.set()
     fetch.join(timeout=30)
     drain.join(timeout=30)
-    assert worker.leaser.draining == shard
+    assert worker.leaser.draining == {shard}
     # The claim's jobs of that shard reached the buffer before the drop, so
     # the drop found them: none is left to run here after the release.
     assert worker.buffer.drop_shard(shard) == []

@@ -37,16 +37,16 @@ def test_a_claim_during_a_drain_release_takes_no_job_of_that_shard(transactional
         real_release = worker.leaser.store.release_shards
         seen = {}
 
-        def claim_then_release(worker_id, pairs):
+        def claim_then_release(worker_id, pairs, pool):
             seen["fetchable"] = shard in worker.leaser.fetchable()
             worker.fetcher.fetch_once()  # a claim in the release's round trip
-            return real_release(worker_id, pairs)
+            return real_release(worker_id, pairs, pool)
 
         worker.leaser.store.release_shards = claim_then_release
         worker.leaser.start_draining(shard)
         worker.leaser._finish_draining()
         assert seen == {"fetchable": False}
-        assert shard not in worker.leaser.held and worker.leaser.draining is None
+        assert shard not in worker.leaser.held and not worker.leaser.draining
         assert sql("SELECT owner FROM shardq_shard WHERE shard = %s", [shard]) == [(None,)]
         # Nothing of the released shard is claimed, here or in the table.
         assert worker.buffer.drop_shard(shard) == []

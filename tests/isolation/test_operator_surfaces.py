@@ -178,7 +178,9 @@ def odd_rows(viewer):
         "VALUES (0, 1, %s, 'claim', 0, 'infinity')",
         [worker],
     )
-    return {"job": job, "ready": ready, "finished": finished, "worker": worker}
+    # Lease rows' admin pages are at their ids (one row per pool and shard).
+    shard0, shard1 = (sql("SELECT id FROM shardq_shard WHERE pool = '*' AND shard = %s", [n])[0][0] for n in (0, 1))
+    return {"job": job, "ready": ready, "finished": finished, "worker": worker, "shard0": shard0, "shard1": shard1}
 
 
 @pytest.mark.parametrize(
@@ -192,8 +194,8 @@ def odd_rows(viewer):
         "/admin/shardq/worker/",
         "/admin/shardq/worker/{worker}/change/",
         "/admin/shardq/shard/",
-        "/admin/shardq/shard/0/change/",
-        "/admin/shardq/shard/1/change/",
+        "/admin/shardq/shard/{shard0}/change/",
+        "/admin/shardq/shard/{shard1}/change/",
         "/admin/shardq/shard/?lease=held",
         "/admin/shardq/shard/?lease=expired",
         "/admin/shardq/shard/?o=3",

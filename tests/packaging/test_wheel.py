@@ -10,120 +10,29 @@ runs, and ``shardq_status`` answers from a database of its own.
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import zipfile
-from email.parser import Parser
-from importlib import metadata
 from pathlib import Path
 
-import psycopg
 import pytest
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 
 from tests.conftest import wait_until
+from tests.packaging.wheels import (
+    admin_connection,
+    dependency_closure,
+    link_dependencies,
+    run,
+    server_settings,
+    wheel_metadata,
+)
 
-REPO = Path(__file__).resolve().parents[2]
 COMMANDS = {"shardq_worker", "shardq_status", "shardq_prune"}
 # What `shardq/` imports, and nothing else, is required unconditionally.
 REQUIRED = {"django", "psycopg", "mmh3", "sortedcontainers", "croniter"}
-# Never copied into the build: the local environment and build leftovers
-# (a stale build/lib would put removed modules back into the wheel).
-IGNORE = shutil.ignore_patterns(
-    ".git",
-    ".venv",
-    ".pgdata",
-    ".demo",
-    "build",
-    "dist",
-    "*.egg-info",
-    "__pycache__",
-    "*.pyc",
-    "results",
-    ".pytest_cache",
-    ".hypothesis",
-)
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def run(*args, cwd=None, env=None, check=True) -> subprocess.CompletedProcess:
-    done = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
-    if check and done.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, args))} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
-    return done
-
-
-def server_settings() -> dict:
-    """The test server's connection settings (DATABASE_URL, or the embedded one)."""
-    from django.db import connections
-
-    s = connections["default"].settings_dict
-    return {"USER": s["USER"], "PASSWORD": s["PASSWORD"], "HOST": s["HOST"], "PORT": s["PORT"]}
-
-
-def admin_connection(server: dict, dbname: str = "postgres") -> psycopg.Connection:
-    params = {
-        "dbname": dbname,
-        "user": server["USER"],
-        "password": server["PASSWORD"],
-        "host": server["HOST"],
-        "port": server["PORT"],
-    }
-    return psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True)
-
-
-def dependency_closure(requirements: list[str]) -> set[str]:
-    """The distributions ``requirements`` need, recursively (no extras), as
-    installed in this test run's environment."""
-    seen: set[str] = set()
-    todo = [Requirement(r) for r in requirements]
-    while todo:
-        req = todo.pop()
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            continue
-        name = canonicalize_name(req.name)
-        if name in seen:
-            continue
-        seen.add(name)
-        todo.extend(Requirement(r) for r in (metadata.distribution(name).requires or []))
-    return seen
-
-
-def link_dependencies(names: set[str], target: Path) -> None:
-    """Symlink exactly the files of ``names`` (packages, modules, native
-    libraries, their dist-info) into ``target``: the fresh venv sees its
-    dependencies and nothing else of this environment, with no download."""
-    target.mkdir()
-    for name in names:
-        dist = metadata.distribution(name)
-        tops = {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}
-        for top in tops:
-            source = Path(dist.locate_file(top))
-            if source.exists() and not (target / top).exists():
-                (target / top).symlink_to(source)
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    source = tmp_path_factory.mktemp("source") / "shardq"
-    shutil.copytree(REPO, source, ignore=IGNORE)
-    out = tmp_path_factory.mktemp("dist")
-    # The dev environment's setuptools: an isolated build would install it afresh.
-    run(
-        sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", out, source
-    )
-    (built,) = out.glob("shardq-*.whl")
-    return built
-
-
-def wheel_metadata(wheel: Path):
-    with zipfile.ZipFile(wheel) as zf:
-        (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
-        return Parser().parsestr(zf.read(meta).decode())
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,13 @@ def noop() -> None:
     return None
 
 
+@task()
+def stamp() -> float:
+    """When it ran (the worker's wall clock, seconds): the bench's priority
+    figures read the start of a job, and the order of jobs, from it."""
+    return time.time()
+
+
 @task(queue_name="reports")
 def add(a: int, b: int) -> int:
     return a + b
@@ -148,3 +155,20 @@ def hot_account(account_id: int, n: int = 0) -> int:
 def echo(*args, **kwargs) -> list:
     """Takes any arguments (tests about argument values, not signatures)."""
     return [list(args), kwargs]
+
+
+@shard_task(key="user_id", ordered=True)
+def ordered_step(user_id: int, n: int, sleep: float = 0.0) -> int:
+    """Appends "<start> <end> <user_id> <n>" (CLOCK_MONOTONIC, shared by every
+    process on the host) to $SHARDQ_TEST_TRACE: per-key order is read there."""
+    began = time.monotonic()
+    if sleep:
+        time.sleep(sleep)
+    line = f"{began:.6f} {time.monotonic():.6f} {user_id} {n}\n"
+    # One write(2) with O_APPEND: lines from many processes never interleave.
+    fd = os.open(os.environ["SHARDQ_TEST_TRACE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    return n

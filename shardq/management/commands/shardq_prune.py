@@ -19,9 +19,8 @@ import time
 from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection
 
-from ...db.queries import QUERIES
+from ...db import operations
 from ..flags import printable, whole_number
 from ..progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -80,34 +79,28 @@ class Command(BaseCommand):
         age = parse_duration(options["older_than"])
         batch = whole_number("batch", options["batch"], maximum=MAX_BATCH)
         statuses = ["SUCCESSFUL", "FAILED"] if options["failed"] else ["SUCCESSFUL"]
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT clock_timestamp() - %s", [age])
-            cutoff = cursor.fetchone()[0]
-            cursor.execute(QUERIES["count_prunable_jobs"], {"statuses": statuses, "cutoff": cutoff})
-            prunable, first_id, last_id = cursor.fetchone()
-            if options["dry_run"]:
-                cursor.execute(QUERIES["count_prunable_rest"], {"cutoff": cutoff})
-                keys, workers, events = cursor.fetchone()
-                self.stdout.write(
-                    f"would delete (finished before {cutoff:%Y-%m-%d %H:%M:%S %Z}): {prunable} jobs "
-                    f"({' and '.join(statuses)}), {keys} expired unique keys, {workers} worker rows, "
-                    f"{events} shard events"
-                )
-                return
+        (cutoff,) = operations.run("time_before", {"age": age}, fetch="one")
+        prunable, first_id, last_id = operations.run(
+            "count_prunable_jobs", {"statuses": statuses, "cutoff": cutoff}, fetch="one"
+        )
+        if options["dry_run"]:
+            keys, workers, events = operations.run("count_prunable_rest", {"cutoff": cutoff}, fetch="one")
+            self.stdout.write(
+                f"would delete (finished before {cutoff:%Y-%m-%d %H:%M:%S %Z}): {prunable} jobs "
+                f"({' and '.join(statuses)}), {keys} expired unique keys, {workers} worker rows, "
+                f"{events} shard events"
+            )
+            return
         began = time.monotonic()
         deleted = self._prune_jobs(statuses, cutoff, batch, prunable, first_id, last_id, options["no_progress"])
-        with connection.cursor() as cursor:
-            keys = 0
-            while True:
-                cursor.execute(QUERIES["prune_unique_keys"], {"batch": batch})
-                n = cursor.fetchone()[0]
-                keys += n
-                if n < batch:
-                    break
-            cursor.execute(QUERIES["prune_workers"], {"cutoff": cutoff})
-            workers = cursor.fetchone()[0]
-            cursor.execute(QUERIES["prune_shard_events"], {"cutoff": cutoff})
-            events = cursor.fetchone()[0]
+        keys = 0
+        while True:
+            (n,) = operations.run("prune_unique_keys", {"batch": batch}, fetch="one")
+            keys += n
+            if n < batch:
+                break
+        (workers,) = operations.run("prune_workers", {"cutoff": cutoff}, fetch="one")
+        (events,) = operations.run("prune_shard_events", {"cutoff": cutoff}, fetch="one")
         self.stdout.write(
             f"deleted {deleted} jobs ({' and '.join(statuses)}, finished before "
             f"{cutoff:%Y-%m-%d %H:%M:%S %Z}), {keys} expired unique keys, {workers} worker rows, "
@@ -129,12 +122,11 @@ class Command(BaseCommand):
         )
         bar = progress.add_task("prune", total=prunable)
         deleted, after = 0, first_id - 1
-        with progress, connection.cursor() as cursor:
+        with progress:
             while after < last_id:
-                cursor.execute(
-                    QUERIES["prune_jobs"], {"after": after, "batch": batch, "statuses": statuses, "cutoff": cutoff}
+                last_seen, seen, gone = operations.run(
+                    "prune_jobs", {"after": after, "batch": batch, "statuses": statuses, "cutoff": cutoff}, fetch="one"
                 )
-                last_seen, seen, gone = cursor.fetchone()
                 if not seen:
                     break
                 after = last_seen

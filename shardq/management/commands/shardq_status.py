@@ -12,8 +12,10 @@ import json
 import math
 
 from django.core.management.base import BaseCommand
-from django.db import connection
 
+from ...conf import get_config
+from ...core import pools
+from ...db import operations
 from ..flags import printable
 
 
@@ -39,49 +41,61 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print one JSON document instead of tables.")
 
     def handle(self, *args, **options):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT w.id::text, w.name, w.host, w.pid, w.state, "
-                "(extract(epoch FROM clock_timestamp()) - extract(epoch FROM w.heartbeat_at))::float8, "
-                "w.stats::text, "
-                "(SELECT count(*) FROM shardq_shard s WHERE s.owner = w.id AND s.lease_expires > clock_timestamp()) "
-                "FROM shardq_worker w WHERE w.state <> 'STOPPED' ORDER BY w.started_at"
+        config = get_config()
+        workers = [
+            {
+                "id": wid,
+                "name": name,
+                "host": host,
+                "pid": pid,
+                "pool": pool,
+                "state": state,
+                "heartbeat_age_seconds": _number(round(age, 1) if age is not None else None),
+                "shards": shards,
+                "stats": json.loads(stats) if stats is not None else None,
+            }
+            for wid, name, host, pid, pool, state, age, stats, shards in operations.run("status_workers")
+        ]
+        jobs = dict(operations.run("status_jobs"))
+        (lag,) = operations.run("status_lag", fetch="one")
+        every_pool = [
+            {"pool": pool, "workers": live, "shards_held": held, "unowned_shards": unowned}
+            for pool, live, held, unowned in operations.run(
+                "status_pools", {"ttl": config.lease_ttl_seconds, "shard_count": config.shard_count}
             )
-            workers = [
-                {
-                    "id": wid,
-                    "name": name,
-                    "host": host,
-                    "pid": pid,
-                    "state": state,
-                    "heartbeat_age_seconds": _number(round(age, 1) if age is not None else None),
-                    "shards": shards,
-                    "stats": json.loads(stats) if stats is not None else None,
-                }
-                for wid, name, host, pid, state, age, stats, shards in cursor.fetchall()
-            ]
-            cursor.execute("SELECT status, count(*) FROM shardq_job GROUP BY 1 ORDER BY 1")
-            jobs = dict(cursor.fetchall())
-            cursor.execute(
-                "SELECT (extract(epoch FROM clock_timestamp()) - extract(epoch FROM min(run_after)))::float8 "
-                "FROM shardq_job WHERE status = 'READY' AND run_after <= clock_timestamp()"
-            )
-            lag = cursor.fetchone()[0]
-            cursor.execute(
-                "SELECT count(*) FROM shardq_shard WHERE owner IS NULL OR lease_expires <= clock_timestamp()"
-            )
-            unowned = cursor.fetchone()[0]
+        ]
+        due_queues = operations.run("status_due_queues")
+        # The pools that have a live worker; with none, the pool a worker with
+        # no flags would join (its shards are all unowned: nothing runs).
+        pools_shown = [p for p in every_pool if p["workers"]] or [p for p in every_pool if p["pool"] == pools.ALL]
+        unowned = sum(p["unowned_shards"] for p in pools_shown)
+        live_pools = [p["pool"] for p in every_pool if p["workers"]]
+        unserved = {
+            f"{queue}" if backend == pools.DEFAULT_BACKEND else f"{queue}@{backend}": count
+            for backend, queue, count in due_queues
+            if not any(pools.pool_serves(pool, queue, backend) for pool in live_pools)
+        }
         if options["json"]:
             # json.dumps escapes control characters (and, by default, all non-ASCII).
             self.stdout.write(
                 json.dumps(
-                    {"workers": workers, "jobs": jobs, "oldest_ready_seconds": _number(lag), "unowned_shards": unowned},
+                    {
+                        "workers": workers,
+                        "pools": pools_shown,
+                        "jobs": jobs,
+                        "oldest_ready_seconds": _number(lag),
+                        "unowned_shards": unowned,
+                        # Due READY jobs by queue that no live worker's pool serves.
+                        "unserved_queues": unserved,
+                    },
                     indent=2,
                     allow_nan=False,
                 )
             )
             return
-        self.stdout.write(f"{'worker':38} {'host:pid':24} {'state':9} {'shards':>6} {'heartbeat':>9}  counters")
+        self.stdout.write(
+            f"{'worker':38} {'host:pid':24} {'pool':16} {'state':9} {'shards':>6} {'heartbeat':>9}  counters"
+        )
         for w in workers:
             stats = w["stats"]
             if isinstance(stats, dict):
@@ -92,10 +106,22 @@ class Command(BaseCommand):
             # The --worker-id name, when one was given, next to the uuid.
             label = printable(w["id"]) + (f" ({printable(w['name'])})" if w["name"] else "")
             self.stdout.write(
-                f"{label:38} {printable(w['host']) + ':' + str(w['pid']):24} {printable(w['state']):9} "
+                f"{label:38} {printable(w['host']) + ':' + str(w['pid']):24} {printable(w['pool']):16} "
+                f"{printable(w['state']):9} "
                 f"{w['shards']:>6} {printable(age):>8}s  {printable(counters)}"
             )
+        for p in pools_shown:
+            self.stdout.write(
+                f"pool {printable(p['pool'])}: {p['workers']} live worker(s), {p['shards_held']} shards held, "
+                f"{p['unowned_shards']} unowned"
+            )
         self.stdout.write(f"unowned shards: {unowned}")
+        if unserved:
+            self.stdout.write(
+                "due READY jobs that no live worker's pool serves: "
+                + ", ".join(f"{printable(q)} {n}" for q, n in unserved.items())
+                + " (start a worker whose --queues include them)"
+            )
         self.stdout.write("jobs: " + (", ".join(f"{printable(k)} {v}" for k, v in jobs.items()) or "none"))
         self.stdout.write(
             f"oldest due READY job waits: {_seconds_text(lag)}" if lag is not None else "no READY job is due"

@@ -1,5 +1,6 @@
 """``manage.py shardq_worker``: run jobs (see shardq/worker/runtime.py)."""
 
+import logging
 import os
 
 from django.conf import settings
@@ -18,6 +19,8 @@ MAX_PREFETCH = 100_000
 MAX_TASKS = 1_000_000_000
 # --worker-id: the length of shardq_worker.name.
 MAX_WORKER_ID_LENGTH = 100
+
+logger = logging.getLogger("shardq.worker")
 
 
 class Command(BaseCommand):
@@ -60,9 +63,10 @@ class Command(BaseCommand):
         # The stop rule first (shardq/worker/shutdown.py): a SIGTERM that comes
         # while the worker is still being built is a graceful stop, applied
         # once it exists, not the default action (killed, exit -15).
-        from shardq.worker import shutdown
+        from shardq.worker import logs, shutdown
 
         shutdown.install()
+        logs.ensure_output()
         alias = options["backend"]
         config = shardq_backend_config(alias)
         queues, exclude_queues = served_queues(alias, config, options["queues"], options["exclude_queues"])
@@ -81,6 +85,7 @@ class Command(BaseCommand):
         database = (config.get("OPTIONS") or {}).get("DATABASE", "default")
 
         def run_worker() -> int:
+            from shardq.exceptions import DatabaseUnavailable
             from shardq.worker.runtime import Worker
 
             worker = Worker(
@@ -95,7 +100,14 @@ class Command(BaseCommand):
                 name=name,
             )
             worker.install_signal_handlers()
-            return worker.run()
+            try:
+                return worker.run()
+            except DatabaseUnavailable as exc:
+                # Unreachable at start (later outages are ridden out): one
+                # line, the traceback only for those who asked for DEBUG.
+                logger.error("worker %s cannot start: %s", worker.label, exc)
+                logger.debug("the traceback of the failed start", exc_info=True)
+                return 1
 
         if processes > 1:
             from shardq.worker.supervisor import Supervisor

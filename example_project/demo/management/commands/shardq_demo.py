@@ -4,16 +4,22 @@ and rich (``pip install -e '.[example]'``).
 
 Starts the example project under gunicorn and a 2-process shardq worker,
 drives orders through HTTP (each view enqueues a ``send_receipt`` task in the
-order's transaction), waits for the queue to drain, prints who did what, and
-stops everything it started.
+order's transaction), waits for the queue to drain and prints who did what.
+Then it creates (or resets) the superuser ``admin``, prints the admin's URL
+and that login, and keeps serving until Ctrl-C or SIGTERM; with
+``DEMO_EXIT=1`` in the environment (CI) it stops at once instead. Either way
+it stops everything it started, the embedded PostgreSQL included when it
+started it.
 """
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,10 +32,16 @@ from django.db import connection
 DEMO_TASKS = ("example_project.demo.tasks.send_receipt",)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(preferred: int = 8000) -> int:
+    """``preferred`` when it is free (a URL to remember), else any free port."""
+    for port in (preferred, 0):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise CommandError("no free TCP port on 127.0.0.1")
 
 
 class Command(BaseCommand):
@@ -48,12 +60,14 @@ class Command(BaseCommand):
 
         if options["orders"] < 1 or options["processes"] < 1 or options["concurrency"] < 1:
             raise CommandError("--orders, --processes and --concurrency must be ≥ 1.")
+        from shardq import embedded
+
         console = Console()
         root = Path(settings.BASE_DIR)
         console.rule("[bold]shardq demo")
         console.print(
             f"database: {connection.settings_dict['NAME']} "
-            f"({'embedded pgserver' if os.environ.get('SHARDQ_EMBEDDED_STARTED_BY') else 'DATABASE_URL'})"
+            f"({'embedded pgserver, started by this demo' if embedded.started_here() else 'DATABASE_URL'})"
         )
         call_command("migrate", verbosity=0)
         self._clear_previous_run()
@@ -135,6 +149,10 @@ class Command(BaseCommand):
                     time.sleep(0.1)
                 drain_seconds = time.monotonic() - t0
             self._report(console, Table, n, post_seconds, drain_seconds)
+            if os.environ.get("DEMO_EXIT"):
+                console.print("DEMO_EXIT is set: stopping now")
+            else:
+                self._serve_admin(console, port, started)
         finally:
             for proc in reversed(started):
                 if proc.poll() is None:
@@ -144,13 +162,35 @@ class Command(BaseCommand):
                     proc.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
-            if os.environ.get("SHARDQ_EMBEDDED_STARTED_BY") == str(os.getpid()):
-                from shardq import embedded
+            from shardq import embedded
 
+            if embedded.started_here():  # a server this demo only joined keeps running
                 connection.close()
                 embedded.stop()
                 console.print("stopped the embedded PostgreSQL")
         console.print("[green]demo finished: everything it started is stopped.")
+
+    def _serve_admin(self, console, port: int, started: list[subprocess.Popen]) -> None:
+        """Print the admin's URL and a login, then serve until Ctrl-C or SIGTERM."""
+        from django.contrib.auth import get_user_model
+
+        password = secrets.token_urlsafe(9)
+        user, _ = get_user_model().objects.get_or_create(username="admin")
+        user.is_staff = user.is_superuser = True
+        user.set_password(password)
+        user.save()
+        stop = threading.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop.set())
+        console.rule("[bold]the admin")
+        console.print(f"admin: http://127.0.0.1:{port}/admin/shardq/dashboard/")
+        console.print(f"login: admin / {password}")
+        console.print("serving the admin, gunicorn and the workers until Ctrl-C (logs in .demo/)")
+        while not stop.wait(0.5):
+            for proc in started:
+                if proc.poll() is not None:
+                    raise CommandError(f"pid {proc.pid} exited with {proc.returncode}; see .demo/")
+        console.print("stopping")
 
     def _clear_previous_run(self):
         from example_project.demo.models import Order

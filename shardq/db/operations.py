@@ -1,0 +1,31 @@
+"""Named statements on a Django connection: what management commands, the
+admin and transactional completion run (the worker's own statements run on
+its psycopg connections through ``store.WorkerStore``).
+
+Every statement is a block of ``queries.sql``; callers name it and pass
+parameters, and never hold SQL text of their own.
+"""
+
+from typing import Any, Literal
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from .queries import QUERIES
+
+
+def run(
+    name: str,
+    params: dict[str, Any] | None = None,
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+    fetch: Literal["all", "one", "none"] = "all",
+) -> Any:
+    """Run the named statement on ``using``'s connection (inside the caller's
+    transaction, if any): every row, the first row, or the row count."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(QUERIES[name], params or {})
+        if fetch == "all":
+            return cursor.fetchall()
+        if fetch == "one":
+            return cursor.fetchone()
+        return cursor.rowcount

@@ -1,0 +1,76 @@
+"""``make demo``'s command: a summary, then the admin served with a login it
+printed until Ctrl-C; with DEMO_EXIT=1 it stops at once. Either way every
+process it started is stopped."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from tests.conftest import wait_until
+from tests.workers import ROOT, alive, database_url
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def start_demo(tmp_path, **env) -> tuple[subprocess.Popen, object]:
+    out = tmp_path / "demo.out"
+    with open(out, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "shardq_demo", "--orders", "20", "--processes", "1", "--concurrency", "2"],
+            cwd=ROOT,
+            env={**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "tests.settings", **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: Ctrl-C reaches it as a terminal's would
+        )
+    return proc, out
+
+
+def test_the_demo_serves_the_admin_with_the_login_it_printed_until_ctrl_c(transactional_db, tmp_path):
+    proc, out = start_demo(tmp_path)
+    try:
+        printed = wait_until(
+            lambda: re.search(r"admin: (http://127\.0\.0\.1:\d+)/admin/\S*\s+login: admin / (\S+)", out.read_text()),
+            timeout=240,
+            interval=0.2,
+            message=lambda: f"the admin URL and login (exit {proc.poll()}):\n{out.read_text()}",
+        )
+        base, password = printed[1], printed[2]
+        gunicorn = int(re.search(r"gunicorn on \S+ \(pid (\d+)\)", out.read_text())[1])
+        with requests.Session() as browser:
+            browser.get(f"{base}/admin/login/", timeout=30)
+            page = browser.post(
+                f"{base}/admin/login/?next=/admin/shardq/job/",
+                data={"username": "admin", "password": password, "csrfmiddlewaretoken": browser.cookies["csrftoken"]},
+                timeout=30,
+            )
+            assert page.status_code == 200 and page.url == f"{base}/admin/shardq/job/", page.url
+            assert page.headers["X-Frame-Options"] == "DENY"
+            assert browser.get(f"{base}/static/admin/css/base.css", timeout=30).status_code == 200
+            assert proc.poll() is None, "the demo stopped while serving"
+
+        os.killpg(proc.pid, signal.SIGINT)
+
+        assert proc.wait(timeout=90) == 0, out.read_text()
+        assert "everything it started is stopped" in out.read_text()
+        wait_until(lambda: not alive(gunicorn), timeout=30, message="gunicorn to be gone")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_demo_exit_stops_after_the_summary(transactional_db, tmp_path):
+    proc, out = start_demo(tmp_path, DEMO_EXIT="1")
+    try:
+        assert proc.wait(timeout=240) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = out.read_text()
+    assert "who did what" in text and "DEMO_EXIT is set: stopping now" in text
+    assert "login:" not in text
