@@ -19,6 +19,7 @@ from datetime import datetime
 
 import psycopg
 
+from shardq.core import pools
 from shardq.db.queries import ANY_PRIORITY, QUERIES
 
 NOOP = "tests.taskapp.tasks.noop"
@@ -174,8 +175,8 @@ def own_shards(url: str, worker: str, shards: list[int]) -> None:
         conn.execute(
             "UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1,"
             " lease_expires = clock_timestamp() + interval '1 hour', claimed_at = clock_timestamp()"
-            " WHERE shard = ANY(%s)",
-            (worker, shards),
+            " WHERE pool = %s AND shard = ANY(%s)",
+            (worker, pools.ALL, shards),
         )
 
 
@@ -221,6 +222,7 @@ class Drainer:
                 "start": self.batch if limit is None else limit,
                 "lookahead": 0.0,
                 "min_priority": ANY_PRIORITY,
+                "pool": pools.ALL,  # a worker serving every queue
             },
             prepare=True,
             binary=True,
