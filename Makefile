@@ -49,7 +49,7 @@ chromium:
 faults: $(STAMP)
 	SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q -s tests/faults tests/isolation/test_randomized.py
 
-# bench/run.py --help for its flags (--only, --repeat, --no-docs, ...).
+# bench/run.py --help for its flags (--only, --rounds, --no-docs, ...).
 bench: $(STAMP)
 	$(PY) bench/run.py
 

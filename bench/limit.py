@@ -19,6 +19,7 @@ from datetime import datetime
 
 import psycopg
 
+from shardq.core import pools
 from shardq.db.queries import ANY_PRIORITY, QUERIES
 
 NOOP = "tests.taskapp.tasks.noop"
@@ -174,8 +175,8 @@ def own_shards(url: str, worker: str, shards: list[int]) -> None:
         conn.execute(
             "UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1,"
             " lease_expires = clock_timestamp() + interval '1 hour', claimed_at = clock_timestamp()"
-            " WHERE shard = ANY(%s)",
-            (worker, shards),
+            " WHERE pool = %s AND shard = ANY(%s)",
+            (worker, pools.ALL, shards),
         )
 
 
@@ -197,6 +198,9 @@ class Drainer:
         self.batch = batch
         self.per_shard = max(1, math.ceil(2 * batch / len(shards)))
         self.done = 0
+        # (wall clock, this process's CPU seconds) after every ack: the CPU
+        # spent between two database timestamps (bench/e2e.py's CPU per job).
+        self.cpu_samples: list[tuple[float, float]] = []
 
     def claim(self, per_shard: int, limit: int | None = None) -> list[tuple]:
         return self.conn.execute(
@@ -212,8 +216,13 @@ class Drainer:
                 "any_backend": True,
                 "per_shard": per_shard,
                 "limit": self.batch if limit is None else limit,
+                # Every claimed job starts now: the claim writes the start too
+                # (RUNNING, attempts + 1), as the worker's claim does for the
+                # jobs its threads run next.
+                "start": self.batch if limit is None else limit,
                 "lookahead": 0.0,
                 "min_priority": ANY_PRIORITY,
+                "pool": pools.ALL,  # a worker serving every queue
             },
             prepare=True,
             binary=True,
@@ -238,6 +247,7 @@ class Drainer:
             QUERIES["complete_jobs"], {"ids": ids, "batch": "[" + ",".join(acks) + "]"}, prepare=True
         ).fetchall()
         self.done += len(rows)
+        self.cpu_samples.append((time.time(), time.process_time()))
 
     def claim_and_run(self) -> list[tuple]:
         rows = self.claim(self.per_shard)
@@ -257,14 +267,18 @@ class Drainer:
         return ran
 
 
-def drain_process(url: str, worker: str, shards: list[int], ready, go, max_jobs, batch: int = 256) -> None:
-    """Entry point of one limit drain process (multiprocessing target)."""
+def drain_process(url: str, worker: str, shards: list[int], ready, go, max_jobs, batch: int = 256, report=None) -> None:
+    """Entry point of one limit drain process (multiprocessing target); puts
+    its CPU samples on ``report`` (a queue) when given."""
     drainer = Drainer(url, worker, shards, batch)
     drainer.warm()
     ready.set()
     go.wait()
+    drainer.cpu_samples.append((time.time(), time.process_time()))
     drainer.drain_available(max_jobs)
     drainer.conn.close()
+    if report is not None:
+        report.put(drainer.cpu_samples)
 
 
 def consume_process(url: str, worker: str, shards: list[int], listen: bool, poll_seconds: float, ready, stop) -> None:

@@ -1,6 +1,6 @@
 """``make bench``: shardq against the physical limit (see bench/e2e.py).
 
-    .venv/bin/python bench/run.py [--repeat N] [--reps N] [--full] [--only drain,latency] [--no-docs]
+    .venv/bin/python bench/run.py [--rounds N] [--full] [--only drain,latency] [--no-docs]
 
 Runs from the checkout with the test settings (``tests.settings``, whose
 ``tests.taskapp`` defines the ``noop`` task every job names); its worker and
@@ -22,8 +22,15 @@ def parser() -> argparse.ArgumentParser:
         description="Benchmark shardq against a bare psycopg loop (enqueue, drain, pickup latency, memory, "
         "claim cost vs backlog, priority pickup and order, fair share of workers started together or joining); prints its tables, writes bench/results/ and docs/benchmarks.md.",
     )
-    p.add_argument("--repeat", default="1", help="Runs of each shardq drain (median shown). Default 1.")
-    p.add_argument("--reps", default="3", help="Runs of each cheap figure: enqueue, limit drains. Default 3.")
+    p.add_argument(
+        "--rounds",
+        "--reps",
+        "--repeat",
+        dest="rounds",
+        default="3",
+        help="Alternated rounds (limit, shardq, limit, ...) of every compared figure: enqueue and drains; "
+        "medians shown. Default 3. (--reps and --repeat are older names.)",
+    )
     p.add_argument("--full", action="store_true", help="Claim cost at 1,000,000 READY rows (default 200,000).")
     p.add_argument("--jobs", default="20000", help="Jobs per drain run. Default 20000.")
     p.add_argument("--latency-seconds", default="10", help="Length of each pickup-latency run. Default 10.")
@@ -66,8 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         sizes = {
             "jobs": count("jobs", args.jobs, 100),
-            "reps": count("reps", args.reps),
-            "repeat": count("repeat", args.repeat),
+            "rounds": count("rounds", args.rounds),
             "concurrency": count("concurrency", args.concurrency),
         }
     except CommandError as exc:

@@ -27,6 +27,7 @@ class ShardqConfig(AppConfig):
 
         from .checks import app_without_backend
         from .db.store import ensure_shards
+        from .dispatch import settings_changed
         from .metrics import enable_if_configured
 
         checks.register(app_without_backend)
@@ -34,3 +35,5 @@ class ShardqConfig(AppConfig):
         post_migrate.connect(ensure_shards, sender=self, dispatch_uid="shardq_ensure_shards")
         enable_if_configured()
         setting_changed.connect(_reset_backends, dispatch_uid="shardq_reset_backends")
+        # DEBUG decides what Django's default log handlers emit (dispatch.py).
+        setting_changed.connect(settings_changed, dispatch_uid="shardq_log_verdicts")

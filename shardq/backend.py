@@ -10,8 +10,10 @@ connection and so in the same transaction:
 
 * ``enqueue`` runs ``insert_job`` as a server-side prepared statement
   (psycopg ``prepare=True`` on a server-binding cursor over Django's raw
-  connection): Django's default client-side-binding cursor makes the server
-  parse and plan every INSERT. Errors still go through
+  connection, one cursor kept per connection): Django's default
+  client-side-binding cursor makes the server parse and plan every INSERT,
+  and a new cursor per statement costs more client time than the rest of
+  the statement's Python side. Errors still go through
   ``connection.wrap_database_errors`` (Django's exception classes,
   ``errors_occurred``), a broken ``atomic()`` block is still refused, and an
   error inside ``atomic()`` rolls it back as with a Django cursor. When
@@ -97,6 +99,9 @@ UNIQUE_KEYS_CACHED = 1024
 # (counted from when the statement was sent): room for the local monotonic
 # clock and the database's clock to run at slightly different rates.
 UNIQUE_CACHE_MARGIN_SECONDS = 1.0
+# Task objects whose validation each backend remembers (``.using()`` makes a
+# new one per call; the memory is emptied when full).
+_KNOWN_TASKS = 256
 
 
 class ShardqBackend(BaseTaskBackend):
@@ -117,7 +122,11 @@ class ShardqBackend(BaseTaskBackend):
         # Guards every LRU of this backend (they are not thread-safe, and
         # even a get reorders).
         self._finished_lock = threading.Lock()
-        self._validated = make_lru(256)  # id(task) -> task (identity checked)
+        # id(task) -> (task, its task_params): validated once per Task object
+        # (identity checked). A plain dict, emptied when full, read without
+        # a lock (an LRU reorders on every read).
+        self._known_tasks: dict[int, tuple] = {}
+        self._insert_query = QUERIES["insert_job" if self.config.notify else "insert_job_quiet"]
         # Unique key -> (monotonic deadline, holder's TaskResult), committed
         # knowledge only (see the module docstring). An invalid size is
         # reported by the check shardq.E007 and treated as the default here.
@@ -185,35 +194,33 @@ class ShardqBackend(BaseTaskBackend):
         }
 
     def enqueue(self, task, args, kwargs):
-        self._validate_once(task)
+        params = self._validate_once(task)
         if isinstance(task, ShardTask) and task.unique_for is not None:
             return self._enqueue_unique(task, args, kwargs)
-        params = self.task_params(task)
         params.update(self.job_row(task, args, kwargs))
-        query = QUERIES["insert_job" if self.config.notify else "insert_job_quiet"]
-        job_id, enqueued_at, run_after, _ = self._fetch_one_prepared(query, params)
+        job_id, enqueued_at, run_after, _ = self._fetch_one_prepared(self._insert_query, params)
         result = self._new_result(task, job_id, enqueued_at, run_after, args, kwargs)
         if self._enqueued_gate.needed(logging.DEBUG):
             task_enqueued.send(type(self), task_result=result)
         return result
 
-    def _validate_once(self, task) -> None:
+    def _validate_once(self, task) -> dict:
         """validate_task, once per Task object: a Task is immutable and this
         backend's queues are fixed, so the answer cannot change (Django's
         checks inspect the function's signature, which costs more than the
-        rest of an enqueue)."""
-        with self._finished_lock:
-            known = self._validated.get(id(task)) is task
-        if known:
-            return
-        # Once per task, as the rest: the app missing or SQLite is a clear
-        # error here rather than a missing table or a syntax error.
-        problem = unusable(self)
-        if problem:
-            raise ImproperlyConfigured(problem)
-        self.validate_task(task)
-        with self._finished_lock:
-            self._validated.set(id(task), task)
+        rest of an enqueue). Returns a copy of the task's ``task_params``."""
+        known = self._known_tasks.get(id(task))
+        if known is None or known[0] is not task:
+            # Once per task, as the rest: the app missing or SQLite is a clear
+            # error here rather than a missing table or a syntax error.
+            problem = unusable(self)
+            if problem:
+                raise ImproperlyConfigured(problem)
+            self.validate_task(task)
+            if len(self._known_tasks) >= _KNOWN_TASKS:
+                self._known_tasks.clear()
+            known = self._known_tasks[id(task)] = (task, self.task_params(task))
+        return known[1].copy()
 
     # -- unique tasks ---------------------------------------------------------
 
@@ -309,11 +316,7 @@ class ShardqBackend(BaseTaskBackend):
         conn.validate_thread_sharing()
         conn.validate_no_broken_transaction()
         with conn.wrap_database_errors:
-            cursor = psycopg.Cursor(raw)
-            # As Django's create_cursor(): timestamps in the connection's time zone.
-            tz_loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, psycopg.pq.Format.TEXT)
-            if conn.timezone != tz_loader.timezone:  # type: ignore[union-attr]  # psycopg: type[Loader] | None
-                _register_tzloader(conn.timezone, cursor)
+            cursor = _statement_cursor(raw, conn.timezone)
             # Django turns psycopg's statement preparing off on its connections
             # (prepare_threshold=None); turn it on for this one statement only.
             threshold = raw.prepare_threshold
@@ -325,7 +328,6 @@ class ShardqBackend(BaseTaskBackend):
             finally:
                 if threshold is None:
                     raw.prepare_threshold = None
-                cursor.close()
 
     @staticmethod
     def _fetch_one_django(conn, query, params):
@@ -336,14 +338,13 @@ class ShardqBackend(BaseTaskBackend):
     def enqueue_many(self, task, calls) -> list[TaskResult]:
         """Enqueue many calls of one task: ids from the sequence, one COPY and one
         NOTIFY per distinct shard, in one atomic block (see shardq.enqueue_many)."""
-        self._validate_once(task)
+        params = self._validate_once(task)
         calls = [(tuple(args), dict(kwargs)) for args, kwargs in calls]
         if not calls:
             return []
         if isinstance(task, ShardTask) and task.unique_for is not None:
             return self._enqueue_many_unique(task, calls)
         rows = [self.job_row(task, args, kwargs) for args, kwargs in calls]
-        params = self.task_params(task)
         conn = connections[self.database_alias]
         with transaction.atomic(using=self.database_alias), conn.cursor() as cursor:
             cursor.execute(QUERIES["reserve_job_ids"], {"n": len(rows)})
@@ -437,22 +438,23 @@ class ShardqBackend(BaseTaskBackend):
             )
         # The same object TaskResult(...) builds, field by field, without its
         # __init__ and __post_init__ (normalize_json of args and kwargs, done
-        # here only when there is something to normalize): half the cost, and
+        # here only when there is something to normalize), through the
+        # frozen dataclass's slot descriptors: a quarter of the cost, and
         # enqueue_many builds one per job.
         result = _new_object(TaskResult)
-        _set(result, "task", task)
-        _set(result, "id", str(job_id))
-        _set(result, "status", TaskResultStatus.READY)
-        _set(result, "enqueued_at", enqueued_at)
-        _set(result, "started_at", None)
-        _set(result, "finished_at", None)
-        _set(result, "last_attempted_at", None)
-        _set(result, "args", normalize_json(list(args)) if args else [])
-        _set(result, "kwargs", normalize_json(dict(kwargs)) if kwargs else {})
-        _set(result, "backend", self.alias)
-        _set(result, "errors", [])
-        _set(result, "worker_ids", [])
-        _set(result, "_return_value", None)
+        _set_task(result, task)
+        _set_id(result, str(job_id))
+        _set_status(result, TaskResultStatus.READY)
+        _set_enqueued_at(result, enqueued_at)
+        _set_started_at(result, None)
+        _set_finished_at(result, None)
+        _set_last_attempted_at(result, None)
+        _set_args(result, normalize_json(list(args)) if args else [])
+        _set_kwargs(result, normalize_json(dict(kwargs)) if kwargs else {})
+        _set_backend(result, self.alias)
+        _set_errors(result, [])
+        _set_worker_ids(result, [])
+        _set_return_value(result, None)
         return result
 
     # -- results ------------------------------------------------------------
@@ -624,6 +626,30 @@ def _register_tzloader(tz, context):
     register_tzloader(tz, context)
 
 
+# The cursor enqueue runs its statement on, kept on the raw connection itself
+# with the time zone its timestamps are loaded in: it lives and dies with the
+# connection (a mapping keyed by the connection would keep it alive, the
+# cursor referring to it), and a Django connection, so its cursor, belongs to
+# one thread. A new cursor per statement costs more than the rest of the
+# statement's client-side work: an adapters map, a transformer and a lookup
+# of every result column's loader.
+_CURSOR_ATTRIBUTE = "_shardq_statement_cursor"
+
+
+def _statement_cursor(raw: psycopg.Connection, timezone) -> psycopg.Cursor:
+    """The cursor of ``raw`` for enqueue's statement, loading timestamps in
+    ``timezone`` as Django's create_cursor() does."""
+    kept = getattr(raw, _CURSOR_ATTRIBUTE, None)
+    if kept is not None and kept[1] is timezone and not kept[0].closed:
+        return kept[0]
+    cursor = psycopg.Cursor(raw)
+    tz_loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, psycopg.pq.Format.TEXT)
+    if timezone != tz_loader.timezone:  # type: ignore[union-attr]  # psycopg: type[Loader] | None
+        _register_tzloader(timezone, cursor)
+    setattr(raw, _CURSOR_ATTRIBUTE, (cursor, timezone))
+    return cursor
+
+
 # _new_result fills a TaskResult's fields itself only while they are the ones
 # it knows (a Django upgrade that changes them falls back to the constructor).
 _FAST_RESULTS = tuple(f.name for f in dataclass_fields(TaskResult)) == (
@@ -644,6 +670,22 @@ _FAST_RESULTS = tuple(f.name for f in dataclass_fields(TaskResult)) == (
 _RESULT_FIELDS = tuple(f.name for f in dataclass_fields(TaskResult))
 _new_object = object.__new__
 _set = object.__setattr__
+if _FAST_RESULTS:
+    (
+        _set_task,
+        _set_id,
+        _set_status,
+        _set_enqueued_at,
+        _set_started_at,
+        _set_finished_at,
+        _set_last_attempted_at,
+        _set_args,
+        _set_kwargs,
+        _set_backend,
+        _set_errors,
+        _set_worker_ids,
+        _set_return_value,
+    ) = (vars(TaskResult)[name].__set__ for name in _RESULT_FIELDS)
 
 # Rows per write during a bulk COPY: the server parses one chunk while the
 # next is formatted.

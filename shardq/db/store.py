@@ -195,6 +195,9 @@ class DatabaseGuard:
             return self.breaker.state
 
 
+_NULL_SUCCESS = '"status":"SUCCESSFUL","delay":0.0,"return_value":null}'
+
+
 def outcome_batch_json(outcomes: Iterable[OutcomeRef]) -> str:
     """The outcomes as one JSON array for ``jsonb_to_recordset``.
 
@@ -203,6 +206,10 @@ def outcome_batch_json(outcomes: Iterable[OutcomeRef]) -> str:
     """
     parts = []
     for o in outcomes:
+        if o.status == "SUCCESSFUL" and o.error_json is None and o.return_value_json == "null" and not o.delay:
+            # The usual ack (a task that returned None), formatted once.
+            parts.append('{"id":%d,"fence":%d,"rank":%d,%s' % (o.id, o.fence, o.rank, _NULL_SUCCESS))  # noqa: UP031
+            continue
         extra = ""
         if o.return_value_json is not None:
             extra += ',"return_value":' + o.return_value_json

@@ -23,7 +23,6 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -45,6 +44,9 @@ logger = logging.getLogger("shardq.worker.completer")
 REMEMBERED_OUTCOMES = 8192
 REMEMBERED_RESULT_BYTES = 16384
 
+# The counter an applied outcome adds to, by status.
+_COUNTER_OF = {"SUCCESSFUL": "succeeded", "FAILED": "failed", "READY": "retried"}
+
 
 class ReturnedJob(JobRef, Protocol):
     """A claimed job handed back (a ``ClaimedJob``, or the fetcher's ``LostClaim``)."""
@@ -65,10 +67,12 @@ class Completer:
         self._queue: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
         self._returns: list[ReturnedJob] = []
         self._returns_lock = threading.Lock()
-        self._pending_by_shard: Counter[int] = Counter()
+        # Plain dicts, not Counters: a Counter's += on a new key calls its
+        # Python-level __missing__, once per job here.
+        self._pending_by_shard: dict[int, int] = {}
         # Counted: a recalled outcome can be queued while the rejected one
         # it replaces is still being written.
-        self._pending_ids: Counter[int] = Counter()
+        self._pending_ids: dict[int, int] = {}
         self._finished_ids: FifoSet[int] = FifoSet(REMEMBERED_OUTCOMES)
         self._finished_outcomes: dict[int, Outcome] = {}
         self._pending_lock = threading.Lock()
@@ -81,8 +85,8 @@ class Completer:
 
     def put(self, outcome: Outcome) -> None:
         with self._pending_lock:
-            self._pending_by_shard[outcome.shard] += 1
-            self._pending_ids[outcome.id] += 1
+            self._pending_by_shard[outcome.shard] = self._pending_by_shard.get(outcome.shard, 0) + 1
+            self._pending_ids[outcome.id] = self._pending_ids.get(outcome.id, 0) + 1
             if outcome.status == "SUCCESSFUL" and len(outcome.return_value_json or "") <= REMEMBERED_RESULT_BYTES:
                 for forgotten in self._finished_ids.add(outcome.id):
                     del self._finished_outcomes[forgotten]
@@ -106,7 +110,7 @@ class Completer:
         if jobs:
             with self._pending_lock:
                 for job in jobs:
-                    self._pending_by_shard[job.shard] += 1
+                    self._pending_by_shard[job.shard] = self._pending_by_shard.get(job.shard, 0) + 1
             with self._returns_lock:
                 self._returns.extend(jobs)
             self._queue.put(None)  # wake the thread
@@ -231,11 +235,12 @@ class Completer:
                         self._finished_ids.discard(job_id)
         if self.metrics is not None:
             self.metrics.outcomes_written(outcomes, applied)
+        counts = dict.fromkeys(("succeeded", "failed", "retried", "fence_rejections"), 0)
         for outcome in outcomes:
             if (outcome.id, outcome.rank) in applied:
-                self.stats.add({"SUCCESSFUL": "succeeded", "FAILED": "failed", "READY": "retried"}[outcome.status])
+                counts[_COUNTER_OF[outcome.status]] += 1
             else:
-                self.stats.add("fence_rejections")
+                counts["fence_rejections"] += 1
                 logger.warning(
                     "outcome of job %s rejected: this worker's fence %s is no longer current "
                     "(shard %s changed hands or the job moved on); not written",
@@ -243,6 +248,9 @@ class Completer:
                     outcome.fence,
                     outcome.shard,
                 )
+        for name, n in counts.items():
+            if n:
+                self.stats.add(name, n)
         self._settle(outcomes)
 
     def _write_batch(
@@ -259,8 +267,8 @@ class Completer:
         with self._pending_lock:
             if self._finished_outcomes.pop(outcome.id, None) is not None:
                 self._finished_ids.discard(outcome.id)
-            self._pending_by_shard[outcome.shard] += 1
-            self._pending_ids[outcome.id] += 1
+            self._pending_by_shard[outcome.shard] = self._pending_by_shard.get(outcome.shard, 0) + 1
+            self._pending_ids[outcome.id] = self._pending_ids.get(outcome.id, 0) + 1
         reason = str(error).encode("ascii", "backslashreplace").decode("ascii").replace("\x00", "\\x00")[:2000]
         text = (
             f"shardq.exceptions.OutcomeRejected: PostgreSQL refused to store the {outcome.status} "

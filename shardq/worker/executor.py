@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -26,7 +27,7 @@ from django.utils import timezone
 
 from ..conf import get_config
 from ..db.store import WorkerStore
-from ..dispatch import SignalGate
+from ..dispatch import LogVerdicts, SignalGate
 from ..exceptions import FenceLost, ResultTooLarge, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
 from .buffer import Buffer
@@ -146,8 +147,10 @@ class Executor:
         self.max_result_bytes = config.max_result_bytes
         self._stop = threading.Event()
         self._local = threading.local()
-        self.started_gate = SignalGate(task_started, log_task_started)
-        self.finished_gate = SignalGate(task_finished, log_task_finished)
+        # One verdict on the django.tasks logger for both signals.
+        self.task_log = LogVerdicts(logging.getLogger("django.tasks"))
+        self.started_gate = SignalGate(task_started, log_task_started, self.task_log)
+        self.finished_gate = SignalGate(task_finished, log_task_finished, self.task_log)
         # Moving average of task run time (seconds), read by Worker.demand();
         # starts at 10 ms until measured, then at the first task's time.
         self.average_task_seconds = 0.01
@@ -281,10 +284,17 @@ class Executor:
             # the shard): this run repeats work that may have had effects.
             self.stats.add("reexecutions")
         # The TaskResult exists for the task's context and for signal
-        # receivers; when neither wants it (a plain task, only Django's own
-        # logging receivers, that logger quiet) it is not built at all.
+        # receivers; when neither wants it (a plain task, no receiver but
+        # Django's own logging ones, whose records no handler would emit:
+        # Django's default logging without DEBUG) it is not built at all
+        # (shardq/dispatch.py).
         result = None
-        if task.takes_context or self.started_gate.needed(logging.INFO) or self.finished_gate.needed(logging.INFO):
+        if (
+            task.takes_context
+            or self.started_gate.other_receivers()
+            or self.finished_gate.other_receivers()
+            or self.task_log.seen(logging.INFO)
+        ):
             result = self._result(task, job)
             task_started.send(sender=self.backend_class, task_result=result)
         if self.metrics is not None:
@@ -415,7 +425,10 @@ class Executor:
                 ),
                 *args,
             ]
-        if iscoroutinefunction(task.func):
+        is_async = _is_async.get(task.func)
+        if is_async is None:
+            is_async = _is_async[task.func] = iscoroutinefunction(task.func)
+        if is_async:
             if self.loop is None:
                 raise RuntimeError("the executor runs async tasks only once started")
             future = asyncio.run_coroutine_threadsafe(task.func(*args, **kwargs), self.loop)
@@ -465,6 +478,10 @@ class Executor:
             shard=job.shard,
             attempts=job.attempts,
         )
+
+
+# Task function -> is it async? (inspect's answer costs a microsecond a job.)
+_is_async: dict[Callable[..., Any], bool] = {}
 
 
 def _bad_payload(name: str, value: object, expected: type) -> NoReturn:

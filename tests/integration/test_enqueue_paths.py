@@ -6,6 +6,10 @@ and NOTIFYs each distinct shard once, in one atomic block. Both must keep the
 transactional guarantees of a plain Django cursor.
 """
 
+import gc
+import weakref
+from zoneinfo import ZoneInfo
+
 import pytest
 from django.db import DataError, IntegrityError, connection, transaction
 from django.db.transaction import TransactionManagementError
@@ -15,6 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import shardq
+from shardq.backend import _statement_cursor
 from tests.taskapp.tasks import add, echo, keyed, noop
 
 from .conftest import job_count, job_row
@@ -83,6 +88,49 @@ def test_enqueue_runs_insert_job_prepared_and_leaves_djangos_setting_alone():
         row = job_row(result.id)
         assert row["args"] == args and row["status"] == "READY"
         assert row["enqueued_at"] == result.enqueued_at and result.enqueued_at.tzinfo is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_keeps_one_cursor_per_connection_and_a_new_connection_gets_its_own():
+    connection.close()
+    first = add.enqueue(1, 2)
+    raw = connection.connection
+    kept = _statement_cursor(raw, connection.timezone)
+    add.enqueue(3, 4)
+    assert _statement_cursor(raw, connection.timezone) is kept  # reused, not rebuilt per statement
+
+    connection.close()  # Django reconnects for the next statement
+    second = add.enqueue(5, 6)
+    assert connection.connection is not raw
+    assert _statement_cursor(connection.connection, connection.timezone) is not kept
+    for result, args in [(first, [1, 2]), (second, [5, 6])]:
+        row = job_row(result.id)
+        assert row["args"] == args and row["enqueued_at"] == result.enqueued_at
+        # As a Django cursor loads timestamps: in the connection's time zone.
+        assert result.enqueued_at.tzinfo is connection.timezone
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_closed_connection_and_its_kept_cursor_are_freed():
+    connection.close()
+    add.enqueue(1, 2)
+    raw = weakref.ref(connection.connection)
+    cursor = weakref.ref(_statement_cursor(connection.connection, connection.timezone))
+    connection.close()
+    gc.collect()
+    assert raw() is None and cursor() is None
+
+
+@pytest.mark.django_db
+def test_the_kept_cursor_follows_the_connections_time_zone():
+    connection.ensure_connection()
+    raw = connection.connection
+    paris = ZoneInfo("Europe/Paris")
+    cursor = _statement_cursor(raw, paris)
+    assert cursor.execute("SELECT statement_timestamp()").fetchone()[0].tzinfo is paris
+    back = _statement_cursor(raw, connection.timezone)
+    assert back is not cursor
+    assert back.execute("SELECT statement_timestamp()").fetchone()[0].tzinfo is connection.timezone
 
 
 @pytest.mark.django_db(transaction=True)

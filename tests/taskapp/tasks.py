@@ -52,6 +52,15 @@ def fail(message: str) -> None:
     raise ValueError(message)
 
 
+@task()
+def log_records() -> dict:
+    """The django.tasks log records this process created so far, by level
+    (a worker started with SHARDQ_TEST_COUNT_LOG_RECORDS=1; see log_records.py)."""
+    from .log_records import counts
+
+    return counts()
+
+
 @shard_task(max_attempts=3, backoff=exponential(base=1.0, cap=0.0, jitter=0.0))
 def flaky(fail_times: int, tag: str) -> int:
     """Fails its first ``fail_times`` attempts (counted in the ledger)."""
