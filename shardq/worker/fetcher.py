@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
+from django.tasks.base import TASK_MAX_PRIORITY as MAX_PRIORITY
+from django.tasks.base import TASK_MIN_PRIORITY as MIN_PRIORITY
 
 from ..db.store import WorkerStore, connect, listen_statement
 from ..exceptions import DatabaseUnavailable, StatementRejected
@@ -71,6 +73,10 @@ class Fetcher:
         self.waiting_for_slots = False
         self._wake = threading.Event()
         self._stop = threading.Event()
+        # The highest priority NOTIFY told of since the fetcher last looked
+        # (None: none); the listener writes it, the fetcher takes it.
+        self._notified: int | None = None
+        self._notified_lock = threading.Lock()
         self._rotation = 0
         self._deep = False
         self.claim_uncertain = False
@@ -91,6 +97,18 @@ class Fetcher:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def notified(self, priority: int) -> None:
+        """A NOTIFY told of a job of ``priority`` in a shard held here."""
+        with self._notified_lock:
+            if self._notified is None or priority > self._notified:
+                self._notified = priority
+
+    def take_notified(self) -> int | None:
+        """The highest priority told of since the last call (None: none)."""
+        with self._notified_lock:
+            priority, self._notified = self._notified, None
+            return priority
 
     def slot_freed(self) -> None:
         """Called by executors after a job: wake the fetcher if it waits for room."""
@@ -291,15 +309,32 @@ class LostClaim:
     previous_attempt_at: None = None  # not known: return_jobs keeps the time written
 
 
-def parse_shard(payload: str, shard_count: int) -> int | None:
-    """A NOTIFY payload as a shard number, strictly: ASCII digits of a shard
-    that exists, or None. Any database login can NOTIFY this channel, so the
-    payload is untrusted input ('²'.isdigit() is true, int('²') raises)."""
-    if 0 < len(payload) <= 5 and payload.isascii() and payload.isdigit():
-        shard = int(payload)
-        if shard < shard_count:
-            return shard
-    return None
+def parse_notify(payload: str, shard_count: int) -> tuple[int, int | None] | None:
+    """An enqueue NOTIFY payload as (shard, priority), strictly, or None.
+
+    ``shard:priority`` (what enqueue, bulk enqueue and the admin's Retry
+    send) or a plain ``shard`` (older senders; priority None): the shard is
+    ASCII digits of a shard that exists, the priority an optional minus and
+    one to three ASCII digits within Django's -100..100. Anything else is
+    None. Any database login can NOTIFY this channel, so the payload is
+    untrusted input ('²'.isdigit() is true, int('²') raises) and a priority
+    only ever asks for one more claim (rate limited, see Listener).
+    """
+    shard_text, colon, priority_text = payload.partition(":")
+    if not (0 < len(shard_text) <= 5 and shard_text.isascii() and shard_text.isdigit()):
+        return None
+    shard = int(shard_text)
+    if shard >= shard_count:
+        return None
+    if not colon:
+        return shard, None
+    digits = priority_text.removeprefix("-")
+    if not (0 < len(digits) <= 3 and digits.isascii() and digits.isdigit()):
+        return None
+    priority = -int(digits) if len(digits) < len(priority_text) else int(digits)
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        return None
+    return shard, priority
 
 
 class WakeLimiter:
@@ -393,12 +428,18 @@ class Listener:
             if self.lease_wakes.ask():
                 self.leaser.wake()
             return
-        shard = parse_shard(payload, self.shard_count)
-        if shard is None:
+        notice = parse_notify(payload, self.shard_count)
+        if notice is None:
             self.stats.add("bad_notifies")
             return
-        if shard in self.leaser.held and self.fetch_wakes.ask():
-            self.fetcher.wake()
+        shard, priority = notice
+        if shard in self.leaser.held:
+            if priority is not None:
+                # Recorded even when the wake-up is suppressed: the one the
+                # limiter delivers later finds it.
+                self.fetcher.notified(priority)
+            if self.fetch_wakes.ask():
+                self.fetcher.wake()
 
     def _listen(self) -> None:
         delay = 0.1
