@@ -233,13 +233,13 @@ class Starter:
                 job = self.buffer.pop(timeout=0.1)
                 if job is None:
                     continue
+                jobs = [job]
                 if job.started and room > 1 and self._idle:
                     # The best job, started by its claim, goes to a waiting
                     # thread at once, not after the group is popped.
-                    self.start_jobs([job])
-                    room -= 1
-                    job = None
-                jobs = [*([job] if job else []), *self.buffer.pop_more(room - 1 if job else room)]
+                    self.start_jobs(jobs)
+                    jobs = []
+                jobs += self.buffer.pop_more(room - 1)
                 if jobs:
                     self.start_jobs(jobs)
         except BaseException as exc:
