@@ -74,7 +74,7 @@ class Fetcher:
         # ones the threads run next (see claim_jobs in queries.sql).
         self.start_now = start_now or (lambda: 0)
         # (a priority NOTIFY told of) -> the claim outside demand that takes
-        # jobs outranking everything waiting here, or None (see fetch_once).
+        # jobs outranking one waiting here, or None (see outrank).
         self.outranking_claim = outranking_claim or (lambda priority: None)
         # Those claims run on the listener's thread, on a connection of their
         # own: a NOTIFY does not wait for an ordinary claim in flight (tens of
@@ -256,7 +256,6 @@ class Fetcher:
             self.claim_uncertain = True
             self.stats.add("db_errors")
             logger.warning("claim failed, retrying: %s", exc)
-            self._wake.set()  # the fetcher's thread looks for lost claims
             return min(self.poll_interval, 0.5)
         except StatementRejected as exc:
             # A row the claim's quarantine did not foresee: the statement
@@ -311,6 +310,7 @@ class Fetcher:
             order, claim.limit, claim.limit, claim.start, claim.min_priority, store=self.outranking_store
         )
         if not isinstance(rows, list):
+            self._wake.set()  # the fetcher's thread looks for lost claims now
             return 0
         self.stats.add("outranking_claims")
         if rows:
