@@ -71,9 +71,22 @@ def test_a_priority_100_job_runs_before_the_jobs_started_ahead_of_a_busy_thread(
     assert len(started_ahead) >= 100
 
     urgent = tasks.stamp.using(priority=100).enqueue()
+    [(shard,)] = sql("SELECT shard FROM shardq_job WHERE id = %s", [int(urgent.id)])
+
+    def started_out_of_turn() -> bool:
+        if worker.stats["started_out_of_turn"] >= 1:
+            return True
+        if status(urgent) == "READY":
+            # Its NOTIFY again: on a loaded machine the lease's trust can
+            # lapse for a moment, and a claim is then refused (a lost
+            # NOTIFY, which the poll would cover once the thread is free).
+            sql("SELECT pg_notify('shardq', %s)", [f"{shard}:100"])
+        return False
+
     wait_until(
-        lambda: worker.stats["started_out_of_turn"] >= 1,
+        started_out_of_turn,
         timeout=30,
+        interval=0.3,
         message=lambda: f"the priority-100 job to be started out of turn ({status(urgent)}, {worker.stats.snapshot()})",
     )
     assert worker.stats["outranking_claims"] >= 1
@@ -102,10 +115,19 @@ def test_a_notify_of_a_priority_no_higher_than_the_buffer_claims_nothing_outside
     # Equal priority (0): a job, and a spoofed NOTIFY.
     tasks.stamp.enqueue()
     sql("SELECT pg_notify('shardq', '0:0')")
-    # Then a spoofed NOTIFY that does outrank the buffer, with no such job:
-    # one claim that finds nothing. The listener reads NOTIFYs in order, so
-    # by then the first two were read, and asked for no claim.
-    sql("SELECT pg_notify('shardq', '0:100')")
-    wait_until(lambda: worker.stats["outranking_claims"] >= 1, timeout=30, message="the claim")
-    assert worker.stats["outranking_claims"] == 1
+    # Then spoofed NOTIFYs that do outrank the buffer, with no such job: a
+    # claim each that finds nothing (sent again until one is counted: a
+    # claim is refused while the lease's trust lapses on a loaded machine).
+    # The listener reads NOTIFYs in order, so by then the first two were
+    # read, and asked for no claim.
+    sent = []
+
+    def claimed() -> bool:
+        if worker.stats["outranking_claims"]:
+            return True
+        sent.append(sql("SELECT pg_notify('shardq', '0:100')"))
+        return False
+
+    wait_until(claimed, timeout=30, interval=0.3, message="the claim")
+    assert worker.stats["outranking_claims"] <= len(sent)
     assert worker.stats["started_out_of_turn"] == 0
