@@ -384,7 +384,10 @@ class ShardqBackend(BaseTaskBackend):
                     copy.write("".join(lines))
             if self.config.notify:
                 shards = sorted({row["shard"] for row in rows})
-                cursor.execute(QUERIES["notify_shards"], {"channel": self.config.channel, "shards": shards})
+                cursor.execute(
+                    QUERIES["notify_shards"],
+                    {"channel": self.config.channel, "shards": shards, "priority": params["priority"]},
+                )
         for result in results:
             if self._enqueued_gate.needed(logging.DEBUG):
                 task_enqueued.send(type(self), task_result=result)

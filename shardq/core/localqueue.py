@@ -197,8 +197,12 @@ class LocalQueue:
             else:
                 self._to_lane(job)
 
-    def pop(self, now: float) -> QueuedJob | None:
-        """Hand out the best ready job (moving it to processing), or None."""
+    def pop(self, now: float, min_priority: int | None = None) -> QueuedJob | None:
+        """Hand out the best ready job (moving it to processing), or None.
+
+        With ``min_priority``: None as well when the best ready job is below
+        it (the starter's out-of-turn start of jobs that outrank the ones it
+        started ahead)."""
         with self._index_lock:
             delayed = self._delayed
             if delayed:
@@ -211,6 +215,11 @@ class LocalQueue:
                     return None
                 if len(active) == 1:
                     index, lane = next(iter(active.items()))
+                    if min_priority is not None:
+                        head = lane.peek()
+                        assert head is not None  # an active lane is never empty
+                        if -head[0] < min_priority:  # an entry starts with -priority
+                            return None
                     job = lane.pop()
                     if not lane:
                         del active[index]
@@ -223,6 +232,9 @@ class LocalQueue:
                         if best is None or head < best:
                             best = head
                             best_index = index
+                    assert best is not None  # two active lanes or more
+                    if min_priority is not None and -best[0] < min_priority:
+                        return None
                     lane = active[best_index]
                     job = lane.pop()
                     if not lane:

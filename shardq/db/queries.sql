@@ -5,7 +5,7 @@
 -- (in parentheses), so a definition is written once.
 
 -- name: insert_job
--- Insert one READY job on the caller's connection and NOTIFY its shard (delivered at commit).
+-- Insert one READY job on the caller's connection and NOTIFY its shard and priority, 'shard:priority' (delivered at commit).
 WITH job AS (
     INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
         shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
@@ -14,9 +14,9 @@ WITH job AS (
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
-    RETURNING id, shard, enqueued_at, run_after
+    RETURNING id, shard, priority, enqueued_at, run_after
 )
-SELECT id, enqueued_at, run_after, pg_notify(%(channel)s, shard::text) FROM job;
+SELECT id, enqueued_at, run_after, pg_notify(%(channel)s, shard || ':' || priority) FROM job;
 
 -- name: insert_job_quiet
 -- Insert one READY job without a NOTIFY (SHARDQ["NOTIFY"] = False: workers poll).
@@ -63,13 +63,13 @@ WITH live AS MATERIALIZED (
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp()
     FROM new_job JOIN claim ON claim.job_id = new_job.id
-    RETURNING id, shard, enqueued_at, run_after
+    RETURNING id, shard, priority, enqueued_at, run_after
 )
 SELECT COALESCE(job.id, claim.job_id, live.job_id), job.id IS NOT NULL,
        extract(epoch FROM COALESCE(claim.expires_at, live.expires_at) - clock_timestamp())::float8,
        job.enqueued_at, job.run_after,
        -- Wakes the shard at commit, only when a job was inserted.
-       CASE WHEN job.id IS NOT NULL AND %(notify)s THEN pg_notify(%(channel)s, job.shard::text) END
+       CASE WHEN job.id IS NOT NULL AND %(notify)s THEN pg_notify(%(channel)s, job.shard || ':' || job.priority) END
 FROM (VALUES (1)) AS one(x)
 LEFT JOIN live ON true LEFT JOIN claim ON true LEFT JOIN job ON true;
 
@@ -455,8 +455,8 @@ COPY shardq_job (id, task_path, backend, queue_name, priority, run_after, shard,
     enqueued_at) FROM STDIN;
 
 -- name: notify_shards
--- NOTIFY each of these shards once (delivered at commit): the wake-up after a bulk COPY.
-SELECT pg_notify(%(channel)s, s::text) FROM unnest(%(shards)s::int[]) AS s;
+-- NOTIFY each of these shards once with the jobs' :priority, 'shard:priority' (delivered at commit): the wake-up after a bulk COPY.
+SELECT pg_notify(%(channel)s, s || ':' || %(priority)s::int) FROM unnest(%(shards)s::int[]) AS s;
 
 -- name: my_claimed_jobs
 -- CLAIMED (or started by the claim: RUNNING) jobs of these shards under the shard's current version, held by this worker (only the owner claims under the current version): finds claims whose answer never arrived. The caller keeps those it holds in memory.
@@ -517,12 +517,13 @@ SELECT (SELECT count(*) FROM shardq_unique WHERE expires_at < clock_timestamp())
        (SELECT count(*) FROM shardq_shard_event WHERE at < %(cutoff)s);
 
 -- name: admin_retry_failed_jobs
--- Admin "Retry": put the FAILED jobs among :ids back to READY with a fresh budget (attempts 0), due now, status_rank + 1, errors kept as history; compare-and-set on status = 'FAILED', so a job that moved meanwhile is left alone; NOTIFY each retried job's shard as enqueue does (delivered at commit, equal payloads coalesced). Returns the ids retried.
+-- Admin "Retry": put the FAILED jobs among :ids back to READY with a fresh budget (attempts 0), due now, status_rank + 1, errors kept as history; compare-and-set on status = 'FAILED', so a job that moved meanwhile is left alone; NOTIFY each retried job's shard and priority as enqueue does, 'shard:priority' with the priority held to Django's -100..100 (a row written by hand may hold more; delivered at commit, equal payloads coalesced). Returns the ids retried.
 UPDATE shardq_job
 SET status = 'READY', status_rank = status_rank + 1, attempts = 0,
     run_after = clock_timestamp(), finished_at = NULL
 WHERE id = ANY(%(ids)s::bigint[]) AND status = 'FAILED'
-RETURNING id, task_path, CASE WHEN %(notify)s THEN pg_notify(%(channel)s, shard::text) END;
+RETURNING id, task_path,
+          CASE WHEN %(notify)s THEN pg_notify(%(channel)s, shard || ':' || least(greatest(priority, -100), 100)) END;
 
 -- name: admin_discard_failed_jobs
 -- Admin "Discard": delete the FAILED jobs among :ids (compare-and-set on status: a job retried meanwhile stays). Returns the ids deleted.

@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import psycopg
+from django.tasks.base import TASK_MAX_PRIORITY as MAX_PRIORITY
+from django.tasks.base import TASK_MIN_PRIORITY as MIN_PRIORITY
 
+from ..db.queries import ANY_PRIORITY
 from ..db.store import WorkerStore, connect, listen_statement
 from ..exceptions import DatabaseUnavailable, StatementRejected
 from .buffer import Buffer
@@ -54,10 +57,13 @@ class Fetcher:
         poll_interval_seconds: float,
         demand: Callable[[], tuple[int, int]],
         start_now: Callable[[], int] | None = None,
+        outranking_claim: Callable[[int], "OutrankingClaim | None"] | None = None,
+        outranking_store: WorkerStore | None = None,
         exclude_queues: list[str] | None = None,
         backend: str | None = None,
         holds: Callable[[int], bool] | None = None,
         metrics: "Metrics | None" = None,
+        expedite: Callable[[int], None] | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics
@@ -73,15 +79,40 @@ class Fetcher:
         # () -> how many of a claim's jobs to start in the claim itself: the
         # ones the threads run next (see claim_jobs in queries.sql).
         self.start_now = start_now or (lambda: 0)
+        # (a priority NOTIFY told of) -> the claim outside demand that takes
+        # jobs outranking one waiting here, or None (see outrank).
+        self.outranking_claim = outranking_claim or (lambda priority: None)
+        # Those claims run on the listener's thread, on a connection of their
+        # own: a NOTIFY does not wait for an ordinary claim in flight (tens of
+        # milliseconds for hundreds of rows on a loaded machine, measured).
+        self.outranking_store = outranking_store
+        # Held by an outranking claim from its statement until its jobs are
+        # in the buffer, and by recover_lost_claims: jobs that claim
+        # committed are not yet in memory, and must not be taken for lost.
+        self._outranking = threading.Lock()
         self.completer = completer  # claimed jobs this worker will not run go back through it
         self.waiting_for_slots = False
         self._wake = threading.Event()
         self._stop = threading.Event()
+        # The highest priority NOTIFY told of since the fetcher last looked
+        # (None: none); the listener writes it, the fetcher takes it.
+        self._notified: int | None = None
+        self._notified_lock = threading.Lock()
         self._rotation = 0
         self._deep = False
+        # The lowest priority of the last ordinary claim, and the same while
+        # the next one is in flight (None otherwise): the jobs on their way
+        # here, which a NOTIFY's priority must outrank (see
+        # Worker.outranking_claim). Claims go level by level, highest first,
+        # so the next one brings no better, unless something new came.
+        self._last_lowest: int | None = None
+        self.in_flight_lowest: int | None = None
         self.claim_uncertain = False
         # job id -> is it in memory here (buffered, running, outcome unwritten)?
         self.holds = holds or (lambda job_id: False)
+        # (best priority of a claim) -> None: jobs that outrank the ones
+        # already started here start out of turn (Starter.expedite).
+        self.expedite = expedite or (lambda priority: None)
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
 
@@ -97,6 +128,18 @@ class Fetcher:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def notified(self, priority: int) -> None:
+        """A NOTIFY told of a job of ``priority`` in a shard held here."""
+        with self._notified_lock:
+            if self._notified is None or priority > self._notified:
+                self._notified = priority
+
+    def take_notified(self) -> int | None:
+        """The highest priority told of since the last call (None: none)."""
+        with self._notified_lock:
+            priority, self._notified = self._notified, None
+            return priority
 
     def slot_freed(self) -> None:
         """Called by executors after a job: wake the fetcher if it waits for room."""
@@ -155,40 +198,16 @@ class Fetcher:
             # and a deep pass lets any shard fill the batch, so a backlog in a
             # few shards drains at full speed.
             per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
-            began = time.monotonic()
+            self.in_flight_lowest = self._last_lowest
             try:
-                rows = self.store.claim_jobs(
-                    self.worker_id,
-                    order,
-                    self.queues,
-                    per_shard,
-                    free,
-                    lookahead=LOOKAHEAD_SECONDS,
-                    row_factory=ClaimedJob,
-                    start=self.start_now(),
-                    exclude_queues=self.exclude_queues,
-                    backend=self.backend,
-                    pool=self.leaser.pool,
-                )
-            except DatabaseUnavailable as exc:
-                # The claim may have committed with its answer lost: its jobs
-                # would sit CLAIMED under our current fence with nobody running
-                # them. Look for them once the database answers again.
-                self.claim_uncertain = True
-                self.stats.add("db_errors")
-                logger.warning("claim failed, retrying: %s", exc)
-                return min(self.poll_interval, 0.5)
-            except StatementRejected as exc:
-                # A row the claim's quarantine did not foresee: the statement
-                # fails whole. Keep the worker (other shards' jobs are fine);
-                # try again after the poll interval, loudly.
-                self.stats.add("claim_errors")
-                logger.error("claim refused by PostgreSQL, retrying after %.1fs: %s", self.poll_interval, exc)
-                return self.poll_interval
-            if self.metrics is not None:
-                self.metrics.claimed(time.monotonic() - began, len(rows))
-            if rows:
-                self.take(rows)
+                rows = self._claim(order, per_shard, free, self.start_now())
+                if not isinstance(rows, list):
+                    return rows
+                if rows:
+                    self._last_lowest = min(job.priority for job in rows)
+                    self.take(rows)
+            finally:
+                self.in_flight_lowest = None
         finally:
             ownership.release_read()
         # Fewer rows than asked does not mean empty (per-shard limits, SKIP
@@ -208,6 +227,105 @@ class Fetcher:
         if due_in is None:
             return self.poll_interval
         return max(0.0, min(self.poll_interval, due_in - LOOKAHEAD_SECONDS / 2))
+
+    def _claim(
+        self,
+        order: list[int],
+        per_shard: int,
+        limit: int,
+        start: int,
+        min_priority: int = ANY_PRIORITY,
+        store: WorkerStore | None = None,
+    ) -> list[ClaimedJob] | float:
+        """One claim_jobs over the shards in ``order`` (on ``store``, by
+        default the fetcher's): its rows, or how long to wait when it
+        failed. The caller holds the ownership read lock."""
+        began = time.monotonic()
+        try:
+            rows = (store or self.store).claim_jobs(
+                self.worker_id,
+                order,
+                self.queues,
+                per_shard,
+                limit,
+                lookahead=LOOKAHEAD_SECONDS,
+                row_factory=ClaimedJob,
+                start=start,
+                exclude_queues=self.exclude_queues,
+                backend=self.backend,
+                pool=self.leaser.pool,
+                min_priority=min_priority,
+            )
+        except DatabaseUnavailable as exc:
+            # The claim may have committed with its answer lost: its jobs
+            # would sit CLAIMED under our current fence with nobody running
+            # them. Look for them once the database answers again.
+            self.claim_uncertain = True
+            self.stats.add("db_errors")
+            logger.warning("claim failed, retrying: %s", exc)
+            return min(self.poll_interval, 0.5)
+        except StatementRejected as exc:
+            # A row the claim's quarantine did not foresee: the statement
+            # fails whole. Keep the worker (other shards' jobs are fine);
+            # try again after the poll interval, loudly.
+            self.stats.add("claim_errors")
+            logger.error("claim refused by PostgreSQL, retrying after %.1fs: %s", self.poll_interval, exc)
+            return self.poll_interval
+        if self.metrics is not None:
+            self.metrics.claimed(time.monotonic() - began, len(rows))
+        return rows
+
+    def outrank(self) -> None:
+        """Claim the jobs NOTIFY told of (``notified``) that outrank a job
+        waiting in this worker's memory, now, outside demand (the
+        listener's thread calls it; see claim_outranking)."""
+        while (priority := self.take_notified()) is not None:
+            claim = self.outranking_claim(priority)
+            if claim is None or self.claim_outranking(claim) < claim.limit:
+                return
+            # A full batch: there may be more (the buffer's room bounds this).
+            self.notified(priority)
+
+    def claim_outranking(self, claim: "OutrankingClaim") -> int:
+        """Claim, outside demand, up to ``claim.limit`` jobs of at least
+        ``claim.min_priority``: jobs that outrank one waiting in this
+        worker's memory, which a NOTIFY told of. An ordinary claim would
+        come only once a quarter of the look-ahead has run, and its jobs
+        would wait behind those started ahead. These may exceed the demand
+        by ``limit`` (the buffer keeps that room, see
+        Worker.outranking_claim), are started by the claim when the starter
+        keeps jobs started ahead, and overtake those (Starter.expedite).
+        Runs on ``outranking_store``. Returns how many were claimed."""
+        if self.claim_uncertain or self.outranking_store is None:
+            return 0  # the ordinary claim looks for lost claims first
+        ownership = self.leaser.ownership
+        ownership.acquire_read()
+        try:
+            shards = self.leaser.fetchable()
+            if not shards:
+                return 0
+            with self._outranking:
+                return self._claim_outranking(claim, shards)
+        finally:
+            ownership.release_read()
+
+    def _claim_outranking(self, claim: "OutrankingClaim", shards: dict[int, int]) -> int:
+        if self.claim_uncertain:
+            return 0  # set while this waited for the lock
+        order = sorted(shards)
+        start = self._rotation % len(order)
+        self._rotation += 1
+        order = order[start:] + order[:start]
+        rows = self._claim(
+            order, claim.limit, claim.limit, claim.start, claim.min_priority, store=self.outranking_store
+        )
+        if not isinstance(rows, list):
+            self._wake.set()  # the fetcher's thread looks for lost claims now
+            return 0
+        self.stats.add("outranking_claims")
+        if rows:
+            self.take(rows)
+        return len(rows)
 
     def take(self, rows: list[ClaimedJob]) -> None:
         """Route the jobs of one claim: to the buffer, or back, or straight to
@@ -272,12 +390,15 @@ class Fetcher:
         refused += self.buffer.push_many(jobs)
         if refused:
             self.completer.return_jobs(refused)
+        if jobs:
+            self.expedite(max(job.priority for job in jobs))
 
     def recover_lost_claims(self, shards: list[int]) -> int:
         """Hand back jobs claimed by this worker under a current fence that
         are nowhere in its memory (a claim whose answer never arrived)."""
-        rows = self.store.my_claimed_jobs(self.worker_id, shards)
-        self.claim_uncertain = False
+        with self._outranking:
+            rows = self.store.my_claimed_jobs(self.worker_id, shards)
+            self.claim_uncertain = False
         lost = [
             LostClaim(row["id"], row["fence"], row["status_rank"], row["shard"], row["started"])
             for row in rows
@@ -287,6 +408,16 @@ class Fetcher:
             logger.warning("%s jobs were claimed by a claim whose answer was lost; handing them back", len(lost))
             self.completer.return_jobs(lost)
         return len(lost)
+
+
+@dataclass(frozen=True, slots=True)
+class OutrankingClaim:
+    """A claim outside demand (``Fetcher.claim_outranking``): up to ``limit``
+    jobs of ``min_priority`` or more, the first ``start`` of them started."""
+
+    min_priority: int
+    limit: int
+    start: int
 
 
 @dataclass(slots=True)
@@ -301,15 +432,32 @@ class LostClaim:
     previous_attempt_at: None = None  # not known: return_jobs keeps the time written
 
 
-def parse_shard(payload: str, shard_count: int) -> int | None:
-    """A NOTIFY payload as a shard number, strictly: ASCII digits of a shard
-    that exists, or None. Any database login can NOTIFY this channel, so the
-    payload is untrusted input ('²'.isdigit() is true, int('²') raises)."""
-    if 0 < len(payload) <= 5 and payload.isascii() and payload.isdigit():
-        shard = int(payload)
-        if shard < shard_count:
-            return shard
-    return None
+def parse_notify(payload: str, shard_count: int) -> tuple[int, int | None] | None:
+    """An enqueue NOTIFY payload as (shard, priority), strictly, or None.
+
+    ``shard:priority`` (what enqueue, bulk enqueue and the admin's Retry
+    send) or a plain ``shard`` (older senders; priority None): the shard is
+    ASCII digits of a shard that exists, the priority an optional minus and
+    one to three ASCII digits within Django's -100..100. Anything else is
+    None. Any database login can NOTIFY this channel, so the payload is
+    untrusted input ('²'.isdigit() is true, int('²') raises) and a priority
+    only ever asks for one more claim (rate limited, see Listener).
+    """
+    shard_text, colon, priority_text = payload.partition(":")
+    if not (0 < len(shard_text) <= 5 and shard_text.isascii() and shard_text.isdigit()):
+        return None
+    shard = int(shard_text)
+    if shard >= shard_count:
+        return None
+    if not colon:
+        return shard, None
+    digits = priority_text.removeprefix("-")
+    if not (0 < len(digits) <= 3 and digits.isascii() and digits.isdigit()):
+        return None
+    priority = -int(digits) if len(digits) < len(priority_text) else int(digits)
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        return None
+    return shard, priority
 
 
 class WakeLimiter:
@@ -343,10 +491,13 @@ class WakeLimiter:
 class Listener:
     """LISTEN for enqueue and lease notifications; reconnects when the connection drops.
 
-    Payloads are parsed strictly (``parse_shard``) and wake-ups are rate
+    Payloads are parsed strictly (``parse_notify``) and wake-ups are rate
     limited (``WakeLimiter``): the fetcher at most every FETCH_WAKE_SECONDS
     per burst, the leaser (one heartbeat each) at most every
-    LEASE_WAKE_SECONDS. Anything else that goes wrong stops the thread with
+    LEASE_WAKE_SECONDS. A payload's priority that outranks a job waiting in
+    this worker's memory is claimed here, on this thread (``Fetcher.outrank``:
+    one claim at a time, at most one every OUTRANK_SECONDS), so a spoofed
+    flood of them costs a bounded number of claims too. Anything else that goes wrong stops the thread with
     ``failure`` set, and the worker stops loudly.
     """
 
@@ -354,6 +505,7 @@ class Listener:
     # A joining worker is woken by the release that gives it its share: a
     # wake held back 250 ms (as this was) left those shards unowned as long.
     LEASE_WAKE_SECONDS = 0.05
+    OUTRANK_SECONDS = 0.005
 
     def __init__(
         self,
@@ -374,6 +526,7 @@ class Listener:
         self.backend_pid: int | None = None
         self.fetch_wakes = WakeLimiter(self.FETCH_WAKE_SECONDS)
         self.lease_wakes = WakeLimiter(self.LEASE_WAKE_SECONDS)
+        self.outranks = WakeLimiter(self.OUTRANK_SECONDS)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
@@ -407,12 +560,20 @@ class Listener:
             if payload != self.leaser.worker_id and self.lease_wakes.ask():
                 self.leaser.wake()
             return
-        shard = parse_shard(payload, self.shard_count)
-        if shard is None:
+        notice = parse_notify(payload, self.shard_count)
+        if notice is None:
             self.stats.add("bad_notifies")
             return
-        if shard in self.leaser.held and self.fetch_wakes.ask():
-            self.fetcher.wake()
+        shard, priority = notice
+        if shard in self.leaser.held:
+            if priority is not None:
+                # Recorded even when the claim is put off: the one the
+                # limiter delivers later takes it.
+                self.fetcher.notified(priority)
+                if self.outranks.ask():
+                    self.fetcher.outrank()
+            if self.fetch_wakes.ask():
+                self.fetcher.wake()
 
     def _listen(self) -> None:
         delay = 0.1
@@ -427,9 +588,13 @@ class Listener:
                 self.fetcher.wake()
                 while not self._stop.is_set():
                     # Short waits only while a suppressed wake-up is pending.
-                    pending = self.fetch_wakes.pending or self.lease_wakes.pending
+                    pending = self.fetch_wakes.pending or self.lease_wakes.pending or self.outranks.pending
                     for note in self.conn.notifies(timeout=0.005 if pending else 0.5, stop_after=256):
                         self.on_notify(note.channel, note.payload)
+                        if self.outranks.pending and not pending:
+                            break  # deliver it on time, not when this wait ends
+                    if self.outranks.due():
+                        self.fetcher.outrank()
                     if self.fetch_wakes.due():
                         self.fetcher.wake()
                     if self.lease_wakes.due():

@@ -29,7 +29,7 @@ from . import shutdown as shutdown_signals
 from .buffer import Buffer
 from .completer import Completer
 from .executor import Executor
-from .fetcher import Fetcher, Listener
+from .fetcher import Fetcher, Listener, OutrankingClaim
 from .gauges import Gauges
 from .leaser import Leaser
 from .scheduler import Scheduler
@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("shardq.worker")
 
 LOOKAHEAD_SECONDS = 0.05
+# A claim outside demand (Worker.outranking_claim) takes at most this many
+# jobs; the buffer keeps OUTRANKING_ROOM places that only such claims fill.
+OUTRANKING_BATCH = 16
+OUTRANKING_ROOM = 64
 
 
 class Worker:
@@ -79,7 +83,7 @@ class Worker:
         # The look-ahead (jobs claimed beyond the running ones) is at most
         # ``prefetch``; how much of it is used follows the measured task time.
         self.max_prefetch = prefetch if prefetch else 512
-        self.buffer = Buffer(concurrency + self.max_prefetch)
+        self.buffer = Buffer(concurrency + self.max_prefetch + OUTRANKING_ROOM)
         # One circuit breaker for the process: when PostgreSQL is down every
         # service sees "database unavailable" and one probe goes out per backoff.
         self.database_guard = DatabaseGuard()
@@ -92,9 +96,11 @@ class Worker:
                 # jobs READY (run again: at-least-once); an
                 # ack, committed synchronously after it in
                 # the WAL, makes the claim durable too.
-                synchronous_commit=name not in ("fetcher", "starter"),
+                synchronous_commit=name not in ("fetcher", "starter", "outrank"),
             )
-            for name in ("leaser", "fetcher", "completer", "starter")
+            # outrank: the listener's claims of jobs that outrank this
+            # worker's buffer (Fetcher.outrank); connects on first use.
+            for name in ("leaser", "fetcher", "completer", "starter", "outrank")
         }
         self.completer = Completer(
             self.store["completer"],
@@ -130,8 +136,11 @@ class Worker:
             poll_interval_seconds=self.config.poll_interval_seconds,
             demand=self.demand,
             start_now=self.start_now,
+            outranking_claim=self.outranking_claim,
+            outranking_store=self.store["outrank"],
             holds=self.holds_job,
             metrics=metrics,
+            expedite=self.expedite,
         )
         self.listener = (
             Listener(
@@ -194,22 +203,60 @@ class Worker:
         # are a pipeline stage of their own: counting them here would make
         # the claim wait for the start write and the start for the claim.
         running = self.buffer.processing - self.executor.starter.ready
-        wanted = min(target - self.buffer.buffered - running, self.buffer.free)
+        wanted = min(target - self.buffer.buffered - running, self.buffer.free - OUTRANKING_ROOM)
         if self.max_tasks is not None:
-            # Jobs in flight (buffered, processing, or with an outcome not yet
-            # written) will finish here too: claim only what is left after them.
-            # Read in the order a job moves through them, each counted in the
-            # next before it leaves the last, so none is missed between reads.
-            in_flight = self.buffer.buffered
-            in_flight += self.buffer.processing
-            in_flight += self.completer.pending
-            wanted = min(wanted, self.max_tasks - in_flight - self.finished_jobs())
+            wanted = min(wanted, self.tasks_left())
         return wanted, max(1, target // 4)
 
     def gauge_sample(self) -> tuple[int, int, int]:
         """(shards leased, jobs on a thread, threads) for the metrics' gauges."""
         busy = self.buffer.processing - self.executor.starter.ready
         return len(self.leaser.held), max(0, busy), self.concurrency
+
+    def tasks_left(self) -> int:
+        """--max-tasks: jobs still to claim. Jobs in flight (buffered,
+        processing, or with an outcome not yet written) will finish here
+        too: only what is left after them. Read in the order a job moves
+        through them, each counted in the next before it leaves the last, so
+        none is missed between reads."""
+        assert self.max_tasks is not None
+        in_flight = self.buffer.buffered
+        in_flight += self.buffer.processing
+        in_flight += self.completer.pending
+        return self.max_tasks - in_flight - self.finished_jobs()
+
+    def outranking_claim(self, priority: int) -> OutrankingClaim | None:
+        """The claim to make outside demand when a NOTIFY tells of a job of
+        ``priority`` in a held shard, or None.
+
+        Only when that outranks a job waiting in memory here (buffered, or
+        started ahead and not yet taken by a thread) or on its way (an
+        ordinary claim in flight: its jobs are taken as no better than the
+        last claim's): otherwise the ordinary claim, which takes the highest
+        priority due first, is as good. It takes jobs above the lowest one
+        waiting, so every job it claims outranks one already here, at most
+        OUTRANKING_BATCH (it goes again while they come full), in the room
+        the buffer keeps for them. When the starter keeps jobs started ahead
+        (short tasks), the claim starts them itself: they run next.
+        """
+        waiting = [
+            p
+            for p in (
+                self.buffer.lowest_priority(),
+                self.executor.starter.lowest_ready(),
+                self.fetcher.in_flight_lowest,
+            )
+            if p is not None
+        ]
+        if not waiting or priority <= min(waiting):
+            return None
+        limit = min(OUTRANKING_BATCH, self.buffer.free)
+        if self.max_tasks is not None:
+            limit = min(limit, self.tasks_left())
+        if limit <= 0:
+            return None
+        starter = self.executor.starter
+        return OutrankingClaim(min(waiting) + 1, limit, limit if starter.starts_ahead() else 0)
 
     def finished_jobs(self) -> int:
         """Attempts finished here whose outcome was written (--max-tasks counts these)."""
@@ -229,6 +276,11 @@ class Worker:
         what is already waiting ahead of them, ready or buffered."""
         starter = self.executor.starter
         return max(0, starter.wanted() - starter.ready - self.buffer.buffered)
+
+    def expedite(self, priority: int) -> None:
+        """A claim brought jobs of up to ``priority``: those that outrank the
+        jobs already started here start out of turn (Starter.expedite)."""
+        self.executor.starter.expedite(priority)
 
     def on_shards_lost(self, shards: set[int]) -> None:
         """Self-fence or drain: forget the buffered jobs of these shards."""

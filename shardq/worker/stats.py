@@ -25,6 +25,9 @@ COUNTERS = (
     "outcomes_refused",  # outcomes PostgreSQL refused to store (the job failed instead)
     "claim_errors",  # claims PostgreSQL refused whole
     "bad_notifies",  # NOTIFY payloads that name no shard
+    # Priority: jobs that overtook ones already in this worker's memory
+    "outranking_claims",  # claims outside demand for jobs a NOTIFY said outrank the buffer
+    "started_out_of_turn",  # buffered jobs started ahead of lower ones started earlier
     "heartbeats",
 )
 

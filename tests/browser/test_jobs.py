@@ -151,7 +151,8 @@ def test_retry_puts_a_dead_lettered_job_back_to_ready_with_a_fresh_budget(open_a
         assert stable(job_row(second)) == stable(second_before)
         # Workers are woken on the job's shard, as enqueue wakes them.
         payloads = [n.payload for n in listener.notifies(timeout=10, stop_after=1)]
-        assert payloads == [str(shard_of(first))]
+        [(priority,)] = sql("SELECT priority FROM shardq_job WHERE id = %s", [int(first)])
+        assert payloads == [f"{shard_of(first)}:{priority}"]
     finally:
         listener.close()
 

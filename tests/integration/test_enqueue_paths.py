@@ -315,7 +315,8 @@ def test_one_notify_per_distinct_shard_and_only_after_commit(second_connection):
 
     shards = {job_row(r.id)["shard"] for r in results}
     assert before_commit == []
-    assert sorted(n.payload for n in after_commit) == sorted(str(s) for s in shards)
+    # shard:priority
+    assert sorted(n.payload for n in after_commit) == sorted(f"{s}:{keyed.priority}" for s in shards)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -87,7 +87,8 @@ def test_the_wake_up_notify_is_delivered_at_commit_only(second_connection):
     after_commit = list(second_connection.notifies(timeout=5.0, stop_after=1))
 
     assert before_commit == []
-    assert [n.payload for n in after_commit] == [str(job_row(result.id)["shard"])]
+    row = job_row(result.id)
+    assert [n.payload for n in after_commit] == [f"{row['shard']}:{row['priority']}"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -333,7 +333,7 @@ def test_enqueue_notifies_the_channel_the_worker_listens_on_exactly(shardq_setti
         listener.execute(listen_statement(channel))
         with shardq_settings(CHANNEL=channel):
             result = keyed.enqueue(user_id=7)
-        shard = job_row(result.id)["shard"]
+        row = job_row(result.id)
         received = []
 
         def got_it():
@@ -341,7 +341,7 @@ def test_enqueue_notifies_the_channel_the_worker_listens_on_exactly(shardq_setti
             return received
 
         wait_until(got_it, timeout=10)
-        assert (received[0].channel, received[0].payload) == (channel, str(shard))
+        assert (received[0].channel, received[0].payload) == (channel, f"{row['shard']}:{row['priority']}")
     finally:
         listener.close()
 

@@ -11,7 +11,7 @@ import shardq
 from shardq.db.store import WorkerStore, ensure_shards, is_transient
 from shardq.exceptions import StatementRejected
 from shardq.worker.completer import Completer
-from shardq.worker.fetcher import WakeLimiter, parse_shard
+from shardq.worker.fetcher import WakeLimiter, parse_notify
 from shardq.worker.jobs import ClaimedJob, Outcome
 from shardq.worker.stats import Stats
 from tests.taskapp import isolation_tasks as t
@@ -81,10 +81,11 @@ def test_the_completer_fails_only_the_job_whose_outcome_postgresql_refused(start
 
 
 @pytest.mark.parametrize(
-    "payload,shard",
+    "payload,notice",
     [
-        ("0", 0),
-        ("63", 63),
+        # Plain shard numbers (older senders): no priority.
+        ("0", (0, None)),
+        ("63", (63, None)),
         ("64", None),
         ("²", None),
         ("-1", None),
@@ -93,10 +94,38 @@ def test_the_completer_fails_only_the_job_whose_outcome_postgresql_refused(start
         ("\u0661", None),
         ("1e3", None),
         ("9" * 100, None),
+        # shard:priority, what enqueue sends.
+        ("0:0", (0, 0)),
+        ("63:100", (63, 100)),
+        ("7:-100", (7, -100)),
+        ("7:-5", (7, -5)),
+        ("7:007", (7, 7)),
+        ("64:5", None),
+        ("7:101", None),
+        ("7:-101", None),
+        ("7:999", None),
+        ("7:1000", None),
+        ("7:", None),
+        ("7:-", None),
+        ("7:--5", None),
+        ("7:+5", None),
+        ("7: 5", None),
+        ("7:5 ", None),
+        ("7:5\n", None),
+        ("7:²", None),
+        ("7:\u0661", None),
+        ("7:\uff15", None),
+        ("7:5:5", None),
+        ("7:5e1", None),
+        ("7:0x10", None),
+        (":5", None),
+        ("-7:5", None),
+        ("7:" + "9" * 1000, None),
+        ("x" * 1000, None),
     ],
 )
-def test_notify_payloads_are_parsed_strictly(payload, shard):
-    assert parse_shard(payload, 64) == shard
+def test_notify_payloads_are_parsed_strictly(payload, notice):
+    assert parse_notify(payload, 64) == notice
 
 
 def test_a_wake_up_flood_costs_one_wake_up_per_interval_and_none_is_lost():

@@ -3,6 +3,7 @@
 import asyncio
 import os
 import signal
+import threading
 import time
 from datetime import timedelta
 
@@ -24,6 +25,17 @@ def stamp() -> float:
     """When it ran (the worker's wall clock, seconds): the bench's priority
     figures read the start of a job, and the order of jobs, from it."""
     return time.time()
+
+
+#: Set by a test running a worker in its own process (tests/integration):
+#: ``gate`` holds an executor thread until then.
+GATE = threading.Event()
+
+
+@task()
+def gate() -> None:
+    """Holds its executor thread until GATE is set (at most a minute)."""
+    GATE.wait(timeout=60)
 
 
 @task(queue_name="reports")

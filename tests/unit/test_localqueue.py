@@ -46,7 +46,7 @@ class Model:
         else:
             self._ready(job)
 
-    def pop(self, now):
+    def pop(self, now, min_priority=None):
         due = [i for i in self.delayed if self.jobs[i].run_after <= now]
         due.sort(key=lambda i: (self.jobs[i].run_after, self.delayed.index(i)))
         self.delayed = [i for i in self.delayed if i not in due]
@@ -55,6 +55,8 @@ class Model:
         if not self.lane:
             return None
         best = min(self.lane, key=lambda i: (-self.jobs[i].priority, self.jobs[i].run_after, self.lane[i]))
+        if min_priority is not None and self.jobs[best].priority < min_priority:
+            return None
         del self.lane[best]
         job = self.jobs.pop(best)
         self.processing[best] = job
@@ -160,6 +162,11 @@ class LocalQueueMachine(RuleBasedStateMachine):
         expected = self.model.pop(self.now)
         assert self.q.pop(self.now) == expected
 
+    @rule(min_priority=st.sampled_from([-5, 0, 1, 5, 6]))
+    def pop_with_a_floor_hands_out_the_model_choice_only_at_or_above_it(self, min_priority):
+        expected = self.model.pop(self.now, min_priority)
+        assert self.q.pop(self.now, min_priority) == expected
+
     @precondition(lambda self: self.model.processing)
     @rule(data=st.data())
     def done_releases(self, data):
@@ -215,6 +222,23 @@ def test_pop_takes_the_best_job_across_lanes():
         q.push(job(i, name, priority=i), 0.0)
     assert [q.pop(0.0).id for _ in range(4)] == [3, 2, 1, 0]
     assert q.pop(0.0) is None
+
+
+def test_pop_with_a_floor_hands_out_only_jobs_at_or_above_it_best_first():
+    q = LocalQueue(4, 10)
+    for i, (name, priority) in enumerate([("default", 0), ("emails", 100), ("reports", 5), ("default", 5)]):
+        q.push(job(i, name, priority=priority), 0.0)
+    assert q.pop(0.0, min_priority=101) is None
+    assert [q.pop(0.0, min_priority=1).id for _ in range(3)] == [1, 2, 3]
+    assert q.pop(0.0, min_priority=1) is None  # only the priority-0 job is left, and stays
+    assert q.buffered == 1 and q.pop(0.0).id == 0
+
+
+def test_pop_with_a_floor_in_one_lane_leaves_a_lower_head_alone():
+    q = LocalQueue(1, 10)
+    q.push(job(1, priority=3), 0.0)
+    assert q.pop(0.0, min_priority=4) is None
+    assert q.pop(0.0, min_priority=3).id == 1
 
 
 def test_a_keys_next_ordered_job_waits_until_the_previous_is_done():

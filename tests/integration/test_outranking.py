@@ -1,0 +1,133 @@
+"""A job that outranks everything in a worker's memory overtakes it: its
+NOTIFY (``shard:priority``) has the listener claim it outside demand
+(``Fetcher.outrank``), started by the claim, and the starter puts it ahead
+of the jobs it started earlier (``Starter.expedite``).
+
+The worker runs in this process with one thread, held by a ``gate`` task
+while jobs pile up started ahead of it, so the order is decided while
+nothing runs: no timing in the assertions.
+"""
+
+import threading
+
+import pytest
+from django.db import connection
+
+import shardq
+from shardq.worker.runtime import Worker
+from tests.conftest import wait_until
+from tests.taskapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def sql(query, params=None):
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall() if cursor.description else None
+
+
+@pytest.fixture
+def worker():
+    """One thread, all 64 shards; the gate is open again afterwards."""
+    from shardq.db.store import ensure_shards
+
+    ensure_shards()
+    tasks.GATE.clear()
+    worker = Worker(concurrency=1)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: len(worker.leaser.held) == 64, timeout=30)
+        yield worker
+    finally:
+        tasks.GATE.set()
+        worker.request_stop()
+        thread.join(timeout=60)
+
+
+def status(result) -> str:
+    result.refresh()
+    return result.status
+
+
+def test_a_priority_100_job_runs_before_the_jobs_started_ahead_of_a_busy_thread(worker):
+    # Measured short tasks first: the starter then starts jobs ahead.
+    shardq.enqueue_many(tasks.stamp, [((), {})] * 200)
+    wait_until(lambda: worker.stats["succeeded"] >= 200, timeout=30, message="the first no-op jobs")
+    held = tasks.gate.using(priority=50).enqueue()
+    wait_until(lambda: status(held) == "RUNNING", timeout=30, message="the gate to hold the thread")
+    shardq.enqueue_many(tasks.stamp, [((), {})] * 2000)
+    # The buffer fills and its jobs are started ahead of the held thread;
+    # then the fetcher waits for room.
+    wait_until(
+        lambda: worker.executor.starter.ready >= 100 and worker.fetcher.waiting_for_slots,
+        timeout=30,
+        message=lambda: f"jobs started ahead ({worker.executor.starter.ready})",
+    )
+    started_ahead = [
+        row[0] for row in sql("SELECT id FROM shardq_job WHERE status = 'RUNNING' AND priority = 0 ORDER BY id")
+    ]
+    assert len(started_ahead) >= 100
+
+    urgent = tasks.stamp.using(priority=100).enqueue()
+    [(shard,)] = sql("SELECT shard FROM shardq_job WHERE id = %s", [int(urgent.id)])
+
+    def started_out_of_turn() -> bool:
+        if worker.stats["started_out_of_turn"] >= 1:
+            return True
+        if status(urgent) == "READY":
+            # Its NOTIFY again: on a loaded machine the lease's trust can
+            # lapse for a moment, and a claim is then refused (a lost
+            # NOTIFY, which the poll would cover once the thread is free).
+            sql("SELECT pg_notify('shardq', %s)", [f"{shard}:100"])
+        return False
+
+    wait_until(
+        started_out_of_turn,
+        timeout=30,
+        interval=0.3,
+        message=lambda: f"the priority-100 job to be started out of turn ({status(urgent)}, {worker.stats.snapshot()})",
+    )
+    assert worker.stats["outranking_claims"] >= 1
+    tasks.GATE.set()
+    wait_until(lambda: status(urgent) == "SUCCESSFUL", timeout=30, message="the priority-100 job to run")
+
+    ran_before = sql(
+        "SELECT count(*) FROM shardq_job WHERE id = ANY(%s) AND status = 'SUCCESSFUL' "
+        "AND (return_value #>> '{}')::float8 < %s",
+        [started_ahead, urgent.return_value],
+    )[0][0]
+    assert ran_before == 0, f"{ran_before} of {len(started_ahead)} jobs started ahead ran before the priority-100 job"
+
+
+def test_a_notify_of_a_priority_no_higher_than_the_buffer_claims_nothing_outside_demand(worker):
+    shardq.enqueue_many(tasks.stamp, [((), {})] * 200)
+    wait_until(lambda: worker.stats["succeeded"] >= 200, timeout=30, message="the first no-op jobs")
+    held = tasks.gate.using(priority=50).enqueue()
+    wait_until(lambda: status(held) == "RUNNING", timeout=30, message="the gate to hold the thread")
+    shardq.enqueue_many(tasks.stamp, [((), {})] * 2000)
+    wait_until(
+        lambda: worker.executor.starter.ready >= 100 and worker.fetcher.waiting_for_slots,
+        timeout=30,
+        message="jobs started ahead",
+    )
+    # Equal priority (0): a job, and a spoofed NOTIFY.
+    tasks.stamp.enqueue()
+    sql("SELECT pg_notify('shardq', '0:0')")
+    # Then spoofed NOTIFYs that do outrank the buffer, with no such job: a
+    # claim each that finds nothing (sent again until one is counted: a
+    # claim is refused while the lease's trust lapses on a loaded machine).
+    # The listener reads NOTIFYs in order, so by then the first two were
+    # read, and asked for no claim.
+    sent = []
+
+    def claimed() -> bool:
+        if worker.stats["outranking_claims"]:
+            return True
+        sent.append(sql("SELECT pg_notify('shardq', '0:100')"))
+        return False
+
+    wait_until(claimed, timeout=30, interval=0.3, message="the claim")
+    assert worker.stats["outranking_claims"] <= len(sent)
+    assert worker.stats["started_out_of_turn"] == 0
