@@ -138,7 +138,10 @@ def stop(path: Path | None = None) -> None:
             path = data_dir(Path.cwd())
     if not (path / "postmaster.pid").exists():
         return
-    from pgserver._commands import POSTGRES_BIN_PATH
+    with warnings.catch_warnings():
+        # As in start(): platformdirs' XDG_RUNTIME_DIR warning at pgserver's import.
+        warnings.filterwarnings("ignore", message=r"XDG_RUNTIME_DIR is not set")
+        from pgserver._commands import POSTGRES_BIN_PATH
 
     cmd = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(path), "-m", "fast", "-w", "stop"]
     if os.geteuid() == 0:
