@@ -30,7 +30,7 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import (
     Case,
     Count,
@@ -59,7 +59,8 @@ from django.utils.html import format_html, format_html_join
 
 from . import charts
 from .conf import get_config
-from .db.queries import QUERIES, positional
+from .db import operations
+from .db.queries import positional
 from .exceptions import UnknownTask
 from .models import Dashboard, Job, Shard, ShardEvent, Worker
 from .tasks import REDACTED, autodiscover, redact_arguments, resolve, shard_key_is_sensitive
@@ -1141,14 +1142,13 @@ class JobAdmin(ShardqModelAdmin):
         config = get_config()
         done = []
         if ids:
-            with transaction.atomic(), connection.cursor() as cursor:
+            with transaction.atomic():
                 # One compare-and-set UPDATE (status = 'FAILED'); workers are
                 # woken through the shard's NOTIFY when this commits.
-                cursor.execute(
-                    QUERIES["admin_retry_failed_jobs"],
-                    {"ids": ids, "notify": config.notify, "channel": config.channel},
+                rows = operations.run(
+                    "admin_retry_failed_jobs", {"ids": ids, "notify": config.notify, "channel": config.channel}
                 )
-                done = [(row[0], row[1]) for row in cursor.fetchall()]
+                done = [(row[0], row[1]) for row in rows]
                 self._log(request, done, CHANGE, "Retried from the admin: READY with a fresh attempt budget.")
         self._report(request, "Retried", "now READY with a fresh attempt budget", requested, done)
 
@@ -1163,10 +1163,9 @@ class JobAdmin(ShardqModelAdmin):
         ids, requested = self._selection(request, queryset)
         done = []
         if ids:
-            with transaction.atomic(), connection.cursor() as cursor:
+            with transaction.atomic():
                 # One compare-and-set DELETE (status = 'FAILED').
-                cursor.execute(QUERIES["admin_discard_failed_jobs"], {"ids": ids})
-                done = [(row[0], row[1]) for row in cursor.fetchall()]
+                done = [(row[0], row[1]) for row in operations.run("admin_discard_failed_jobs", {"ids": ids})]
                 self._log(request, done, DELETION, "Discarded from the admin.")
         self._report(request, "Discarded", "deleted", requested, done)
         match = request.resolver_match
@@ -1315,9 +1314,10 @@ def parse_minutes(raw: str | None) -> tuple[int, str | None]:
 
 def dashboard_data(minutes: int) -> dict:
     """Per-shard figures and totals over the last ``minutes``, with hot shards marked."""
-    with connection.cursor() as cursor:
-        cursor.execute(QUERIES["admin_dashboard"], {"minutes": minutes})
-        rows = [dict(zip(DASHBOARD_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
+    rows = [
+        dict(zip(DASHBOARD_COLUMNS, row, strict=True))
+        for row in operations.run("admin_dashboard", {"minutes": minutes})
+    ]
     shards = [r for r in rows if r["shard"] is not None]
     total = next((r for r in rows if r["shard"] is None), None) or dict.fromkeys(DASHBOARD_COLUMNS)
 
@@ -1410,9 +1410,10 @@ TIMESERIES_COLUMNS = ("minute", "successful", "failed", "p50", "p99", "waiting",
 
 def timeseries_data(minutes: int = CHART_MINUTES) -> dict:
     """The last ``minutes``, a row a minute (``admin_timeseries``), and their charts."""
-    with connection.cursor() as cursor:
-        cursor.execute(QUERIES["admin_timeseries"], {"minutes": minutes})
-        rows = [dict(zip(TIMESERIES_COLUMNS, row, strict=True)) for row in cursor.fetchall()]
+    rows = [
+        dict(zip(TIMESERIES_COLUMNS, row, strict=True))
+        for row in operations.run("admin_timeseries", {"minutes": minutes})
+    ]
     local = [timezone.localtime(r["minute"]) for r in rows]
     labels = [format_date(m, "H:i") for m in local]
     ticks_at = [i for i, m in enumerate(local) if m.minute % 10 == 0]

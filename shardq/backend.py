@@ -79,6 +79,7 @@ from .checks import backend_checks, unusable
 from .conf import get_config
 from .core.hashing import salted_key_hash, shard_key_hash
 from .core.lru import make_lru
+from .db import operations
 from .db.queries import QUERIES
 from .dispatch import SignalGate
 from .exceptions import ArgumentNotJSON
@@ -260,8 +261,12 @@ class ShardqBackend(BaseTaskBackend):
                 # deleted inside the TTL: free the key and take it (once).
                 if attempt:
                     raise
-                with connections[self.database_alias].cursor() as cursor:
-                    cursor.execute(QUERIES["release_unique_key"], {"unique_key": unique_key, "job_id": job_id})
+                operations.run(
+                    "release_unique_key",
+                    {"unique_key": unique_key, "job_id": job_id},
+                    using=self.database_alias,
+                    fetch="none",
+                )
         if self._unique is not None:
             deadline = sent + remaining - UNIQUE_CACHE_MARGIN_SECONDS
             if deadline > time.monotonic():
@@ -466,9 +471,7 @@ class ShardqBackend(BaseTaskBackend):
         job_id = parse_job_id(result_id)
         if job_id is None:
             raise TaskResultDoesNotExist(f"No shardq job has the id {result_id!r}.")
-        with connections[self.database_alias].cursor() as cursor:
-            cursor.execute(QUERIES["get_job"], {"id": job_id})
-            row = cursor.fetchone()
+        row = operations.run("get_job", {"id": job_id}, using=self.database_alias, fetch="one")
         if row is None:
             raise TaskResultDoesNotExist(f"No shardq job has the id {result_id!r}.")
         return self.result_from_row(row)
@@ -488,9 +491,7 @@ class ShardqBackend(BaseTaskBackend):
             raise TypeError(f"reason must be a str, not {type(reason).__name__}")
         if not ids:
             return []
-        with connections[self.database_alias].cursor() as cursor:
-            cursor.execute(QUERIES["cancel_jobs"], {"ids": ids, "reason": reason})
-            rows = cursor.fetchall()
+        rows = operations.run("cancel_jobs", {"ids": ids, "reason": reason}, using=self.database_alias)
         if metrics.active is not None:
             metrics.active.count_cancelled({"queue_name": queue, "task_path": path} for _, queue, path in rows)
         return [str(job_id) for job_id in sorted(row[0] for row in rows)]
