@@ -3,6 +3,7 @@
 import itertools
 import os
 import signal
+import threading
 import time
 from datetime import datetime
 
@@ -188,18 +189,36 @@ def test_a_third_worker_joining_two_moves_shares_to_22_21_21_without_double_owne
     b = workers.start("--concurrency", "2")
     worker_id_of(a.pid), worker_id_of(b.pid)
     wait_until(lambda: sorted(shards_by_owner().values()) == [32, 32], timeout=30)
-    c = workers.start("--concurrency", "2")
-    worker_id_of(c.pid)
-    samples = 0
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        rows = query("SELECT shard, owner FROM shardq_shard WHERE owner IS NOT NULL")
-        assert len({shard for shard, _ in rows}) == len(rows) <= 64
-        samples += 1
-        if sorted(shards_by_owner().values()) == [21, 21, 22]:
-            break
+    # Ownership is sampled from before the third worker starts until the
+    # shares settle (the handover now takes milliseconds: sampling only
+    # after the start could see nothing but the end state).
+    samples = []
+    settled = threading.Event()
+
+    def sample():
+        from django.db import connections
+
+        try:
+            while not settled.is_set():
+                with connections["default"].cursor() as cursor:
+                    cursor.execute("SELECT shard, owner FROM shardq_shard WHERE owner IS NOT NULL")
+                    samples.append(cursor.fetchall())
+        finally:
+            connections["default"].close()
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        c = workers.start("--concurrency", "2")
+        worker_id_of(c.pid)
+        wait_until(lambda: sorted(shards_by_owner().values()) == [21, 21, 22], timeout=60)
+    finally:
+        settled.set()
+        sampler.join(timeout=10)
     assert sorted(shards_by_owner().values()) == [21, 21, 22], shards_by_owner()
-    assert samples > 1
+    assert len(samples) > 1
+    for rows in samples:
+        assert len({shard for shard, _ in rows}) == len(rows) <= 64, rows
 
 
 def test_a_worker_joining_at_the_default_heartbeat_gets_its_share_in_one_handover(workers):
