@@ -98,12 +98,22 @@ def test_a_paused_worker_past_its_ttl_cannot_write_outcomes_and_self_fences(work
         timeout=30,
         message="A to finish its first jobs",
     )
+    # ... and pause it just after it started a job (within the last 150 ms of
+    # its 500 ms): that job cannot have sent its outcome before the pause, so
+    # at least one completion comes late (a pause just as the threads finish
+    # together could otherwise catch only jobs whose acks were already out).
     running = wait_until(
         lambda: {
-            r[0] for r in query("SELECT id FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s", [ids_a])
+            r[0]
+            for r in query(
+                "SELECT id FROM shardq_job WHERE status = 'RUNNING' AND worker_ids->>-1 = %s "
+                "AND last_attempted_at > clock_timestamp() - interval '150 milliseconds'",
+                [ids_a],
+            )
         },
         timeout=30,
-        message="A to hold RUNNING jobs",
+        interval=0.01,
+        message="A to start a job",
     )
     a.send_signal(signal.SIGSTOP)
     paused_running = dict(
