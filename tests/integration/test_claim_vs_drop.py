@@ -9,19 +9,12 @@ import os
 import threading
 
 import pytest
-from django.db import connection
 
 import shardq
 from shardq.db.store import ensure_shards
 from shardq.worker.runtime import Worker
-from tests.conftest import wait_until
+from tests.helpers import sql, wait_until
 from tests.taskapp import tasks
-
-
-def sql(query, params=None):
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall() if cursor.description else None
 
 
 @pytest.fixture

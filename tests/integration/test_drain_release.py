@@ -10,18 +10,11 @@ the release statement, before it commits.
 
 import os
 
-from django.db import connection
-
 import shardq
 from shardq.db.store import ensure_shards
 from shardq.worker.runtime import Worker
+from tests.helpers import sql
 from tests.taskapp import tasks
-
-
-def sql(query, params=None):
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall() if cursor.description else None
 
 
 def test_a_claim_during_a_drain_release_takes_no_job_of_that_shard(transactional_db):

@@ -20,9 +20,10 @@ from django.utils import timezone
 
 import shardq
 from shardq.backend import _statement_cursor
+from tests.helpers import job_row
 from tests.taskapp.tasks import add, echo, keyed, noop
 
-from .conftest import job_count, job_row
+from .conftest import job_count
 
 
 class Rollback(Exception):

@@ -11,20 +11,13 @@ nothing runs: no timing in the assertions.
 import threading
 
 import pytest
-from django.db import connection
 
 import shardq
 from shardq.worker.runtime import Worker
-from tests.conftest import wait_until
+from tests.helpers import sql, wait_until
 from tests.taskapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def sql(query, params=None):
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall() if cursor.description else None
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from django.tasks.signals import task_finished, task_started
 import shardq
 from shardq.backend import ShardqBackend
 from shardq.worker.runtime import Worker
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.taskapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,11 +17,10 @@ from shardq.backend import MAX_ARGUMENT_DEPTH
 from shardq.db.store import connect, listen_statement
 from shardq.exceptions import ArgumentNotJSON
 from shardq.tasks import compute_unique_key
-from tests.conftest import wait_until
+from tests.helpers import job_row, wait_until
 from tests.integration.conftest import (
     execute,
     job_count,
-    job_row,
     reset_task_backends,
     shardq_settings,  # noqa: F401 (a fixture)
 )
