@@ -25,7 +25,7 @@ from django.tasks.base import TASK_MAX_PRIORITY as MAX_PRIORITY
 from django.tasks.base import TASK_MIN_PRIORITY as MIN_PRIORITY
 
 from ..db.queries import ANY_PRIORITY
-from ..db.store import WorkerStore, connect, listen_statement
+from ..db.store import WorkerStore, connect, listen
 from ..exceptions import DatabaseUnavailable, StatementRejected
 from .buffer import Buffer
 from .completer import Completer
@@ -580,8 +580,7 @@ class Listener:
         while not self._stop.is_set():
             try:
                 self.conn = connect(self.alias, application_name="shardq-listener")
-                self.conn.execute(listen_statement(self.channel))
-                self.conn.execute(listen_statement(LEASE_CHANNEL))
+                listen(self.conn, self.channel, LEASE_CHANNEL)
                 self.backend_pid = self.conn.info.backend_pid
                 delay = 0.1
                 # The gap while we were disconnected is covered by the poll.

@@ -3,12 +3,10 @@ run by shardq/db/store.py (the worker's connections) or
 shardq/db/operations.py (a Django connection). This test fails when a module
 elsewhere in the package runs SQL itself.
 
-Two places still do, each named with the reason (issue 11 says what is left):
+One place still does, named with the reason (issue 11 says what is left):
 the enqueue path, which runs its prepared INSERT, the unique-key INSERT and
 the bulk COPY on a cursor it keeps on the caller's raw psycopg connection
-(the hot path of ``task.enqueue()``, measured in benchmarks.md), and the
-listener, which runs the LISTEN statements that shardq/db builds
-(``store.listen_statement``, identifiers quoted) on its own connection.
+(the hot path of ``task.enqueue()``, measured in benchmarks.md).
 """
 
 import re
@@ -26,7 +24,6 @@ RUNS_SQL = re.compile(
 
 STILL_ALLOWED = {
     "backend.py": {"QUERIES[", "cursor.execute(", "cursor.copy("},
-    "worker/fetcher.py": {"conn.execute("},
 }
 
 
