@@ -14,7 +14,7 @@ history. Ages and lease times are computed by the database clock
 web server's.
 
 Arguments a task marks ``sensitive`` are shown as ``"[redacted]"``
-everywhere (``shardq.tasks.redact_arguments``); a job whose task this
+everywhere (``shardq.admin.redaction``); a job whose task this
 process cannot resolve has every argument hidden.
 """
 

@@ -24,7 +24,8 @@ from django.utils.html import format_html
 from ..conf import get_config
 from ..exceptions import UnknownTask
 from ..models import Job
-from ..tasks import autodiscover, resolve, shard_key_is_sensitive
+from ..tasks import autodiscover, resolve
+from .redaction import shard_key_is_sensitive
 
 # -- database-clock expressions ---------------------------------------------
 

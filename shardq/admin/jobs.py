@@ -26,7 +26,6 @@ from django.utils.html import format_html, format_html_join
 from ..conf import get_config
 from ..db import operations
 from ..models import Job
-from ..tasks import REDACTED, redact_arguments, shard_key_is_sensitive
 from .common import (
     ARGUMENTS_MAX_BYTES,
     ERRORS_SHOWN_EACH_END,
@@ -48,6 +47,7 @@ from .common import (
     truncate,
     with_safe_times,
 )
+from .redaction import REDACTED, redact_arguments, shard_key_is_sensitive
 
 # -- jobs --------------------------------------------------------------------
 

@@ -402,7 +402,7 @@ def test_the_fast_signature_check_never_accepts_a_call_bind_refuses():
     import inspect
     import itertools
 
-    from shardq.tasks import _Shape
+    from shardq.tasks.keys import _Shape
 
     def f1(a, b=1): ...
     def f2(a, *args, c, d=2, **kw): ...
