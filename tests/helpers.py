@@ -9,10 +9,12 @@ takes it), so a test names only what differs from the ordinary.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from django.db import connection
@@ -151,3 +153,26 @@ def leased_shard_factory(
             [worker, pool, [s for s, _ in taken], [v for _, v in taken]],
         )
     return worker, dict(taken)
+
+
+@contextlib.contextmanager
+def in_process_worker(**options: Any) -> Iterator[Any]:
+    """A ``Worker`` (``options`` as its constructor takes them) running on a
+    thread of this process until it holds all 64 shards; stopped and joined
+    on exit. For tests that look inside the worker; tests of the process
+    (signals, exit codes) start real ``shardq_worker`` commands instead
+    (tests/workers.py)."""
+    from shardq.db.store import ensure_shards
+    from shardq.worker.runtime import Worker
+
+    ensure_shards()  # a transactional test's flush may have removed the rows
+    worker = Worker(**options)
+    thread = threading.Thread(target=worker.run, name="test-worker")
+    thread.start()
+    try:
+        wait_until(lambda: len(worker.leaser.held) == 64, timeout=30, message="the worker to hold 64 shards")
+        yield worker
+    finally:
+        worker.request_stop()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the in-process worker did not stop within 60 s"

@@ -19,9 +19,10 @@ from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import close_old_connections
-from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
+from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTaskBackend
 from django.tasks.signals import log_task_finished, log_task_started, task_finished, task_started
 from django.utils import timezone
 
@@ -33,8 +34,10 @@ from ..tasks import Backoff, ShardTask, resolve
 from .buffer import Buffer
 from .completer import Completer
 from .fetcher import Fetcher
+from .handback import HandBack
 from .jobs import ClaimedJob, Outcome
 from .leaser import Leaser
+from .service import DEFAULT_STOP_SECONDS
 from .starter import LOST, REJECTED, UNAVAILABLE, Starter
 from .stats import Stats
 
@@ -117,6 +120,12 @@ def _exception_line(exc: BaseException) -> str:
 
 
 class Executor:
+    """The pool of threads that run jobs (``concurrency`` of them, plus the
+    async loop's), with a Service's interface: ``name``, ``start``,
+    ``stop(deadline)`` and ``failure``."""
+
+    name = "executor"
+
     def __init__(
         self,
         buffer: Buffer,
@@ -127,20 +136,21 @@ class Executor:
         *,
         worker_id: str,
         concurrency: int,
-        backend_class: type[BaseTaskBackend],
         start_store: WorkerStore,
+        handback: HandBack,
         task_modules: tuple[str, ...] = (),
         metrics: "Metrics | None" = None,
     ) -> None:
         self.buffer = buffer
         self.metrics = metrics
         self.completer = completer
+        self.handback = handback
         self.leaser = leaser
         self.fetcher = fetcher
         self.stats = stats
         self.worker_id = worker_id
         self.concurrency = concurrency
-        self.backend_class = backend_class
+        self._backend_classes: dict[str, type[BaseTaskBackend]] = {}
         self.task_modules = task_modules
         config = get_config()
         self.max_payload_bytes = config.max_payload_bytes
@@ -168,7 +178,7 @@ class Executor:
             worker_id=worker_id,
             buffer=buffer,
             leaser=leaser,
-            completer=completer,
+            handback=handback,
             fetcher=fetcher,
             concurrency=concurrency,
             task_seconds=self.measured_task_seconds,
@@ -189,13 +199,16 @@ class Executor:
             thread.start()
             self._threads.append(thread)
 
-    def stop(self, timeout: float) -> bool:
-        """Stop starting jobs; wait up to ``timeout`` for the started ones. True if all finished."""
-        self.starter.stop()
+    def stop(self, deadline: float | None = None) -> bool:
+        """Stop starting jobs; wait until ``deadline`` (monotonic; None: 10 s)
+        for the started ones. True if all finished."""
+        if deadline is None:
+            deadline = time.monotonic() + DEFAULT_STOP_SECONDS
+        self.starter.stop(deadline)
         self._stop.set()
         self.buffer.wake_all()
         for thread in self._threads:
-            thread.join(timeout=max(0.0, timeout))
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         finished = not any(t.is_alive() for t in self._threads)
         if finished and self.loop is not None and self._loop_thread is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
@@ -263,7 +276,7 @@ class Executor:
             self.stats.add("starts_refused")
             return None
         if verdict == UNAVAILABLE:
-            self.completer.return_jobs([job])
+            self.handback.return_jobs([job])
             return None
         if verdict == REJECTED:
             text = sanitize_text(
@@ -276,7 +289,7 @@ class Executor:
             # takes the start back while the shard is still this worker's;
             # after a takeover the row has moved on and it is refused.
             self.stats.add("starts_refused")
-            self.completer.return_jobs([job])
+            self.handback.return_jobs([job])
             return None
         rank = job.status_rank + 1
         if job.worker_losses:
@@ -296,7 +309,7 @@ class Executor:
             or self.task_log.seen(logging.INFO)
         ):
             result = self._result(task, job)
-            task_started.send(sender=self.backend_class, task_result=result)
+            task_started.send(sender=self.backend_class(job.backend), task_result=result)
         if self.metrics is not None:
             self.metrics.job_started(job)
         began = time.monotonic()
@@ -393,13 +406,27 @@ class Executor:
             worker_ids=job.worker_ids,
         )
 
+    def backend_class(self, alias: str) -> type[BaseTaskBackend]:
+        """The class of the configured backend ``alias`` (Django's signals'
+        sender, as the backend itself sends them): looked up in
+        ``django.tasks.task_backends``, so the worker needs no import of
+        shardq's backend and a subclass configured in TASKS is the sender."""
+        found = self._backend_classes.get(alias)
+        if found is None:
+            try:
+                found = type(task_backends[alias])
+            except InvalidTaskBackend:  # not configured in this process: the row names another project's
+                found = BaseTaskBackend
+            self._backend_classes[alias] = found
+        return found
+
     def _finished(self, result: TaskResult | None, status: TaskResultStatus) -> None:
         if result is None:
             return
         object.__setattr__(result, "status", status)
         if status != TaskResultStatus.READY:  # a retry has not finished
             object.__setattr__(result, "finished_at", timezone.now())
-        task_finished.send(sender=self.backend_class, task_result=result)
+        task_finished.send(sender=self.backend_class(result.backend), task_result=result)
 
     def _call(self, task: Task, job: ClaimedJob, result: TaskResult | None, state: dict[str, Any]) -> Any:
         args, kwargs = job.args, job.kwargs

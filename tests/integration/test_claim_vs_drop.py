@@ -27,6 +27,7 @@ def paused_claim():
     worker.leaser.tick()
     assert len(worker.leaser.held) == 64
     worker.completer.start()
+    worker.handback.start()
     real_claim = worker.fetcher.store.claim_jobs
     committed, proceed = threading.Event(), threading.Event()
 
@@ -50,6 +51,7 @@ def paused_claim():
         proceed.set()
         fetch.join(timeout=30)
         worker.completer.stop(deadline=0)
+        worker.handback.stop(deadline=0)
         for store in worker.store.values():
             store.close()
 
