@@ -4,30 +4,24 @@
 -- A block may be an SQL expression that others include as {{NAME}}
 -- (in parentheses), so a definition is written once.
 
+-- name: job_columns
+-- The columns a new job is written with, in order: every INSERT of a job and the bulk COPY use this list (shardq/db/enqueue.py writes COPY rows in this order and checks it at import).
+id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key, ordered, status,
+    status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at
+
 -- name: insert_job
--- Insert one READY job on the caller's connection and NOTIFY its shard and priority, 'shard:priority' (delivered at commit).
+-- Insert one READY job on the caller's connection; when :notify, NOTIFY its shard and priority, 'shard:priority' (delivered at commit).
 WITH job AS (
-    INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
-        shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
-        errors, worker_ids, enqueued_at)
-    VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
+    INSERT INTO shardq_job {{job_columns}}
+    VALUES (DEFAULT, %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
     RETURNING id, shard, priority, enqueued_at, run_after
 )
-SELECT id, enqueued_at, run_after, pg_notify(%(channel)s, shard || ':' || priority) FROM job;
-
--- name: insert_job_quiet
--- Insert one READY job without a NOTIFY (SHARDQ["NOTIFY"] = False: workers poll).
-INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
-    shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
-    errors, worker_ids, enqueued_at)
-VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
-    COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
-    %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
-    %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
-RETURNING id, enqueued_at, run_after, NULL;
+SELECT id, enqueued_at, run_after,
+       CASE WHEN %(notify)s THEN pg_notify(%(channel)s, shard || ':' || priority) END
+FROM job;
 
 -- name: insert_unique_job
 -- Insert one READY job under :unique_key unless a job enqueued less than :unique_for seconds ago holds the key (then insert nothing and return the holder); returns job id, inserted?, seconds the key stays taken, enqueued_at, run_after.
@@ -55,9 +49,7 @@ WITH live AS MATERIALIZED (
         expires_at = CASE WHEN u.expires_at <= statement_timestamp() THEN excluded.expires_at ELSE u.expires_at END
     RETURNING u.job_id, u.expires_at
 ), job AS (
-    INSERT INTO shardq_job (id, task_path, backend, queue_name, priority, run_after, shard, key_hash,
-        shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
-        errors, worker_ids, enqueued_at)
+    INSERT INTO shardq_job {{job_columns}}
     SELECT new_job.id, %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
@@ -450,9 +442,7 @@ FROM s, generate_series(1, %(n)s) AS g(i);
 
 -- name: copy_jobs
 -- COPY jobs with the ids reserve_job_ids gave (bulk enqueue; one row a job, columns in this order).
-COPY shardq_job (id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key,
-    ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids,
-    enqueued_at) FROM STDIN;
+COPY shardq_job {{job_columns}} FROM STDIN;
 
 -- name: notify_shards
 -- NOTIFY each of these shards once with the jobs' :priority, 'shard:priority' (delivered at commit): the wake-up after a bulk COPY.
