@@ -402,7 +402,7 @@ class ShardqBackend(BaseTaskBackend):
         job_id = parse_job_id(result_id)
         if job_id is None:
             raise TaskResultDoesNotExist(f"No shardq job has the id {result_id!r}.")
-        row = operations.run("get_job", {"id": job_id}, using=self.database_alias, fetch="one")
+        row = operations.run("get_job", {"id": job_id}, using=self.database_alias, fetch="one", named=True)
         if row is None:
             raise TaskResultDoesNotExist(f"No shardq job has the id {result_id!r}.")
         return self.result_from_row(row)
@@ -428,29 +428,15 @@ class ShardqBackend(BaseTaskBackend):
         return [str(job_id) for job_id in sorted(row[0] for row in rows)]
 
     def result_from_row(self, row) -> TaskResult:
-        """The TaskResult of a ``get_job`` row. Rows written by hand (raw SQL)
+        """The TaskResult of a ``get_job`` row (a dict by column name). Rows written by hand (raw SQL)
         may hold what shardq never writes; they are shown, never a 500: an
         unknown status reads as FAILED with an UnreadableJob error, a value of
         the wrong JSON shape as empty, an impossible time as None (see get_job)."""
-        (
-            job_id,
-            task_path,
-            _backend,
-            queue_name,
-            priority,
-            run_after,
-            status,
-            args,
-            kwargs,
-            return_value,
-            errors,
-            worker_ids,
-            enqueued_at,
-            started_at,
-            finished_at,
-            last_attempted_at,
-            *_rest,
-        ) = row
+        job_id, task_path, queue_name, priority = row["id"], row["task_path"], row["queue_name"], row["priority"]
+        run_after, status, args, kwargs = row["run_after"], row["status"], row["args"], row["kwargs"]
+        return_value, errors, worker_ids = row["return_value"], row["errors"], row["worker_ids"]
+        enqueued_at, started_at, finished_at = row["enqueued_at"], row["started_at"], row["finished_at"]
+        last_attempted_at = row["last_attempted_at"]
         task = resolve(task_path, self.config.task_modules)
         # run_after defaults to the enqueue time in the table; a Task shows it
         # only when the job was deferred.
