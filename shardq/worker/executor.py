@@ -26,6 +26,7 @@ from django.tasks.exceptions import InvalidTaskBackend
 from django.tasks.signals import log_task_finished, log_task_started, task_finished, task_started
 from django.utils import timezone
 
+from ..completion import CommittedByTask
 from ..conf import get_config
 from ..db.store import WorkerStore
 from ..dispatch import LogVerdicts, SignalGate
@@ -59,7 +60,7 @@ class ShardqTaskContext(TaskContext):
     rank: int = 0
     # Set by complete_in_transaction once the task's own transaction has
     # committed the outcome: the executor then writes nothing more.
-    completion_state: dict = field(default_factory=dict, repr=False, compare=False)
+    completion_state: CommittedByTask = field(default_factory=CommittedByTask, repr=False, compare=False)
 
 
 # A traceback longer than this is stored as its head and tail.
@@ -313,7 +314,7 @@ class Executor:
         if self.metrics is not None:
             self.metrics.job_started(job)
         began = time.monotonic()
-        state: dict = {}
+        state = CommittedByTask()
         try:
             value = self._call(task, job, result, state)
             # Most tasks return None: its JSON needs no encoder.
@@ -324,7 +325,7 @@ class Executor:
             # inside the except block so task_finished receivers (Django's own
             # logs the traceback from exc_info()) see the exception.
             self._after_call(job, began, failed=True)
-            if state.get("written"):
+            if state.written:
                 self.stats.add("succeeded")
                 if self.metrics is not None:
                     self.metrics.committed_by_task(job)
@@ -346,7 +347,7 @@ class Executor:
             self._finished(result, TaskResultStatus(outcome.status))
             return outcome
         self._after_call(job, began, failed=False)
-        if state.get("written"):
+        if state.written:
             # Committed with the task's own writes (shardq.complete_in_transaction).
             self.stats.add("succeeded")
             if self.metrics is not None:
@@ -428,7 +429,7 @@ class Executor:
             object.__setattr__(result, "finished_at", timezone.now())
         task_finished.send(sender=self.backend_class(result.backend), task_result=result)
 
-    def _call(self, task: Task, job: ClaimedJob, result: TaskResult | None, state: dict[str, Any]) -> Any:
+    def _call(self, task: Task, job: ClaimedJob, result: TaskResult | None, state: CommittedByTask) -> Any:
         args, kwargs = job.args, job.kwargs
         if not isinstance(args, list):
             _bad_payload("args", args, list)
