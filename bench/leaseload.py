@@ -29,11 +29,8 @@ import contextlib
 import difflib
 import json
 import os
-import pwd
 import re
-import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,53 +45,12 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
 from shardq.db.queries import QUERIES  # noqa: E402
+from tests.pgserver import PrivatePostgres  # noqa: E402
 
-BINDIR = Path("/usr/lib/postgresql/15/bin")
 SHARDS = 64
 #: The statements of the lease protocol (the rest are the fetcher's and the
 #: worker's own).
 LEASE_STATEMENTS = ("heartbeat", "renew_leases", "rescue_jobs", "claim_shards", "release_shards", "log_shard_claims")
-
-
-class PrivatePostgres:
-    """A throwaway cluster with pg_stat_statements, owned by ``postgres``."""
-
-    def __init__(self) -> None:
-        self.user = pwd.getpwnam("postgres")
-        self.base = Path(tempfile.mkdtemp(prefix="shardq-leaseload-"))
-        os.chown(self.base, self.user.pw_uid, self.user.pw_gid)
-        self.data = self.base / "data"
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"postgres://postgres@127.0.0.1:{self.port}/shardq_leaseload"
-
-    def _as_postgres(self, *cmd: str) -> None:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", *cmd], check=True, cwd=self.base, capture_output=True, timeout=120
-        )
-
-    def start(self) -> None:
-        self._as_postgres(
-            str(BINDIR / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"
-        )
-        options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.base} "
-            "-c fsync=off -c max_connections=100 -c shared_preload_libraries=pg_stat_statements "
-            "-c pg_stat_statements.track=top"
-        )
-        self._as_postgres(
-            str(BINDIR / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.base / "server.log"), "-w",
-            "start",
-        )  # fmt: skip
-        self._as_postgres(str(BINDIR / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "shardq_leaseload")
-
-    def stop(self) -> None:
-        try:
-            self._as_postgres(str(BINDIR / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
-        except subprocess.CalledProcessError:
-            pass  # not running
-        shutil.rmtree(self.base, ignore_errors=True)
 
 
 # -- naming pg_stat_statements' texts -------------------------------------------
@@ -291,9 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(n) for n in args.workers.split(",")]
     if not counts or min(counts) < 1 or max(counts) > SHARDS:
         parser.error(f"--workers: counts between 1 and {SHARDS}")
-    server = PrivatePostgres()
+    server = PrivatePostgres(
+        "leaseload",
+        "shardq_leaseload",
+        settings={"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top"},
+    )
     try:
+        server.init()
         server.start()
+        server.createdb()
         with psycopg.connect(server.url, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION pg_stat_statements")
         subprocess.run(
@@ -309,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(measure(server.url, n, args.seconds, args.heartbeat))
         costs = time_statements(server.url, [10, 100, 1000])
     finally:
-        server.stop()
+        server.destroy()
     print(f"load average {os.getloadavg()[0]:.1f}; HEARTBEAT {args.heartbeat}s, LEASE_TTL {args.heartbeat * 6}s")
     names = sorted({name for run in runs for name in run["per_round"]})
     print("| statement | " + " | ".join(f"{run['workers']} workers" for run in runs) + " |")
