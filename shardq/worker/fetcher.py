@@ -36,6 +36,9 @@ from .stats import Stats
 if TYPE_CHECKING:
     from ..metrics import Metrics
 
+# shardq.cancel() announces a cancelled RUNNING job here (cancel_jobs in queries.sql).
+CANCEL_CHANNEL = "shardq_cancel"
+
 logger = logging.getLogger("shardq.worker.fetcher")
 
 # Jobs due within this many seconds are claimed now and wait in the local
@@ -515,8 +518,11 @@ class Listener:
         stats: Stats,
         alias: str = "default",
         shard_count: int = 64,
+        on_cancel: Callable[[str], None] | None = None,
     ) -> None:
         self.channel = channel
+        # shardq.cancel() of a running job: its id, for run control (runcontrol.py).
+        self.on_cancel = on_cancel
         self.leaser = leaser
         self.fetcher = fetcher
         self.stats = stats
@@ -554,6 +560,10 @@ class Listener:
             raise
 
     def on_notify(self, channel: str, payload: str) -> None:
+        if channel == CANCEL_CHANNEL:
+            if self.on_cancel is not None:
+                self.on_cancel(payload)  # checked against the table before anyone is told
+            return
         if channel == LEASE_CHANNEL:
             # Our own announcements come back too: they need no lease round
             # (and must not use up the rate limit a peer's release needs).
@@ -582,6 +592,8 @@ class Listener:
                 self.conn = connect(self.alias, application_name="shardq-listener")
                 self.conn.execute(listen_statement(self.channel))
                 self.conn.execute(listen_statement(LEASE_CHANNEL))
+                if self.on_cancel is not None:
+                    self.conn.execute(listen_statement(CANCEL_CHANNEL))
                 self.backend_pid = self.conn.info.backend_pid
                 delay = 0.1
                 # The gap while we were disconnected is covered by the poll.
