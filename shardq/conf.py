@@ -1,8 +1,10 @@
 """shardq's settings: ``settings.SHARDQ`` merged over the defaults."""
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 
@@ -71,10 +73,20 @@ def get_config() -> Config:
         completion_flush_seconds=float(raw["COMPLETION_FLUSH_SECONDS"]),
         max_worker_losses=int(raw["MAX_WORKER_LOSSES"]),
         max_result_bytes=int(raw["MAX_RESULT_BYTES"]),
-        task_timeout_seconds=default_timeout_seconds(raw["TASK_TIMEOUT"]),
-        max_zombies=max_zombies(raw["MAX_ZOMBIES"]),
-        zombie_grace_seconds=zombie_grace_seconds(raw["ZOMBIE_GRACE"]),
+        # Read leniently here, as the other keys are (a bad value is the
+        # system check shardq.E012's to report, and a task defined under a
+        # bad TASK_TIMEOUT raises); the defaults stand in meanwhile.
+        task_timeout_seconds=_or_default(default_timeout_seconds, raw["TASK_TIMEOUT"], None),
+        max_zombies=_or_default(max_zombies, raw["MAX_ZOMBIES"], DEFAULTS["MAX_ZOMBIES"]),
+        zombie_grace_seconds=_or_default(zombie_grace_seconds, raw["ZOMBIE_GRACE"], DEFAULTS["ZOMBIE_GRACE"]),
     )
+
+
+def _or_default(parse: Callable[[Any], Any], value: object, default: Any) -> Any:
+    try:
+        return parse(value)
+    except ShardqConfigurationError:
+        return default
 
 
 def timeout_seconds(value: object, what: str) -> float | None:

@@ -238,7 +238,9 @@ def _check_timeout(task: "ShardTask") -> None:
     if task.timeout is None:
         # The default applies: a bad SHARDQ["TASK_TIMEOUT"] fails here, at
         # import, with ShardqConfigurationError, not in the worker.
-        conf.get_config()
+        from django.conf import settings
+
+        conf.default_timeout_seconds(getattr(settings, "SHARDQ", {}).get("TASK_TIMEOUT"))
         return
     try:
         conf.timeout_seconds(task.timeout, "timeout")

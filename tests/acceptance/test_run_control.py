@@ -216,3 +216,18 @@ def test_a_cancel_is_seen_at_the_heartbeat_without_notify(workers, tmp_path):
     assert marks(path)[1]["event"] == "cancelled"
     # Within a heartbeat (0.4 s in the tests' fast lease settings) and a poll.
     assert marks(path)[1]["at"] - sent < 0.4 + 1.0
+
+
+def test_a_task_reads_its_deadline_from_the_context_and_stops_itself(workers, tmp_path):
+    _proc, wid = start_worker(workers)
+    path = tmp_path / "deadline"
+    result = runctl_tasks.checks_its_deadline.enqueue(str(path))
+    row = finished(result)
+    start = marks(path)[0]
+    assert 0.9 <= start["time_left"] <= 1.0
+    assert abs(start["deadline"] - (start["at"] + start["time_left"])) < 0.2
+    assert row["status"] == "FAILED"
+    assert row["errors"][-1]["exception_class_path"] == "shardq.exceptions.TaskTimeout"
+    # Whichever came first at the deadline (the task's check or the worker),
+    # the TaskTimeout is not a late completion.
+    assert not worker_stats(wid).get("late_completions_refused")

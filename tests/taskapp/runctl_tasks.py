@@ -99,3 +99,12 @@ def quick(path: str, n: int) -> int:
     time.sleep(0.05)
     mark(path, event="ran", n=n)
     return n
+
+
+@shard_task(timeout=1, takes_context=True)
+def checks_its_deadline(context, path: str) -> None:
+    """Stops itself with context.check_timeout() at a point of its choosing."""
+    mark(path, event="start", deadline=context.deadline.timestamp(), time_left=context.time_left())
+    while True:
+        context.check_timeout()
+        time.sleep(0.01)  # C: the worker's TaskTimeout could only land between sleeps
