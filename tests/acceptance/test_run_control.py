@@ -231,3 +231,41 @@ def test_a_task_reads_its_deadline_from_the_context_and_stops_itself(workers, tm
     # Whichever came first at the deadline (the task's check or the worker),
     # the TaskTimeout is not a late completion.
     assert not worker_stats(wid).get("late_completions_refused")
+
+
+def test_cancel_latency_from_cancel_to_the_task_seeing_it(workers, tmp_path):
+    """p50/p99 from ``shardq.cancel()`` returning to the task seeing it, sync
+    (``is_cancelled()``, polled every millisecond) and async
+    (``CancelledError``). CI runs 20 samples of each; ``make bench-cancel``
+    runs SHARDQ_CANCEL_SAMPLES (200) and prints the figures (docs/benchmarks.md)."""
+    import os
+    import statistics
+
+    samples = int(os.environ.get("SHARDQ_CANCEL_SAMPLES", "20"))
+    start_worker(workers, env=SLOW_HEARTBEAT)
+    figures = {}
+    for kind, task in (("sync", runctl_tasks.waits_for_cancel), ("async", runctl_tasks.async_waits_for_cancel)):
+        latencies = []
+        for n in range(samples):
+            path = tmp_path / f"{kind}-{n}"
+            result = task.enqueue(str(path))
+            wait_until(lambda path=path: events(path) == ["start"], timeout=30, interval=0.005)
+            time.sleep(0.02)
+            sent = time.time()
+            shardq.cancel(result)
+            wait_until(lambda path=path: len(marks(path)) == 2, timeout=30, interval=0.002)
+            seen = marks(path)[1]
+            assert seen["event"] == "cancelled", seen
+            latencies.append((seen["at"] - sent) * 1000)
+        latencies.sort()
+        figures[kind] = {
+            "samples": samples,
+            "p50_ms": round(statistics.median(latencies), 2),
+            "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], 2),
+            "max_ms": round(latencies[-1], 2),
+        }
+    print(f"\ncancel latency (load {os.getloadavg()[0]:.1f}): {json.dumps(figures)}")
+    if os.environ.get("SHARDQ_CANCEL_RESULTS"):
+        Path(os.environ["SHARDQ_CANCEL_RESULTS"]).write_text(json.dumps(figures, indent=2))
+    # By NOTIFY: far inside the 5 s heartbeat that would be the fallback.
+    assert figures["sync"]["p99_ms"] < 1000 and figures["async"]["p99_ms"] < 1000, figures
