@@ -155,6 +155,13 @@ def listen_statement(channel: str) -> sql.Composed:
     return sql.SQL("LISTEN {}").format(sql.Identifier(channel))
 
 
+def listen(conn: psycopg.Connection[Any], *channels: str) -> None:
+    """Subscribe ``conn`` (a listener's own autocommit connection) to each
+    channel, quoted as an identifier."""
+    for channel in channels:
+        conn.execute(listen_statement(channel))
+
+
 class DatabaseGuard:
     """One circuit breaker for all of a worker's connections.
 

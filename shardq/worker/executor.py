@@ -21,12 +21,14 @@ from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import close_old_connections
-from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
+from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTaskBackend
 from django.tasks.signals import log_task_finished, log_task_started, task_finished, task_started
 from django.utils import timezone
 
+from ..completion import CommittedByTask
 from ..conf import get_config, timeout_seconds
 from ..db.store import WorkerStore
 from ..dispatch import LogVerdicts, SignalGate
@@ -35,9 +37,11 @@ from ..tasks import Backoff, ShardTask, resolve
 from .buffer import Buffer
 from .completer import Completer
 from .fetcher import Fetcher
+from .handback import HandBack
 from .jobs import ClaimedJob, Outcome
 from .leaser import Leaser
 from .runcontrol import Attempt, RunControl
+from .service import DEFAULT_STOP_SECONDS
 from .starter import LOST, REJECTED, UNAVAILABLE, Starter
 from .stats import Stats
 
@@ -59,7 +63,7 @@ class ShardqTaskContext(TaskContext):
     rank: int = 0
     # Set by complete_in_transaction once the task's own transaction has
     # committed the outcome: the executor then writes nothing more.
-    completion_state: dict = field(default_factory=dict, repr=False, compare=False)
+    completion_state: CommittedByTask = field(default_factory=CommittedByTask, repr=False, compare=False)
     # This attempt under run control (its deadline and cancel flag), or None.
     control: Attempt | None = field(default=None, repr=False, compare=False)
 
@@ -144,6 +148,12 @@ def _exception_line(exc: BaseException) -> str:
 
 
 class Executor:
+    """The pool of threads that run jobs (``concurrency`` of them, plus the
+    async loop's), with a Service's interface: ``name``, ``start``,
+    ``stop(deadline)`` and ``failure``."""
+
+    name = "executor"
+
     def __init__(
         self,
         buffer: Buffer,
@@ -154,8 +164,8 @@ class Executor:
         *,
         worker_id: str,
         concurrency: int,
-        backend_class: type[BaseTaskBackend],
         start_store: WorkerStore,
+        handback: HandBack,
         task_modules: tuple[str, ...] = (),
         metrics: "Metrics | None" = None,
         control_store: WorkerStore | None = None,
@@ -163,12 +173,13 @@ class Executor:
         self.buffer = buffer
         self.metrics = metrics
         self.completer = completer
+        self.handback = handback
         self.leaser = leaser
         self.fetcher = fetcher
         self.stats = stats
         self.worker_id = worker_id
         self.concurrency = concurrency
-        self.backend_class = backend_class
+        self._backend_classes: dict[str, type[BaseTaskBackend]] = {}
         self.task_modules = task_modules
         config = get_config()
         self.max_payload_bytes = config.max_payload_bytes
@@ -207,7 +218,7 @@ class Executor:
             worker_id=worker_id,
             buffer=buffer,
             leaser=leaser,
-            completer=completer,
+            handback=handback,
             fetcher=fetcher,
             concurrency=concurrency,
             task_seconds=self.measured_task_seconds,
@@ -229,14 +240,16 @@ class Executor:
             thread.start()
             self._threads.append(thread)
 
-    def stop(self, timeout: float) -> bool:
-        """Stop starting jobs; wait up to ``timeout`` for the started ones. True
-        if all finished. Zombie threads (stuck past their task's timeout, its
-        outcome written) are not waited for: they may never return."""
-        self.starter.stop()
+    def stop(self, deadline: float | None = None) -> bool:
+        """Stop starting jobs; wait until ``deadline`` (monotonic; None: 10 s)
+        for the started ones. True if all finished. Zombie threads (stuck past
+        their task's timeout, its outcome written) are not waited for: they
+        may never return."""
+        if deadline is None:
+            deadline = time.monotonic() + DEFAULT_STOP_SECONDS
+        self.starter.stop(deadline)
         self._stop.set()
         self.buffer.wake_all()
-        deadline = time.monotonic() + max(0.0, timeout)
         while True:
             zombies = self.control.zombie_threads()
             waiting = [t for t in self._threads if t.is_alive() and t.ident not in zombies]
@@ -312,7 +325,7 @@ class Executor:
             self.stats.add("starts_refused")
             return None
         if verdict == UNAVAILABLE:
-            self.completer.return_jobs([job])
+            self.handback.return_jobs([job])
             return None
         if verdict == REJECTED:
             text = sanitize_text(
@@ -325,7 +338,7 @@ class Executor:
             # takes the start back while the shard is still this worker's;
             # after a takeover the row has moved on and it is refused.
             self.stats.add("starts_refused")
-            self.completer.return_jobs([job])
+            self.handback.return_jobs([job])
             return None
         rank = job.status_rank + 1
         if job.worker_losses:
@@ -345,13 +358,14 @@ class Executor:
             or self.task_log.seen(logging.INFO)
         ):
             result = self._result(task, job)
-            task_started.send(sender=self.backend_class, task_result=result)
+            task_started.send(sender=self.backend_class(job.backend), task_result=result)
         if self.metrics is not None:
             self.metrics.job_started(job)
         began = time.monotonic()
-        state: dict = {}
+        state = CommittedByTask()
+        controlled: list[Attempt] = []  # the attempt under run control, if any (_call)
         try:
-            value = self._call(task, job, result, state)
+            value = self._call(task, job, result, state, controlled)
             # Most tasks return None: its JSON needs no encoder.
             return_json = "null" if value is None else self._encode_result(value)
         except BaseException as error:
@@ -360,14 +374,13 @@ class Executor:
             # inside the except block so task_finished receivers (Django's own
             # logs the traceback from exc_info()) see the exception.
             self._after_call(job, began, failed=True)
-            if state.get("written"):
+            if state.written:
                 self.stats.add("succeeded")
                 if self.metrics is not None:
                     self.metrics.committed_by_task(job)
                 self._finished(result, TaskResultStatus.SUCCESSFUL)
                 return None
-            attempt = state.get("attempt")
-            if attempt is not None and attempt.expired:
+            if controlled and controlled[0].expired:
                 self._late(job, error)
                 return None
             if isinstance(error, FenceLost):
@@ -386,15 +399,14 @@ class Executor:
             self._finished(result, TaskResultStatus(outcome.status))
             return outcome
         self._after_call(job, began, failed=False)
-        if state.get("written"):
+        if state.written:
             # Committed with the task's own writes (shardq.complete_in_transaction).
             self.stats.add("succeeded")
             if self.metrics is not None:
                 self.metrics.committed_by_task(job)
             self._finished(result, TaskResultStatus.SUCCESSFUL)
             return None
-        attempt = state.get("attempt")
-        if attempt is not None and attempt.expired:
+        if controlled and controlled[0].expired:
             self._late(job, None)
             return None
         if result is not None:
@@ -450,15 +462,31 @@ class Executor:
             worker_ids=job.worker_ids,
         )
 
+    def backend_class(self, alias: str) -> type[BaseTaskBackend]:
+        """The class of the configured backend ``alias`` (Django's signals'
+        sender, as the backend itself sends them): looked up in
+        ``django.tasks.task_backends``, so the worker needs no import of
+        shardq's backend and a subclass configured in TASKS is the sender."""
+        found = self._backend_classes.get(alias)
+        if found is None:
+            try:
+                found = type(task_backends[alias])
+            except InvalidTaskBackend:  # not configured in this process: the row names another project's
+                found = BaseTaskBackend
+            self._backend_classes[alias] = found
+        return found
+
     def _finished(self, result: TaskResult | None, status: TaskResultStatus) -> None:
         if result is None:
             return
         object.__setattr__(result, "status", status)
         if status != TaskResultStatus.READY:  # a retry has not finished
             object.__setattr__(result, "finished_at", timezone.now())
-        task_finished.send(sender=self.backend_class, task_result=result)
+        task_finished.send(sender=self.backend_class(result.backend), task_result=result)
 
-    def _call(self, task: Task, job: ClaimedJob, result: TaskResult | None, state: dict[str, Any]) -> Any:
+    def _call(
+        self, task: Task, job: ClaimedJob, result: TaskResult | None, state: CommittedByTask, controlled: list[Attempt]
+    ) -> Any:
         args, kwargs = job.args, job.kwargs
         if not isinstance(args, list):
             _bad_payload("args", args, list)
@@ -481,9 +509,10 @@ class Executor:
         if is_async and self.loop is None:
             raise RuntimeError("the executor runs async tasks only once started")
         # The deadline counts from here, the task's real start.
-        attempt = state["attempt"] = self.control.begin(
+        attempt = self.control.begin(
             job, task, job.status_rank + 1, limit, is_async=is_async, observes_cancel=task.takes_context or is_async
         )
+        controlled.append(attempt)
         try:
             if task.takes_context:
                 args = [

@@ -155,6 +155,11 @@ class Attempt:
 
 
 class RunControl:
+    """The run-control thread (the module docstring), with a service's
+    interface: ``name``, ``start``, ``stop(deadline)``, ``failure``."""
+
+    name = "runcontrol"
+
     def __init__(
         self,
         store: WorkerStore,
@@ -257,11 +262,11 @@ class RunControl:
         self._thread = threading.Thread(target=self._run, name="shardq-runcontrol", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, deadline: float | None = None) -> None:
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=5.0 if deadline is None else max(0.1, deadline - time.monotonic()))
 
     def _run(self) -> None:
         try:

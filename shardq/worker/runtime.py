@@ -19,7 +19,6 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from ..backend import ShardqBackend
 from ..conf import get_config
 from ..core import pools
 from ..cron import schedules
@@ -31,6 +30,7 @@ from .completer import Completer
 from .executor import Executor
 from .fetcher import Fetcher, Listener, OutrankingClaim
 from .gauges import Gauges
+from .handback import HandBack
 from .leaser import Leaser
 from .runcontrol import EXIT_RECYCLE
 from .scheduler import Scheduler
@@ -101,9 +101,11 @@ class Worker:
             )
             # outrank: the listener's claims of jobs that outrank this
             # worker's buffer (Fetcher.outrank); connects on first use.
+            # handback: claimed jobs that will not run here go back to READY.
             # control: run control's cancel checks (runcontrol.py), on first use.
-            for name in ("leaser", "fetcher", "completer", "starter", "outrank", "control")
+            for name in ("leaser", "fetcher", "completer", "starter", "outrank", "handback", "control")
         }
+        self.handback = HandBack(self.store["handback"], self.stats)
         self.completer = Completer(
             self.store["completer"],
             self.stats,
@@ -143,6 +145,7 @@ class Worker:
             holds=self.holds_job,
             metrics=metrics,
             expedite=self.expedite,
+            handback=self.handback,
         )
         self.listener = (
             Listener(
@@ -166,8 +169,8 @@ class Worker:
             self.stats,
             worker_id=self.id,
             concurrency=concurrency,
-            backend_class=ShardqBackend,
             start_store=self.store["starter"],
+            handback=self.handback,
             task_modules=self.config.task_modules,
             metrics=metrics,
             control_store=self.store["control"],
@@ -191,7 +194,11 @@ class Worker:
 
     def running_in_shard(self, shard: int) -> int:
         """Jobs of ``shard`` still processing here or with an unwritten outcome."""
-        return self.buffer.processing_in_shard(shard) + self.completer.pending_in_shard(shard)
+        return (
+            self.buffer.processing_in_shard(shard)
+            + self.completer.pending_in_shard(shard)
+            + self.handback.pending_in_shard(shard)
+        )
 
     def demand(self) -> tuple[int, int]:
         """(jobs to claim now, smallest batch worth a round trip).
@@ -296,7 +303,7 @@ class Worker:
         dropped = []
         for shard in shards:
             dropped.extend(self.buffer.drop_shard(shard))
-        self.completer.return_jobs(dropped)
+        self.handback.return_jobs(dropped)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -374,6 +381,7 @@ class Worker:
             self.config.lease_ttl_seconds,
         )
         self.completer.start()
+        self.handback.start()
         self.executor.start()
         self.leaser.start()
         # Running workers recompute their share now, not at their next heartbeat.
@@ -417,35 +425,43 @@ class Worker:
             return 1
         return EXIT_RECYCLE if self.recycling else 0
 
+    def services(self) -> list:
+        """Every service thread of this worker, the listener included: each
+        has a ``name``, ``start``, ``stop(deadline)`` and ``failure``."""
+        found = [
+            self.leaser,
+            self.fetcher,
+            self.completer,
+            self.handback,
+            self.executor,
+            self.executor.starter,
+            self.executor.control,
+            self.scheduler,
+            self.listener,
+            self.gauges,
+        ]
+        return [service for service in found if service is not None]
+
     def _failed_service(self) -> str | None:
-        for name, service in (
-            ("leaser", self.leaser),
-            ("fetcher", self.fetcher),
-            ("completer", self.completer),
-            ("executor", self.executor),
-            ("scheduler", self.scheduler),
-            ("listener", self.listener),
-            ("starter", self.executor.starter),
-            ("run control", self.executor.control),
-            ("gauges", self.gauges),
-        ):
-            if service is not None and service.failure is not None:
-                return name
+        for service in self.services():
+            if service.failure is not None:
+                return service.name
         return None
 
     def shutdown(self) -> None:
         deadline = time.monotonic() + self.grace
         if self.scheduler:
-            self.scheduler.stop()
+            self.scheduler.stop(time.monotonic() + 10.0)
         self.leaser.begin_stop()
-        self.fetcher.stop()
+        self.fetcher.stop(time.monotonic() + 10.0)
         if self.listener:
-            self.listener.stop()
-        self.completer.return_jobs(self.buffer.drain())
-        finished = self.executor.stop(timeout=deadline - time.monotonic())
+            self.listener.stop(time.monotonic() + 5.0)
+        self.handback.return_jobs(self.buffer.drain())
+        finished = self.executor.stop(deadline)
         self.completer.stop(deadline=max(deadline, time.monotonic() + 5.0))
+        self.handback.stop(max(deadline, time.monotonic() + 5.0))
         if self.gauges:
-            self.gauges.stop()
+            self.gauges.stop(time.monotonic() + 10.0)
         # Shards with a job still running keep their lease until it expires:
         # releasing them would let the next owner re-run a job that may still
         # finish here.

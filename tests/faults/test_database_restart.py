@@ -20,8 +20,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.conftest import wait_until
 from tests.faults.harness import LEDGER_TASK, check_invariants, figures, insert_jobs, size, wait_all_finished
+from tests.helpers import wait_until
 from tests.workers import ROOT, WorkerPool
 
 BINDIR = Path("/usr/lib/postgresql/15/bin")

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import shardq
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.taskapp import isolation_tasks as t
 from tests.workers import query, scalar, status_counts, wait_drained, worker_id_of, worker_stats
 
