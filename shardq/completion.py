@@ -82,10 +82,16 @@ def complete_in_transaction(context, return_value=None, *, using: str = DEFAULT_
     Call it inside ``transaction.atomic()``: the outcome then commits exactly
     when the task's own writes do. Returns the shard's claim version, which is
     locked until COMMIT (no takeover can commit in between). Raises
-    ``FenceLost`` when this attempt no longer owns the job; raises
+    ``FenceLost`` when this attempt no longer owns the job, ``TaskTimeout``
+    once its deadline has passed; raises
     ``TypeError`` when ``return_value`` is not JSON.
     """
     context = _fencing_of(context)
+    # Past its deadline the attempt's outcome is the timeout's (written by
+    # the worker under the same rank): a late completion must not race it.
+    check_timeout = getattr(context, "check_timeout", None)
+    if check_timeout is not None:
+        check_timeout()
     try:
         value_json = json.dumps(return_value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:

@@ -700,17 +700,40 @@ ORDER BY mi.m;
 -- name: cancel_jobs
 -- Cancel the jobs of :ids that have not finished: READY or RUNNING become FAILED with a
 -- shardq.exceptions.Cancelled error and status_rank + 1, so the ack of an attempt still running
--- (it carries the claim's rank + 1) can no longer land; returns the ids cancelled with their queue
--- and task (the metrics' labels).
-UPDATE shardq_job
-SET status = 'FAILED', status_rank = status_rank + 1, finished_at = clock_timestamp(),
-    errors = errors || jsonb_build_array(jsonb_build_object(
-        'exception_class_path', 'shardq.exceptions.Cancelled',
-        'traceback', format(E'shardq.exceptions.Cancelled: cancelled while %%s%%s\n',
-                            CASE WHEN status = 'RUNNING' THEN 'running' ELSE 'ready' END,
-                            CASE WHEN %(reason)s = '' THEN '' ELSE ': ' || %(reason)s END)))
-WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('READY', 'CLAIMED', 'RUNNING')
-RETURNING id, queue_name, task_path;
+-- (it carries the claim's rank + 1) can no longer land; a job that was RUNNING is announced on
+-- NOTIFY channel shardq_cancel (payload: its id, delivered at commit) so its worker tells the task
+-- (context.is_cancelled(), CancelledError); returns the ids cancelled with their queue and task
+-- (the metrics' labels).
+WITH target AS (
+    SELECT id, status AS was FROM shardq_job
+    WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('READY', 'CLAIMED', 'RUNNING')
+    ORDER BY id
+    FOR UPDATE
+), cancelled AS (
+    UPDATE shardq_job AS job
+    SET status = 'FAILED', status_rank = job.status_rank + 1, finished_at = clock_timestamp(),
+        errors = job.errors || jsonb_build_array(jsonb_build_object(
+            'exception_class_path', 'shardq.exceptions.Cancelled',
+            'traceback', format(E'shardq.exceptions.Cancelled: cancelled while %%s%%s\n',
+                                CASE WHEN job.status = 'RUNNING' THEN 'running' ELSE 'ready' END,
+                                CASE WHEN %(reason)s = '' THEN '' ELSE ': ' || %(reason)s END)))
+    FROM target
+    WHERE job.id = target.id AND job.status IN ('READY', 'CLAIMED', 'RUNNING')
+    RETURNING job.id, job.queue_name, job.task_path, target.was
+)
+SELECT c.id, c.queue_name, c.task_path
+FROM cancelled AS c
+LEFT JOIN LATERAL (SELECT pg_notify('shardq_cancel', c.id::text) WHERE c.was = 'RUNNING') AS n ON true;
+
+-- name: cancelled_attempts
+-- Which of these running attempts (id, the rank its outcome would carry) were cancelled: the job
+-- is FAILED at that rank or later and its last error is shardq.exceptions.Cancelled (run
+-- control's check after a NOTIFY on shardq_cancel, and at every heartbeat while such attempts run).
+SELECT job.id FROM shardq_job AS job
+JOIN unnest(%(ids)s::bigint[], %(ranks)s::int[]) AS a(id, rank) ON job.id = a.id
+WHERE job.status = 'FAILED' AND job.status_rank >= a.rank
+  AND jsonb_typeof(job.errors) = 'array'
+  AND job.errors -> -1 ->> 'exception_class_path' = 'shardq.exceptions.Cancelled';
 
 -- name: notify
 -- Send one NOTIFY (a lease announcement; enqueue NOTIFYs ride on their INSERT).

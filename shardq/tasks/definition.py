@@ -13,6 +13,7 @@ from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Ta
 from django.tasks.base import DEFAULT_TASK_PRIORITY
 from django.tasks.exceptions import InvalidTask
 
+from .. import conf
 from .keys import key_to_str
 
 
@@ -76,6 +77,17 @@ class ShardTask(Task):
     # FAILED with WorkerLost instead (at-most-once, for tasks that must never
     # run twice).
     on_worker_lost: str = "retry"
+    # Seconds an attempt may run (a number or timedelta); None: the default,
+    # SHARDQ["TASK_TIMEOUT"]; math.inf: no limit whatever the default.
+    timeout: float | timedelta | None = None
+
+    @property
+    def timeout_seconds(self) -> float | None:
+        """The attempt's time limit in seconds (None: no limit), this task's
+        ``timeout`` or else ``SHARDQ["TASK_TIMEOUT"]``."""
+        if self.timeout is None:
+            return conf.get_config().task_timeout_seconds
+        return conf.timeout_seconds(self.timeout, "timeout")
 
     @property
     def unique_for_seconds(self) -> float | None:
@@ -86,10 +98,12 @@ class ShardTask(Task):
             return self.unique_for.total_seconds()
         return float(self.unique_for)
 
-    def using(self, *, shard_key=None, **changes):
+    def using(self, *, shard_key=None, timeout=None, **changes):
         task = Task.using(self, **changes)
         if shard_key is not None:
             task = replace(task, shard_key=key_to_str(shard_key, "shard_key"))
+        if timeout is not None:
+            task = replace(task, timeout=timeout)  # validated by the backend, as at definition
         return task
 
 
@@ -109,6 +123,7 @@ def shard_task(
     sensitive=(),
     salt=None,
     on_worker_lost="retry",
+    timeout=None,
 ):
     """Decorate a module-level function as a shardq task (see ``ShardTask``)."""
     if isinstance(sensitive, (list, set, frozenset)):
@@ -130,6 +145,7 @@ def shard_task(
             sensitive=sensitive,
             salt=salt,
             on_worker_lost=on_worker_lost,
+            timeout=timeout,
         )
 
     if function is not None:
@@ -159,6 +175,21 @@ def validate_shard_options(task: Task) -> None:
             f"{name}: on_worker_lost must be 'retry' (run again, at-least-once) or 'fail' "
             f"(at-most-once), not {task.on_worker_lost!r}."
         )
+    _check_timeout(task)
+
+
+def _check_timeout(task: "ShardTask") -> None:
+    if task.timeout is None:
+        # The default applies: a bad SHARDQ["TASK_TIMEOUT"] fails here, at
+        # import, with ShardqConfigurationError, not in the worker.
+        from django.conf import settings
+
+        conf.default_timeout_seconds(getattr(settings, "SHARDQ", {}).get("TASK_TIMEOUT"))
+        return
+    try:
+        conf.timeout_seconds(task.timeout, "timeout")
+    except ValueError as exc:
+        raise InvalidTask(f"{task.module_path}: {exc}") from None
 
 
 # Sub-keys beyond the largest sensible shard count spread nothing further.

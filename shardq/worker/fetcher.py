@@ -38,6 +38,9 @@ from .stats import Stats
 if TYPE_CHECKING:
     from ..metrics import Metrics
 
+# shardq.cancel() announces a cancelled RUNNING job here (cancel_jobs in queries.sql).
+CANCEL_CHANNEL = "shardq_cancel"
+
 logger = logging.getLogger("shardq.worker.fetcher")
 
 # Jobs due within this many seconds are claimed now and wait in the local
@@ -508,9 +511,12 @@ class Listener(Service):
         stats: Stats,
         alias: str = "default",
         shard_count: int = 64,
+        on_cancel: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__()
         self.channel = channel
+        # shardq.cancel() of a running job: its id, for run control (runcontrol.py).
+        self.on_cancel = on_cancel
         self.leaser = leaser
         self.fetcher = fetcher
         self.stats = stats
@@ -533,6 +539,10 @@ class Listener(Service):
         self._listen()
 
     def on_notify(self, channel: str, payload: str) -> None:
+        if channel == CANCEL_CHANNEL:
+            if self.on_cancel is not None:
+                self.on_cancel(payload)  # checked against the table before anyone is told
+            return
         if channel == LEASE_CHANNEL:
             # Our own announcements come back too: they need no lease round
             # (and must not use up the rate limit a peer's release needs).
@@ -559,7 +569,8 @@ class Listener(Service):
         while not self._stop.is_set():
             try:
                 self.conn = connect(self.alias, application_name="shardq-listener")
-                listen(self.conn, self.channel, LEASE_CHANNEL)
+                channels = (self.channel, LEASE_CHANNEL, *((CANCEL_CHANNEL,) if self.on_cancel is not None else ()))
+                listen(self.conn, *channels)
                 self.backend_pid = self.conn.info.backend_pid
                 delay = 0.1
                 # The gap while we were disconnected is covered by the poll.

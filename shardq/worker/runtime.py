@@ -32,6 +32,7 @@ from .fetcher import Fetcher, Listener, OutrankingClaim
 from .gauges import Gauges
 from .handback import HandBack
 from .leaser import Leaser
+from .runcontrol import EXIT_RECYCLE
 from .scheduler import Scheduler
 from .shutdown import signal_name
 from .stats import Stats
@@ -101,7 +102,8 @@ class Worker:
             # outrank: the listener's claims of jobs that outrank this
             # worker's buffer (Fetcher.outrank); connects on first use.
             # handback: claimed jobs that will not run here go back to READY.
-            for name in ("leaser", "fetcher", "completer", "starter", "outrank", "handback")
+            # control: run control's cancel checks (runcontrol.py), on first use.
+            for name in ("leaser", "fetcher", "completer", "starter", "outrank", "handback", "control")
         }
         self.handback = HandBack(self.store["handback"], self.stats)
         self.completer = Completer(
@@ -153,6 +155,7 @@ class Worker:
                 self.stats,
                 database,
                 shard_count=self.config.shard_count,
+                on_cancel=self.on_cancel_notified,
             )
             if self.config.notify
             else None
@@ -170,7 +173,10 @@ class Worker:
             handback=self.handback,
             task_modules=self.config.task_modules,
             metrics=metrics,
+            control_store=self.store["control"],
         )
+        # Set when run control asks for a fresh process (zombie threads).
+        self.recycling = False
         self.gauges = (
             Gauges(
                 WorkerStore(database, "shardq-metrics", self.database_guard),
@@ -272,6 +278,9 @@ class Worker:
     def holds_job(self, job_id: int) -> bool:
         """Is this job in memory here: buffered, running, or its outcome unwritten?"""
         return self.buffer.holds(job_id) or self.completer.holds(job_id)
+
+    def on_cancel_notified(self, payload: str) -> None:
+        self.executor.control.notified(payload)
 
     def on_shards_gained(self, shards: set[int]) -> None:
         """New shards: claim from them now rather than at the next poll."""
@@ -391,6 +400,18 @@ class Worker:
             if failed:
                 logger.error("%s stopped unexpectedly: shutting down", failed)
                 break
+            recycle = self.executor.control.recycle_reason
+            if recycle is not None:
+                # Nothing is lost: buffered jobs go back, the other running
+                # jobs finish, the zombies' outcomes are written already.
+                logger.error(
+                    "worker %s: %s; stopping to be replaced by a fresh process (exit %s)",
+                    self.label,
+                    recycle,
+                    EXIT_RECYCLE,
+                )
+                self.recycling = True
+                break
             if self.max_tasks is not None and self.finished_jobs() >= self.max_tasks:
                 logger.info(
                     "worker %s finished %s jobs (--max-tasks %s): stopping",
@@ -400,7 +421,9 @@ class Worker:
                 )
                 break
         self.shutdown()
-        return 1 if failed or self.grace_expired else 0
+        if failed or self.grace_expired:
+            return 1
+        return EXIT_RECYCLE if self.recycling else 0
 
     def services(self) -> list:
         """Every service thread of this worker, the listener included: each
@@ -412,6 +435,7 @@ class Worker:
             self.handback,
             self.executor,
             self.executor.starter,
+            self.executor.control,
             self.scheduler,
             self.listener,
             self.gauges,
@@ -441,7 +465,10 @@ class Worker:
         # Shards with a job still running keep their lease until it expires:
         # releasing them would let the next owner re-run a job that may still
         # finish here.
-        still_running = {s for s in list(self.leaser.held) if self.running_in_shard(s)}
+        # A zombie's job is not running for this purpose: its outcome was
+        # written at its deadline, and this process exits now.
+        control = self.executor.control
+        still_running = {s for s in list(self.leaser.held) if self.running_in_shard(s) > control.zombies_in_shard(s)}
         if not finished:
             self.grace_expired = True
             logger.warning(
