@@ -72,6 +72,7 @@ from django.utils import timezone
 
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, TaskTimeout
+from .service import Service
 from .stats import Stats
 
 if TYPE_CHECKING:
@@ -154,9 +155,8 @@ class Attempt:
         return self.deadline - (time.monotonic() if now is None else now)
 
 
-class RunControl:
-    """The run-control thread (the module docstring), with a service's
-    interface: ``name``, ``start``, ``stop(deadline)``, ``failure``."""
+class RunControl(Service):
+    """The run-control thread (the module docstring), a worker Service."""
 
     name = "runcontrol"
 
@@ -172,6 +172,7 @@ class RunControl:
         concurrency: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__()
         self.store = store
         self.stats = stats
         self.on_deadline = on_deadline
@@ -188,9 +189,6 @@ class RunControl:
         self._wake = threading.Event()
         self._check_cancels = False
         self._last_cancel_check = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.failure: BaseException | None = None
         # Why this process should be replaced (zombies), once that is so.
         self.recycle_reason: str | None = None
         self.zombie_count = 0
@@ -258,42 +256,30 @@ class RunControl:
 
     # -- the thread ---------------------------------------------------------------
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="shardq-runcontrol", daemon=True)
-        self._thread.start()
-
-    def stop(self, deadline: float | None = None) -> None:
-        self._stop.set()
+    def interrupt(self) -> None:
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0 if deadline is None else max(0.1, deadline - time.monotonic()))
 
-    def _run(self) -> None:
-        try:
-            next_poll = self.clock() + self.poll_seconds
-            while not self._stop.is_set():
-                now = self.clock()
-                self._expire_due(now)
-                self._reinject(now)
-                if self._check_cancels and now - self._last_cancel_check >= CANCEL_CHECK_SECONDS:
-                    self._poll_cancels(now)
-                elif now >= next_poll:
-                    self._poll_cancels(now)
-                    next_poll = now + self.poll_seconds
-                self._count_zombies(now)
-                wait = min(next_poll - now, 0.25 if self._any_timed_out() else 1.0)
-                if self._check_cancels:
-                    wait = min(wait, CANCEL_CHECK_SECONDS)
-                with self._lock:
-                    if self._deadlines:
-                        wait = min(wait, self._deadlines[0][0] - now)
-                    self._next_wake = now + max(0.0, wait)
-                self._wake.wait(max(0.0, wait))
-                self._wake.clear()
-        except BaseException as exc:
-            self.failure = exc
-            logger.exception("run control died; the worker stops")
-            raise
+    def run(self) -> None:
+        next_poll = self.clock() + self.poll_seconds
+        while not self.stopping:
+            now = self.clock()
+            self._expire_due(now)
+            self._reinject(now)
+            if self._check_cancels and now - self._last_cancel_check >= CANCEL_CHECK_SECONDS:
+                self._poll_cancels(now)
+            elif now >= next_poll:
+                self._poll_cancels(now)
+                next_poll = now + self.poll_seconds
+            self._count_zombies(now)
+            wait = min(next_poll - now, 0.25 if self._any_timed_out() else 1.0)
+            if self._check_cancels:
+                wait = min(wait, CANCEL_CHECK_SECONDS)
+            with self._lock:
+                if self._deadlines:
+                    wait = min(wait, self._deadlines[0][0] - now)
+                self._next_wake = now + max(0.0, wait)
+            self._wake.wait(max(0.0, wait))
+            self._wake.clear()
 
     def _expire_due(self, now: float) -> None:
         due = []
