@@ -4,9 +4,25 @@ With DATABASE_URL unset the settings start the embedded server (pgserver);
 pytest-django then creates the test database on whichever server it is.
 """
 
+import signal
+
 import pytest
 
 from tests.helpers import wait_until  # noqa: F401 (older tests import it from here)
+
+WORKER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+@pytest.fixture(autouse=True)
+def restore_signal_handlers():
+    """A test that runs the worker command in this process (call_command)
+    installs the worker's stop handlers; put pytest's back afterwards, so a
+    Ctrl-C still stops the run."""
+    saved = {signum: signal.getsignal(signum) for signum in WORKER_SIGNALS}
+    yield
+    for signum, handler in saved.items():
+        if signal.getsignal(signum) is not handler and handler is not None:
+            signal.signal(signum, handler)
 
 
 @pytest.fixture
