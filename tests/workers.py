@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from urllib.parse import quote
 
@@ -46,6 +47,10 @@ class WorkerPool:
         self.tmp_path = tmp_path
         self.procs: list[subprocess.Popen] = []
         self.seen_children: set[int] = set()  # pids of our workers' children, recorded while seen
+        # Every process started here (and every child a supervisor starts,
+        # which inherits the environment) carries this tag: stop_all finds
+        # them all by it, even a child restarted after the test last looked.
+        self.tag = uuid.uuid4().hex
 
     def env(self, **extra) -> dict:
         env = dict(os.environ)
@@ -57,6 +62,7 @@ class WorkerPool:
             PYTHONUNBUFFERED="1",
         )
         env.update({k: str(v) for k, v in extra.items()})
+        env[POOL_TAG] = self.tag
         return env
 
     def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
@@ -102,11 +108,17 @@ class WorkerPool:
             proc.log_file.close()
         for pid in self.orphans():
             kill_tree(pid)
+        for pid in tagged(self.tag):
+            kill_tree(pid)
 
     def orphans(self) -> list[int]:
         """Children of our workers still alive (after their parent ended they
-        are re-parented: known by the pids recorded while it lived)."""
-        return sorted(pid for pid in self.seen_children if alive(pid))
+        are re-parented: known by the pids recorded while it lived, or by the
+        pool's tag in their environment)."""
+        started = {proc.pid for proc in self.procs}
+        found = {pid for pid in self.seen_children if alive(pid)}
+        found.update(pid for pid in tagged(self.tag) if pid not in started)
+        return sorted(found)
 
     def children(self, proc) -> list[int]:
         """The pids of ``proc``'s child processes (a supervisor's workers), recorded."""
@@ -116,6 +128,25 @@ class WorkerPool:
 
     def log(self, proc) -> str:
         return Path(proc.log_path).read_text()
+
+
+POOL_TAG = "SHARDQ_TEST_WORKER_POOL"
+
+
+def tagged(tag: str) -> list[int]:
+    """Live processes whose environment carries ``POOL_TAG=tag`` (Linux /proc)."""
+    needle = f"{POOL_TAG}={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0") and alive(int(entry)):
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
 
 
 def children_of(pid: int) -> list[int]:
