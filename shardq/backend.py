@@ -173,8 +173,10 @@ class ShardqBackend(BaseTaskBackend):
             except UnicodeEncodeError:  # key_to_str refuses these; a key set some other way
                 check_text(key, f"{task.module_path}: the shard key")
                 raise
+        # No shard here: the statement that writes the row computes it from
+        # the cluster's current shard count (shardq_cluster), which an online
+        # reshard changes (the insert statements, or reserve_job_ids for COPY).
         return {
-            "shard": key_hash & (self.config.shard_count - 1),
             "key_hash": key_hash,
             "shard_key": key,
             "args": args_json,
@@ -192,6 +194,8 @@ class ShardqBackend(BaseTaskBackend):
             "ordered": is_shard_task and task.ordered,
             "max_attempts": task.max_attempts if is_shard_task else 1,
             "channel": self.config.channel,
+            # Only when the cluster row is missing (shard_count_now).
+            "shard_count": self.config.shard_count,
         }
 
     def enqueue(self, task, args, kwargs):
@@ -352,8 +356,11 @@ class ShardqBackend(BaseTaskBackend):
         rows = [self.job_row(task, args, kwargs) for args, kwargs in calls]
         conn = connections[self.database_alias]
         with transaction.atomic(using=self.database_alias), conn.cursor() as cursor:
-            cursor.execute(QUERIES["reserve_job_ids"], {"n": len(rows)})
-            ids, enqueued_at = cursor.fetchone()
+            cursor.execute(QUERIES["reserve_job_ids"], {"n": len(rows), "shard_count": self.config.shard_count})
+            ids, enqueued_at, shard_count = cursor.fetchone()
+            mask = shard_count - 1
+            for row in rows:
+                row["shard"] = row["key_hash"] & mask
             ids.sort()
             run_after = params["run_after"]
             # COPY text: the columns every row shares, escaped and formatted once.

@@ -4,14 +4,18 @@
 -- A block may be an SQL expression that others include as {{NAME}}
 -- (in parentheses), so a definition is written once.
 
+-- name: shard_count_now
+-- The cluster's shard count (shardq_cluster, changed by shardq_reshard), or :shard_count (SHARDQ["SHARD_COUNT"]) when the row is missing: an expression. Read in the statement that uses it, so an enqueue places its job with the count current when it runs, with no round trip of its own.
+COALESCE((SELECT c.shard_count FROM shardq_cluster AS c WHERE c.id = 1), %(shard_count)s)
+
 -- name: insert_job
--- Insert one READY job on the caller's connection and NOTIFY its shard and priority, 'shard:priority' (delivered at commit).
+-- Insert one READY job on the caller's connection and NOTIFY its shard and priority, 'shard:priority' (delivered at commit). Its shard is key_hash & (the cluster's shard count - 1).
 WITH job AS (
     INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
         shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
         errors, worker_ids, enqueued_at)
     VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
-        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
+        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
     RETURNING id, shard, priority, enqueued_at, run_after
@@ -24,7 +28,7 @@ INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, sha
     shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
     errors, worker_ids, enqueued_at)
 VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
-    COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
+    COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
     %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
     %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
 RETURNING id, enqueued_at, run_after, NULL;
@@ -59,7 +63,7 @@ WITH live AS MATERIALIZED (
         shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
         errors, worker_ids, enqueued_at)
     SELECT new_job.id, %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
-        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
+        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp()
     FROM new_job JOIN claim ON claim.job_id = new_job.id
@@ -91,9 +95,14 @@ SELECT id, task_path, backend, queue_name, priority,
 FROM shardq_job WHERE id = %(id)s;
 
 -- name: ensure_shards
--- Create the lease rows 0 .. count-1 of pool :pool that do not exist yet (rows are never deleted).
+-- Create the cluster row (shard count :count) when missing, and the lease rows 0 .. n-1 of pool :pool that do not exist yet, n the larger of :count and the cluster's count (a reshard may have raised it; rows are never deleted).
+WITH cluster AS (
+    INSERT INTO shardq_cluster (id, shard_count, version) VALUES (1, %(count)s, 1)
+    ON CONFLICT (id) DO NOTHING
+)
 INSERT INTO shardq_shard (pool, shard, owner, lease_expires, claim_version, claimed_at)
-SELECT %(pool)s, g, NULL, NULL, 0, NULL FROM generate_series(0, %(count)s - 1) AS g
+SELECT %(pool)s, g, NULL, NULL, 0, NULL
+FROM generate_series(0, GREATEST(%(count)s, COALESCE((SELECT shard_count FROM shardq_cluster WHERE id = 1), 0)) - 1) AS g
 ON CONFLICT (pool, shard) DO NOTHING;
 
 -- name: register_worker
@@ -443,9 +452,9 @@ FROM unnest(%(shards)s::int[], %(versions)s::bigint[], %(previous)s::text[], %(r
      AS c(shard, version, previous, rescued);
 
 -- name: reserve_job_ids
--- Reserve :n ids from shardq_job's id sequence and the enqueue time, for a bulk COPY of :n jobs (the sequence is looked up once: MATERIALIZED).
+-- Reserve :n ids from shardq_job's id sequence, the enqueue time and the cluster's shard count (the rows' shards), for a bulk COPY of :n jobs (the sequence is looked up once: MATERIALIZED).
 WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence('shardq_job', 'id')::regclass AS seq)
-SELECT array_agg(nextval(s.seq)), statement_timestamp()
+SELECT array_agg(nextval(s.seq)), statement_timestamp(), {{shard_count_now}}
 FROM s, generate_series(1, %(n)s) AS g(i);
 
 -- name: copy_jobs
