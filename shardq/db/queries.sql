@@ -188,7 +188,7 @@ WITH held AS MATERIALIZED (
            -- jobs of the same keys (the ordered-key guard below).
            EXISTS (SELECT 1 FROM shardq_shard AS o
                    WHERE o.shard = s.shard AND o.id <> s.id AND o.owner IS NOT NULL
-                     AND o.lease_expires > clock_timestamp()) AS shared
+                     AND o.lease_expires > clock_timestamp()) AS shared,
            -- A reshard in progress (shardq_cluster.reshard_from): a key's
            -- unfinished jobs may sit in any shard of this one's family (the
            -- shards equal to it below the old count): its old shard, its new

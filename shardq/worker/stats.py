@@ -29,6 +29,7 @@ COUNTERS = (
     "outranking_claims",  # claims outside demand for jobs a NOTIFY said outrank the buffer
     "started_out_of_turn",  # buffered jobs started ahead of lower ones started earlier
     "heartbeats",
+    "shard_count_changes",  # a reshard raised the cluster's shard count (shardq_reshard)
 )
 
 
