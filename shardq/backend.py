@@ -66,7 +66,7 @@ from functools import partial
 
 import psycopg
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
@@ -203,11 +203,29 @@ class ShardqBackend(BaseTaskBackend):
         if isinstance(task, ShardTask) and task.unique_for is not None:
             return self._enqueue_unique(task, args, kwargs)
         params.update(self.job_row(task, args, kwargs))
-        job_id, enqueued_at, run_after, _ = self._fetch_one_prepared(self._insert_query, params)
+        try:
+            job_id, enqueued_at, run_after, _ = self._fetch_one_prepared(self._insert_query, params)
+        except DatabaseError:
+            self._drop_broken_connection()
+            raise
         result = self._new_result(task, job_id, enqueued_at, run_after, args, kwargs)
         if self._enqueued_gate.needed(logging.DEBUG):
             task_enqueued.send(type(self), task_result=result)
         return result
+
+    def _drop_broken_connection(self) -> None:
+        """After a failed enqueue outside a transaction, close the connection
+        if the server is gone (a crash, a failover): Django closes a broken
+        connection only at a request's start and end, so a process without
+        a request cycle (a script, a consumer loop, a task) would otherwise
+        fail every enqueue until it restarts. The next enqueue connects
+        again — with a multi-host DATABASE_URL and
+        ``target_session_attrs=read-write``, to the new primary
+        (docs/scaling.md, "PostgreSQL failover"). Inside ``atomic()`` the
+        caller's transaction is lost anyway and Django's own rules apply."""
+        conn = connections[self.database_alias]
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
 
     def _validate_once(self, task) -> dict:
         """validate_task, once per Task object: a Task is immutable and this

@@ -128,7 +128,7 @@ ORDER BY w.started_at, w.id;
 -- Take up to :wanted unowned or expired shards of pool :pool (SKIP LOCKED), each under a new claim_version from the one sequence; returns shard, claim_version, previous owner. The store then runs rescue_jobs and log_shard_claims in the same transaction.
 WITH candidate AS (
     SELECT id, shard, owner FROM shardq_shard
-    WHERE pool = %(pool)s AND shard < {{shard_count_now}}
+    WHERE pool = %(pool)s AND shard < %(shard_count)s
       AND (owner IS NULL OR lease_expires < clock_timestamp())
     ORDER BY shard
     LIMIT %(wanted)s
