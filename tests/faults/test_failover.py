@@ -92,10 +92,12 @@ def pair(request):
                 conn.execute("ALTER SYSTEM SET synchronous_standby_names = 'standby1'")
                 conn.execute("SELECT pg_reload_conf()")
             wait_until(
-                lambda: conn.execute(
-                    "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby1' AND state = 'streaming'"
-                ).fetchone()
-                == (("sync",) if mode == "synchronous" else ("async",)),
+                lambda: (
+                    conn.execute(
+                        "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby1' AND state = 'streaming'"
+                    ).fetchone()
+                    == (("sync",) if mode == "synchronous" else ("async",))
+                ),
                 timeout=60,
                 message=f"the standby to stream ({mode})",
             )
@@ -165,7 +167,9 @@ def test_failover_to_the_standby_loses_no_committed_job_and_jobs_flow_again(pair
                 [kill_wall],
             )[0][0]
 
-        wait_until(finished_after_kill, timeout=FLOW_BOUND + 30, interval=0.05, message="a job to finish after the kill")
+        wait_until(
+            finished_after_kill, timeout=FLOW_BOUND + 30, interval=0.05, message="a job to finish after the kill"
+        )
         jobs_flow = time.monotonic() - killed
 
         def first_enqueue_after_outage() -> float | None:
@@ -176,7 +180,10 @@ def test_failover_to_the_standby_loses_no_committed_job_and_jobs_flow_again(pair
             return min(after) if after else None
 
         back = wait_until(
-            first_enqueue_after_outage, timeout=FLOW_BOUND + 30, interval=0.05, message="an enqueue to commit after the kill"
+            first_enqueue_after_outage,
+            timeout=FLOW_BOUND + 30,
+            interval=0.05,
+            message="an enqueue to commit after the kill",
         )
         enqueue_flow = back - kill_wall
         time.sleep(LOAD_AFTER_KILL)  # pacing: load on the new primary

@@ -87,8 +87,10 @@ def test_reshard_under_sigkill_churn_loses_nothing_runs_nothing_twice_and_keeps_
 
     wait_all_finished(query, JOBS, timeout=size(300, 3600))
     wait_until(
-        lambda: scalar("SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL AND lease_expires > clock_timestamp()")
-        == TARGET,
+        lambda: (
+            scalar("SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL AND lease_expires > clock_timestamp()")
+            == TARGET
+        ),
         timeout=30,
         message="all 128 shards owned after the reshard",
     )

@@ -147,7 +147,7 @@ def test_a_second_reshard_is_refused_while_one_runs_and_an_interrupted_one_is_re
     finally:
         holder.close()  # the command died: its lock goes with its session
 
-    with pytest.raises(CommandError, match="was interrupted.*--resume"):
+    with pytest.raises(CommandError, match=r"was interrupted.*--resume"):
         reshard("--to", "256")
     jobs = shardq.enqueue_many(tasks.keyed, [((n,), {}) for n in range(100)])
     sql("UPDATE shardq_job SET shard = key_hash & 63 WHERE id = ANY(%s)", [[int(r.id) for r in jobs]])

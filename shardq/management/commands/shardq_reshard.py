@@ -123,9 +123,7 @@ class Command(BaseCommand):
         if options["resume"]:
             raise CommandError(f"No reshard is running (the cluster has {count} shards, version {version}).")
         if not locked:
-            raise CommandError(
-                "Another shardq_reshard is starting (it holds the reshard lock); one reshard at a time."
-            )
+            raise CommandError("Another shardq_reshard is starting (it holds the reshard lock); one reshard at a time.")
         if target < count:
             raise CommandError(
                 f"--to {target} would shrink the cluster from {count} shards; shardq only grows the shard count "
