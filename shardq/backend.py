@@ -55,7 +55,7 @@ from dataclasses import fields as dataclass_fields
 from functools import partial
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
@@ -161,8 +161,10 @@ class ShardqBackend(BaseTaskBackend):
             except UnicodeEncodeError:  # key_to_str refuses these; a key set some other way
                 check_text(key, f"{task.module_path}: the shard key")
                 raise
+        # No shard here: the statement that writes the row computes it from
+        # the cluster's current shard count (shardq_cluster), which an online
+        # reshard changes (the insert statements, or reserve_job_ids for COPY).
         return {
-            "shard": key_hash & (self.config.shard_count - 1),
             "key_hash": key_hash,
             "shard_key": key,
             "args": args_json,
@@ -181,6 +183,8 @@ class ShardqBackend(BaseTaskBackend):
             "max_attempts": task.max_attempts if is_shard_task else 1,
             "channel": self.config.channel,
             "notify": self.config.notify,
+            # Only when the cluster row is missing (shard_count_now).
+            "shard_count": self.config.shard_count,
         }
 
     def enqueue(self, task, args, kwargs):
@@ -188,13 +192,31 @@ class ShardqBackend(BaseTaskBackend):
         if isinstance(task, ShardTask) and task.unique_for is not None:
             return self._enqueue_unique(task, args, kwargs)
         params.update(self.job_row(task, args, kwargs))
-        job_id, enqueued_at, run_after, _ = enqueue_statements.fetch_one(
-            self.database_alias, "insert_job", params, prepared=self.prepared_statements
-        )
+        try:
+            job_id, enqueued_at, run_after, _ = enqueue_statements.fetch_one(
+                self.database_alias, "insert_job", params, prepared=self.prepared_statements
+            )
+        except DatabaseError:
+            self._drop_broken_connection()
+            raise
         result = self._new_result(task, job_id, enqueued_at, run_after, args, kwargs)
         if self._enqueued_gate.needed(logging.DEBUG):
             task_enqueued.send(type(self), task_result=result)
         return result
+
+    def _drop_broken_connection(self) -> None:
+        """After a failed enqueue outside a transaction, close the connection
+        if the server is gone (a crash, a failover): Django closes a broken
+        connection only at a request's start and end, so a process without
+        a request cycle (a script, a consumer loop, a task) would otherwise
+        fail every enqueue until it restarts. The next enqueue connects
+        again — with a multi-host DATABASE_URL and
+        ``target_session_attrs=read-write``, to the new primary
+        (docs/scaling.md, "PostgreSQL failover"). Inside ``atomic()`` the
+        caller's transaction is lost anyway and Django's own rules apply."""
+        conn = connections[self.database_alias]
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
 
     def _validate_once(self, task) -> dict:
         """validate_task, once per Task object: a Task is immutable and this

@@ -200,3 +200,32 @@ class UniqueKey(models.Model):
 
     def __str__(self):
         return f"{self.key} -> job {self.job_id} until {self.expires_at}"
+
+
+class Cluster(models.Model):
+    """The cluster's versioned settings: one row (id 1), read in SQL by every
+    enqueue and claim, and by each worker's heartbeat.
+
+    ``shard_count`` is the number of shards jobs are spread over: new jobs
+    go to ``key_hash & (shard_count - 1)``. It starts at SHARDQ["SHARD_COUNT"]
+    and changes only through ``manage.py shardq_reshard``, which bumps
+    ``version``. While a reshard runs, ``reshard_from`` holds the count before
+    it: jobs of one key may then sit in two shards of one family (``shard &
+    (reshard_from - 1)``), and the claim keeps their order across the family
+    (docs/architecture.md, "Resharding").
+    """
+
+    id = models.SmallIntegerField(primary_key=True, default=1)
+    shard_count = models.IntegerField()
+    version = models.BigIntegerField(default=1)
+    reshard_from = models.IntegerField(null=True, blank=True)
+    # When the count switched (database time): transactions begun before it
+    # may still commit jobs placed with the old count.
+    switched_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "shardq_cluster"
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="shardq_cluster_one_row")]
+
+    def __str__(self):
+        return f"{self.shard_count} shards (version {self.version})"

@@ -143,15 +143,20 @@ def copy_jobs(
     channel: str,
     on_job: Callable[[int, int, datetime], None],
 ) -> None:
-    """Insert one READY job per row (``shard``, ``key_hash``, ``shard_key``,
-    ``args``, ``kwargs``; the rest from ``params``, shared) with one COPY, and
+    """Insert one READY job per row (``key_hash``, ``shard_key``, ``args``,
+    ``kwargs``; its ``shard`` is set here from the cluster's shard count; the
+    rest from ``params``, shared) with one COPY, and
     NOTIFY each distinct shard once, in one atomic block. ``on_job(index,
     job id, enqueued_at)`` is called for each row while the server takes the
     rows in; an exception from it rolls everything back."""
     conn = connections[alias]
     with transaction.atomic(using=alias), conn.cursor() as cursor:
-        cursor.execute(QUERIES["reserve_job_ids"], {"n": len(rows)})
-        ids, enqueued_at = cursor.fetchone()
+        cursor.execute(QUERIES["reserve_job_ids"], {"n": len(rows), "shard_count": params["shard_count"]})
+        ids, enqueued_at, shard_count = cursor.fetchone()
+        # The cluster's count now (a reshard may have raised it): each row's shard.
+        mask = shard_count - 1
+        for row in rows:
+            row["shard"] = row["key_hash"] & mask
         ids.sort()
         run_after = params["run_after"]
         # COPY text: the columns every row shares, escaped and formatted once.

@@ -10,13 +10,20 @@
 id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key, ordered, status,
     status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at
 
+-- name: shard_count_now
+-- The cluster's shard count (shardq_cluster, changed by shardq_reshard), or :shard_count
+-- (SHARDQ["SHARD_COUNT"]) when the row is missing: an expression. Read in the statement that uses
+-- it, so an enqueue places its job with the count current when it runs, with no round trip of its
+-- own.
+COALESCE((SELECT c.shard_count FROM shardq_cluster AS c WHERE c.id = 1), %(shard_count)s)
+
 -- name: insert_job
 -- Insert one READY job on the caller's connection; when :notify, NOTIFY its shard and priority,
--- 'shard:priority' (delivered at commit).
+-- 'shard:priority' (delivered at commit). Its shard is key_hash & (the cluster's shard count - 1).
 WITH job AS (
     INSERT INTO shardq_job {{job_columns}}
     VALUES (DEFAULT, %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
-        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
+        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
     RETURNING id, shard, priority, enqueued_at, run_after
@@ -55,7 +62,7 @@ WITH live AS MATERIALIZED (
 ), job AS (
     INSERT INTO shardq_job {{job_columns}}
     SELECT new_job.id, %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
-        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
+        COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp()
     FROM new_job JOIN claim ON claim.job_id = new_job.id
@@ -89,9 +96,16 @@ SELECT id, task_path, backend, queue_name, priority,
 FROM shardq_job WHERE id = %(id)s;
 
 -- name: ensure_shards
--- Create the lease rows 0 .. count-1 of pool :pool that do not exist yet (rows are never deleted).
+-- Create the cluster row (shard count :count) when missing, and the lease rows 0 .. n-1 of pool
+-- :pool that do not exist yet, n the larger of :count and the cluster's count (a reshard may have
+-- raised it; rows are never deleted).
+WITH cluster AS (
+    INSERT INTO shardq_cluster (id, shard_count, version) VALUES (1, %(count)s, 1)
+    ON CONFLICT (id) DO NOTHING
+)
 INSERT INTO shardq_shard (pool, shard, owner, lease_expires, claim_version, claimed_at)
-SELECT %(pool)s, g, NULL, NULL, 0, NULL FROM generate_series(0, %(count)s - 1) AS g
+SELECT %(pool)s, g, NULL, NULL, 0, NULL
+FROM generate_series(0, GREATEST(%(count)s, COALESCE((SELECT shard_count FROM shardq_cluster WHERE id = 1), 0)) - 1) AS g
 ON CONFLICT (pool, shard) DO NOTHING;
 
 -- name: register_worker
@@ -103,13 +117,14 @@ VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(pool)s, clock_timest
 
 -- name: heartbeat
 -- Record this worker's heartbeat and counters; list the live workers of its pool (heartbeat within
--- the TTL, this one included) in a stable order: they share the pool's shards.
+-- the TTL, this one included) in a stable order: they share the pool's shards. Each row also
+-- carries the cluster's shard count (NULL: no cluster row), which shardq_reshard may have raised.
 WITH me AS (
     UPDATE shardq_worker SET heartbeat_at = clock_timestamp(), stats = %(stats)s::jsonb
     WHERE id = %(worker)s
     RETURNING id
 )
-SELECT w.id, (SELECT count(*) FROM me)
+SELECT w.id, (SELECT count(*) FROM me), (SELECT c.shard_count FROM shardq_cluster AS c WHERE c.id = 1)
 FROM shardq_worker w
 WHERE w.state = 'RUNNING' AND w.pool = %(pool)s
   AND (w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s) OR w.id = %(worker)s)
@@ -197,7 +212,16 @@ WITH held AS MATERIALIZED (
            -- jobs of the same keys (the ordered-key guard below).
            EXISTS (SELECT 1 FROM shardq_shard AS o
                    WHERE o.shard = s.shard AND o.id <> s.id AND o.owner IS NOT NULL
-                     AND o.lease_expires > clock_timestamp()) AS shared
+                     AND o.lease_expires > clock_timestamp()) AS shared,
+           -- A reshard in progress (shardq_cluster.reshard_from): a key's
+           -- unfinished jobs may sit in any shard of this one's family (the
+           -- shards equal to it below the old count): its old shard, its new
+           -- one, or the old one again for a job placed by a transaction
+           -- that began before the count switched. The ordered-key guard
+           -- below then looks across the family. NULL: no reshard.
+           (SELECT ARRAY(SELECT (s.shard & (c.reshard_from - 1)) + k * c.reshard_from
+                         FROM generate_series(0, c.shard_count / c.reshard_from - 1) AS k)
+            FROM shardq_cluster AS c WHERE c.id = 1 AND c.reshard_from > 0) AS family
     FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
     JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
     WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
@@ -208,7 +232,7 @@ WITH held AS MATERIALIZED (
     -- before, took priority-0 jobs of one shard while another shard's
     -- priority-20 jobs waited in the table; the local queue can only order
     -- what was claimed.
-    SELECT held.shard, held.claim_version, held.ord, held.shared, top.priority
+    SELECT held.shard, held.claim_version, held.ord, held.shared, held.family, top.priority
     FROM held
     CROSS JOIN LATERAL (
         SELECT priority FROM shardq_job
@@ -267,9 +291,12 @@ WITH held AS MATERIALIZED (
           -- (READY) or in flight under another lease. A READY predecessor
           -- counts as seen by this statement's snapshot, so a claim racing
           -- another pool's claim of that predecessor errs toward waiting.
-          AND CASE WHEN ordered AND held.shared THEN NOT EXISTS (
+          -- During a reshard the same holds across the shard's family (see
+          -- held.family): each of its shards may have its own owner.
+          AND CASE WHEN ordered AND (held.shared OR held.family IS NOT NULL) THEN NOT EXISTS (
                   SELECT 1 FROM shardq_job AS e
-                  WHERE e.shard = held.shard AND e.shard_key = shardq_job.shard_key AND e.ordered
+                  WHERE e.shard = ANY(COALESCE(held.family, ARRAY[held.shard]::int[]))
+                    AND e.shard_key = shardq_job.shard_key AND e.ordered
                     AND e.status IN ('READY', 'CLAIMED', 'RUNNING') AND e.id < shardq_job.id
                     AND CASE WHEN e.status = 'READY' THEN e.run_after <= shardq_job.run_after
                              ELSE e.fence <> held.claim_version END)
@@ -481,10 +508,10 @@ FROM unnest(%(shards)s::int[], %(versions)s::bigint[], %(previous)s::text[], %(r
      AS c(shard, version, previous, rescued);
 
 -- name: reserve_job_ids
--- Reserve :n ids from shardq_job's id sequence and the enqueue time, for a bulk COPY of :n jobs
--- (the sequence is looked up once: MATERIALIZED).
+-- Reserve :n ids from shardq_job's id sequence, the enqueue time and the cluster's shard count
+-- (the rows' shards), for a bulk COPY of :n jobs (the sequence is looked up once: MATERIALIZED).
 WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence('shardq_job', 'id')::regclass AS seq)
-SELECT array_agg(nextval(s.seq)), statement_timestamp()
+SELECT array_agg(nextval(s.seq)), statement_timestamp(), {{shard_count_now}}
 FROM s, generate_series(1, %(n)s) AS g(i);
 
 -- name: copy_jobs
@@ -787,7 +814,7 @@ SELECT s.pool,
        count(*) FILTER (WHERE s.owner IS NOT NULL AND s.lease_expires > clock_timestamp()) AS held,
        count(*) FILTER (WHERE s.owner IS NULL OR s.lease_expires <= clock_timestamp()) AS unowned
 FROM shardq_shard AS s
-WHERE s.shard < %(shard_count)s
+WHERE s.shard < {{shard_count_now}}
 GROUP BY s.pool ORDER BY s.pool;
 
 -- name: status_due_queues
@@ -826,7 +853,86 @@ GROUP BY 1, 2;
 -- The cluster gauge of shards unowned or expired, summed over the pools that have a live worker
 -- (heartbeat within :ttl); a pool nobody runs any more is not counted.
 SELECT count(*) FROM shardq_shard AS s
-WHERE s.shard < %(shard_count)s AND (s.owner IS NULL OR s.lease_expires <= clock_timestamp())
+WHERE s.shard < {{shard_count_now}} AND (s.owner IS NULL OR s.lease_expires <= clock_timestamp())
   AND EXISTS (SELECT 1 FROM shardq_worker AS w
               WHERE w.pool = s.pool AND w.state = 'RUNNING'
                 AND w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s));
+
+-- name: reshard_state
+-- shardq_reshard: the cluster row (shard count, version, the count before a reshard in progress or
+-- NULL, when the count switched), and whether this session could take the reshard lock (:classid,
+-- :objid; held for the session, so a second shardq_reshard sees a live one).
+SELECT c.shard_count, c.version, c.reshard_from, c.switched_at,
+       pg_try_advisory_lock(%(classid)s::int, %(objid)s::int) AS locked
+FROM shardq_cluster AS c WHERE c.id = 1;
+
+-- name: reshard_unlock
+-- shardq_reshard: give back the reshard lock this session took.
+SELECT pg_advisory_unlock(%(classid)s::int, %(objid)s::int);
+
+-- name: reshard_plan
+-- shardq_reshard: what raising the count from :from to :to does: READY jobs that move to a new
+-- shard, jobs in flight that finish where they are, and the pools whose lease rows it adds.
+SELECT (SELECT count(*) FROM shardq_job WHERE status = 'READY' AND shard <> key_hash & (%(to)s - 1)),
+       (SELECT count(*) FROM shardq_job WHERE status IN ('CLAIMED', 'RUNNING') AND shard <> key_hash & (%(to)s - 1)),
+       (SELECT array_agg(DISTINCT pool ORDER BY pool) FROM shardq_shard);
+
+-- name: reshard_switch
+-- shardq_reshard: raise the cluster's shard count from :from to :to and mark the reshard running
+-- (reshard_from), with the lease rows of the new shards for every pool, in one transaction;
+-- NOTIFYs the workers to run a lease round now. No row when the count is no longer :from or a
+-- reshard is marked running (another command got there first).
+WITH rows AS (
+    INSERT INTO shardq_shard (pool, shard, owner, lease_expires, claim_version, claimed_at)
+    SELECT p.pool, g, NULL, NULL, 0, NULL
+    FROM (SELECT DISTINCT pool FROM shardq_shard) AS p, generate_series(0, %(to)s - 1) AS g
+    ON CONFLICT (pool, shard) DO NOTHING
+)
+UPDATE shardq_cluster
+SET shard_count = %(to)s, reshard_from = %(from)s, version = version + 1, switched_at = clock_timestamp()
+WHERE id = 1 AND shard_count = %(from)s AND reshard_from IS NULL
+RETURNING version, switched_at, pg_notify('shardq_lease', 'reshard');
+
+-- name: reshard_move
+-- shardq_reshard: move up to :batch READY jobs of shard :shard that belong elsewhere under :to
+-- shards to key_hash & (:to - 1) (SKIP LOCKED: a job a claim is taking stays, in flight, and
+-- finishes where it is; status_rank + 1, as at every write); NOTIFY each shard that got jobs.
+-- Returns how many moved.
+WITH picked AS MATERIALIZED (
+    SELECT id FROM shardq_job
+    WHERE shard = %(shard)s AND status = 'READY' AND shard <> key_hash & (%(to)s - 1)
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE shardq_job AS j
+    SET shard = j.key_hash & (%(to)s - 1), status_rank = LEAST(j.status_rank, 2147483646) + 1
+    FROM picked WHERE j.id = picked.id
+    RETURNING j.shard, j.priority
+)
+SELECT (SELECT count(*) FROM moved),
+       (SELECT count(pg_notify(%(channel)s, d.shard || ':' || d.priority))
+        FROM (SELECT shard, max(priority) AS priority FROM moved GROUP BY shard) AS d);
+
+-- name: reshard_misplaced
+-- shardq_reshard: the shards (below :to) holding READY jobs that belong elsewhere under :to
+-- shards, and how many jobs in flight (CLAIMED, RUNNING) are not yet in their shard (they finish
+-- where they are; a retry comes back READY and moves).
+SELECT (SELECT COALESCE(array_agg(DISTINCT shard ORDER BY shard), '{}') FROM shardq_job
+        WHERE status = 'READY' AND shard <> key_hash & (%(to)s - 1)),
+       (SELECT count(*) FROM shardq_job WHERE status IN ('CLAIMED', 'RUNNING') AND shard <> key_hash & (%(to)s - 1));
+
+-- name: reshard_old_transactions
+-- shardq_reshard: sessions of this database (other than this one) in a transaction begun before
+-- :switched_at: such a transaction may still commit jobs placed with the old count. Also how many
+-- sessions this role cannot see into (other roles' sessions without pg_read_all_stats).
+SELECT COALESCE(array_agg(pid ORDER BY pid) FILTER (WHERE xact_start < %(switched_at)s), '{}'),
+       count(*) FILTER (WHERE state IS NULL AND backend_type = 'client backend')
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid();
+
+-- name: reshard_finish
+-- shardq_reshard: every unfinished job sits in its shard and no transaction from before the switch
+-- is left: the reshard is over (reshard_from NULL, version + 1).
+UPDATE shardq_cluster SET reshard_from = NULL, version = version + 1
+WHERE id = 1 AND reshard_from IS NOT NULL
+RETURNING version;

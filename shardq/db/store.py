@@ -425,8 +425,14 @@ class WorkerStore:
 
     def heartbeat(self, worker: str, stats: Mapping[str, object], ttl: float, pool: str = pools.ALL) -> list[str]:
         """Record the heartbeat; the live workers of ``pool``, in start order."""
+        return self.beat(worker, stats, ttl, pool)[0]
+
+    def beat(
+        self, worker: str, stats: Mapping[str, object], ttl: float, pool: str = pools.ALL
+    ) -> tuple[list[str], int | None]:
+        """``heartbeat``, and the cluster's shard count (None: unknown)."""
         rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl, "pool": pool})
-        return [str(row[0]) for row in rows]
+        return [str(row[0]) for row in rows], (rows[0][2] if rows else None)
 
     def claim_shards(
         self, worker: str, wanted: int, ttl: float, shard_count: int, max_worker_losses: int, pool: str = pools.ALL

@@ -549,7 +549,8 @@ class Listener(Service):
             if payload != self.leaser.worker_id and self.lease_wakes.ask():
                 self.leaser.wake()
             return
-        notice = parse_notify(payload, self.shard_count)
+        # The cluster's count as the leaser last saw it (a reshard raises it).
+        notice = parse_notify(payload, self.leaser.shard_count)
         if notice is None:
             self.stats.add("bad_notifies")
             return

@@ -165,7 +165,7 @@ class Leaser(Service):
         try:
             self._renew()
             self.stats.add("heartbeats")
-            live = self.store.heartbeat(self.worker_id, self.stats.snapshot(), self.ttl, self.pool)
+            live, cluster_count = self.store.beat(self.worker_id, self.stats.snapshot(), self.ttl, self.pool)
             self.database_ok = True
         except DatabaseUnavailable as exc:
             self.stats.add("db_errors")
@@ -176,6 +176,7 @@ class Leaser(Service):
                 self._self_fence(set(self.held), "cannot reach the database before the trust deadline")
             return
         self.live_workers = len(live)
+        self._learn_shard_count(cluster_count)
         self.share = fair_share(self.shard_count, live, self.worker_id)
         if not self._first_claim_done and self.expected_workers > len(live):
             self.share = min(self.share, -(-self.shard_count // self.expected_workers))
@@ -201,6 +202,23 @@ class Leaser(Service):
             self.stats.add("db_errors")
             self.database_ok = False
             logger.warning("database unavailable: %s", exc)
+
+    def _learn_shard_count(self, cluster_count: int | None) -> None:
+        """Resharding (manage.py shardq_reshard): the cluster's shard count
+        comes with every heartbeat. A raised count only adds shards: the
+        held ones stay held (their jobs that now belong to a new shard were
+        moved by the reshard, or finish here), the share grows, and this
+        tick claims new shards like any unowned ones. The count never falls
+        (the command refuses to shrink)."""
+        if cluster_count is None or cluster_count <= self.shard_count:
+            return
+        logger.info(
+            "the cluster's shard count went from %s to %s (shardq_reshard); claiming a share of the new shards",
+            self.shard_count,
+            cluster_count,
+        )
+        self.stats.add("shard_count_changes")
+        self.shard_count = cluster_count
 
     def _renew(self) -> None:
         if not self.held:

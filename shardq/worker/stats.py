@@ -34,6 +34,7 @@ COUNTERS = (
     "late_completions_refused",  # what a timed-out attempt produced afterwards, dropped
     "cancels_seen",  # running attempts told of their cancel (is_cancelled(), CancelledError)
     "zombies",  # now: threads stuck in a task past its timeout (a gauge, not a counter)
+    "shard_count_changes",  # a reshard raised the cluster's shard count (shardq_reshard)
 )
 
 

@@ -28,7 +28,7 @@ from tests.packaging.wheels import (
     wheel_metadata,
 )
 
-COMMANDS = {"shardq_worker", "shardq_status", "shardq_prune"}
+COMMANDS = {"shardq_worker", "shardq_status", "shardq_prune", "shardq_reshard"}
 # What `shardq/` imports, and nothing else, is required unconditionally.
 REQUIRED = {"django", "psycopg", "mmh3", "sortedcontainers", "croniter"}
 
@@ -133,6 +133,7 @@ def test_status_and_prune_run_against_a_real_database_without_rich(project):
     assert status["jobs"] == {} and status["workers"] == []
     assert "would delete" in project("shardq_prune", "--dry-run").stdout
     assert "deleted 0 jobs" in project("shardq_prune").stdout
+    assert "would raise the shard count from 64 to 128" in project("shardq_reshard", "--to", "128", "--dry-run").stdout
 
 
 def test_the_embedded_data_dir_is_the_projects_not_site_packages(project):

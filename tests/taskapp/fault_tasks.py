@@ -108,3 +108,14 @@ def poison(context) -> None:
 def poison_once(context) -> None:
     log_execution(context)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@shard_task(key="key", ordered=True, takes_context=True, max_attempts=10, backoff=QUICK_RETRY)
+def ordered_ledger(context, key: int, n: int = 0, sleep: float = 0.0) -> int:
+    """tx_ledger for an ordered key: a key's jobs must run one after another, in id order."""
+    name_task_connection()
+    log_execution(context)
+    if sleep:
+        time.sleep(sleep)
+    commit_with_ledger(context, n)
+    return n
