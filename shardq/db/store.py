@@ -45,6 +45,10 @@ logger = logging.getLogger("shardq.store")
 METRICS_LOCK = (0x73687271, 1)
 
 
+# The lease channel: a release NOTIFYs it (in its own statement) and a
+# joining worker announces itself on it; every worker LISTENs.
+LEASE_CHANNEL = "shardq_lease"
+
 class JobRef(Protocol):
     """A claimed job as the store reads it (``ClaimedJob`` in the worker)."""
 
@@ -480,11 +484,21 @@ class WorkerStore:
         )
         return {row[0] for row in rows}
 
-    def release_shards(self, worker: str, pairs: dict[int, int], pool: str = pools.ALL) -> set[int]:
+    def release_shards(
+        self, worker: str, pairs: dict[int, int], pool: str = pools.ALL, channel: str = LEASE_CHANNEL
+    ) -> set[int]:
+        """Release ``pairs`` and, in the same statement, NOTIFY ``channel``
+        (the lease channel) when any was released."""
         shards = list(pairs)
         rows = self.run(
             "release_shards",
-            {"worker": worker, "shards": shards, "versions": [pairs[s] for s in shards], "pool": pool},
+            {
+                "worker": worker,
+                "shards": shards,
+                "versions": [pairs[s] for s in shards],
+                "pool": pool,
+                "channel": channel,
+            },
         )
         return {row[0] for row in rows}
 

@@ -557,7 +557,17 @@ class Listener:
         if channel == LEASE_CHANNEL:
             # Our own announcements come back too: they need no lease round
             # (and must not use up the rate limit a peer's release needs).
-            if payload != self.leaser.worker_id and self.lease_wakes.ask():
+            if payload == self.leaser.worker_id:
+                return
+            if self.leaser.wants_shards():
+                # Below its share, a peer's release is ours to take: claim at
+                # once, not after the limiter's interval (a joiner woke up to
+                # 50 ms late for a second batch of released shards, which sat
+                # unowned meanwhile). A flood of spoofed notices costs at
+                # most back-to-back claim attempts, and only until the share
+                # is held.
+                self.leaser.wake_to_claim()
+            elif self.lease_wakes.ask():
                 self.leaser.wake()
             return
         notice = parse_notify(payload, self.shard_count)

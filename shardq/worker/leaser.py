@@ -41,14 +41,14 @@ from contextlib import contextmanager
 
 from ..core import pools
 from ..core.rwlock import RWLock
-from ..db.store import WorkerStore
+from ..db.store import LEASE_CHANNEL, WorkerStore
 from ..exceptions import DatabaseUnavailable
 from .logs import shard_ranges
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.leaser")
 
-LEASE_CHANNEL = "shardq_lease"
+__all__ = ["LEASE_CHANNEL", "Leaser", "fair_share"]
 
 
 def fair_share(shard_count: int, live: list[str], me: str) -> int:
@@ -108,6 +108,7 @@ class Leaser:
         self.stopping = False
         self.database_ok = True
         self._wake = threading.Event()
+        self._claim_first = False  # set by wake_to_claim, read by the next tick
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
@@ -132,6 +133,20 @@ class Leaser:
         return held
 
     def wake(self) -> None:
+        self._wake.set()
+
+    def wants_shards(self) -> bool:
+        """Below its share, not draining, not stopping: a peer's release is
+        for this worker to take now (the listener wakes it without delay)."""
+        return not self.stopping and self.database_ok and not self.draining and len(self.held) < self.share
+
+    def wake_to_claim(self) -> None:
+        """A peer released shards (join-to-fair-share, issue 13): run the
+        next round claim-first. The claim is the one statement that ends a
+        released shard's time without an owner; the renewal and heartbeat
+        before it cost a joiner that already runs jobs some 50 ms (two
+        round trips) while those shards sat unowned."""
+        self._claim_first = True
         self._wake.set()
 
     # -- lifecycle -------------------------------------------------------------
@@ -170,6 +185,9 @@ class Leaser:
     # -- one round of the protocol ----------------------------------------------
 
     def tick(self) -> None:
+        if self._claim_first:
+            self._claim_first = False
+            self._claim_released()
         try:
             self._renew()
             self.stats.add("heartbeats")
@@ -205,6 +223,22 @@ class Leaser:
             elif len(self.held) < self.share:
                 self._claim(self.share - len(self.held))
                 self._first_claim_done = True
+        except DatabaseUnavailable as exc:
+            self.stats.add("db_errors")
+            self.database_ok = False
+            logger.warning("database unavailable: %s", exc)
+
+    def _claim_released(self) -> None:
+        """Claim up to the share known from the last heartbeat before this
+        round's renewal. Safe whatever happened since: the claim takes only
+        unowned or expired shards (SKIP LOCKED, a new claim_version), so it
+        can never make a second owner; a share that shrank meanwhile is given
+        back by this same round's drain."""
+        if not self.wants_shards():
+            return
+        try:
+            self._claim(self.share - len(self.held))
+            self._first_claim_done = True
         except DatabaseUnavailable as exc:
             self.stats.add("db_errors")
             self.database_ok = False
@@ -309,7 +343,10 @@ class Leaser:
         # takeover rescued them (the rolling-restart test's stray
         # ``rescued == 1``). A release that fails (database away) leaves the
         # shards draining, retried at the next tick.
-        released = self.store.release_shards(self.worker_id, idle, self.pool) if idle else set()
+        # The release NOTIFYs the lease channel in its own statement: peers
+        # below their share hear it at this commit (one round trip sooner
+        # than a separate NOTIFY, and never a release without its notice).
+        released = self.store.release_shards(self.worker_id, idle, self.pool, LEASE_CHANNEL) if idle else set()
         with self._dropping():
             # Under the write side: ``fetchable()`` (called under the read
             # side) reads ``held`` and ``draining`` one after the other and
@@ -326,7 +363,6 @@ class Leaser:
                 len(self.held),
                 self.share,
             )
-            self._notify_release()
 
     def _self_fence(self, shards: set[int], why: str) -> None:
         with self._dropping():
@@ -352,10 +388,8 @@ class Leaser:
         pairs = {s: v for s, v in self.held.items() if s not in keep}
         if not pairs:
             return 0
-        released = self.store.release_shards(self.worker_id, pairs, self.pool)
+        released = self.store.release_shards(self.worker_id, pairs, self.pool, LEASE_CHANNEL)  # NOTIFYs too
         for shard in released:
             self.held.pop(shard, None)
         self.stats.add("releases", len(released))
-        if released:
-            self._notify_release()
         return len(released)
