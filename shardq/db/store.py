@@ -49,6 +49,7 @@ METRICS_LOCK = (0x73687271, 1)
 # joining worker announces itself on it; every worker LISTENs.
 LEASE_CHANNEL = "shardq_lease"
 
+
 class JobRef(Protocol):
     """A claimed job as the store reads it (``ClaimedJob`` in the worker)."""
 
