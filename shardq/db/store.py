@@ -18,6 +18,7 @@ domain (DESIGN §5):
 import dataclasses
 import json
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -110,11 +111,36 @@ def connection_kwargs(alias: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     return params
 
 
+def network_timeouts(lease_ttl_seconds: float) -> dict[str, int]:
+    """libpq settings that turn a silent network partition into an error
+    within a third of the lease TTL (issue 17 part 2). Without them a
+    statement on a link that drops packets waits for the kernel's TCP
+    retransmission limit (about 15 minutes): the worker's threads sat in
+    their statements and only reconnected long after the link came back.
+    ``tcp_user_timeout`` bounds data sent and not acknowledged (a running
+    query sends nothing, so it is not cut short); keepalives find a dead peer
+    under an idle connection (the LISTEN connection); ``connect_timeout``
+    bounds a connect to an unreachable host. A project's own values in
+    ``DATABASES[...]["OPTIONS"]`` win."""
+    third = max(1.0, lease_ttl_seconds / 3)
+    return {
+        "connect_timeout": max(2, math.ceil(third)),
+        "tcp_user_timeout": int(third * 1000),
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(third)),
+        "keepalives_interval": max(1, int(third / 3)),
+        "keepalives_count": 3,
+    }
+
+
 def connect(
     alias: str = DEFAULT_DB_ALIAS, autocommit: bool = True, application_name: str = "shardq"
 ) -> psycopg.Connection[TupleRow]:
+    """A worker connection: Django's parameters for ``alias``, and network
+    timeouts tied to the lease TTL where the project sets none."""
+    params = {**network_timeouts(get_config().lease_ttl_seconds), **connection_kwargs(alias)}
     try:
-        return psycopg.connect(**connection_kwargs(alias), autocommit=autocommit, application_name=application_name)
+        return psycopg.connect(**params, autocommit=autocommit, application_name=application_name)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {one_line(exc)}") from exc
 

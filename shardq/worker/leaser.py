@@ -22,7 +22,11 @@ Times that matter for correctness come from the database
 ``renew_sent + LEASE_TTL - margin`` on its own monotonic clock: past that
 deadline nothing new starts (executors check ``trusts()``), and a renewal that
 cannot reach the database by then, or that returns fewer shards than sent,
-drops those shards at once (self-fencing).
+drops those shards at once (self-fencing). The deadline is kept by a watch
+thread of its own (``_watch_trust``): on a silent network partition the
+leaser thread sits in a statement until the connection's TCP timeout, and
+the drop must not wait for it (issue 17 part 2: without the watch, a worker
+cut off by the network logged no self-fence for minutes).
 
 Dropping a shard (self-fence, or the start of a drain) takes the write side
 of ``ownership``, a read-write lock whose read side each claim holds from
@@ -111,6 +115,7 @@ class Leaser:
         self._claim_first = False  # set by wake_to_claim, read by the next tick
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._watch: threading.Thread | None = None
         self.failure: BaseException | None = None
 
     # -- queries from other threads ------------------------------------------
@@ -155,6 +160,8 @@ class Leaser:
         self.tick()  # hold a share before the first fetch
         self._thread = threading.Thread(target=self._run, name="shardq-leaser", daemon=True)
         self._thread.start()
+        self._watch = threading.Thread(target=self._watch_trust, name="shardq-lease-deadline", daemon=True)
+        self._watch.start()
 
     def _run(self) -> None:
         try:
@@ -176,11 +183,36 @@ class Leaser:
             logger.exception("the leaser died; the worker stops")
             raise
 
+    def _watch_trust(self) -> None:
+        """Self-fence at the trust deadline even while the leaser thread is
+        stuck in a statement (a silent partition: no error comes back until
+        the connection's TCP timeout). Past the deadline ``trusts()`` already
+        refuses every start; this drops the buffered jobs and says so. A
+        renewal that lands after the watch fired leaves the shards it renewed
+        to expire (they are no longer in ``held``, so nothing renews them) and
+        be claimed again: a late renewal costs a TTL of those shards, never a
+        second owner."""
+        try:
+            while not self._stop.is_set():
+                left = self.trusted_until - self.clock()
+                if left > 0 or not self.held:
+                    self._stop.wait(min(max(left, 0.01), self.heartbeat))
+                    continue
+                shards = set(self.held)
+                if shards:
+                    self._self_fence(shards, "no renewal reached the database before the trust deadline")
+        except BaseException as exc:  # a dead watch must stop the worker loudly
+            self.failure = exc
+            logger.exception("the lease deadline watch died; the worker stops")
+            raise
+
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._watch is not None:
+            self._watch.join(timeout=10)
 
     # -- one round of the protocol ----------------------------------------------
 
@@ -269,6 +301,12 @@ class Leaser:
         )
         if not rows:
             return
+        # New shards are trusted from this claim; shards already held keep the
+        # (earlier, so stricter) deadline of this tick's renewal. Set before
+        # they enter ``held``: the deadline watch must never see a new shard
+        # under an old, passed deadline.
+        if self.trusted_until <= sent:
+            self.trusted_until = sent + self.ttl - self.margin
         gained = set()
         taken_over: set[int] = set()
         rescued_jobs = 0
@@ -300,10 +338,6 @@ class Leaser:
             self.live_workers,
             self.pool,
         )
-        # New shards are trusted from this claim; shards already held keep the
-        # (earlier, so stricter) deadline of this tick's renewal.
-        if self.trusted_until <= sent:
-            self.trusted_until = sent + self.ttl - self.margin
         self.on_gained(gained)
 
     def start_draining(self, *shards: int) -> None:
@@ -366,6 +400,11 @@ class Leaser:
 
     def _self_fence(self, shards: set[int], why: str) -> None:
         with self._dropping():
+            # The watch and the leaser thread may both get here for the same
+            # shards: only the ones still held are dropped and counted.
+            shards = {s for s in shards if s in self.held}
+            if not shards:
+                return
             for shard in shards:
                 self.held.pop(shard, None)
             self.draining -= shards

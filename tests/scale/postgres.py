@@ -30,13 +30,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 class PrivatePostgres:
     """``start()`` → a migrated database ``shardq_scale``; ``destroy()`` stops and deletes it."""
 
-    def __init__(self, listen: str = "127.0.0.1", settings: dict[str, str] | None = None):
+    def __init__(
+        self, listen: str = "127.0.0.1", settings: dict[str, str] | None = None, trust_networks: tuple[str, ...] = ()
+    ):
         self.user = pwd.getpwnam("postgres")
         self.base = Path(tempfile.mkdtemp(prefix="shardq-scale-pg-"))
         os.chown(self.base, self.user.pw_uid, self.user.pw_gid)
         self.data = self.base / "data"
         self.listen = listen
         self.port = free_port()
+        self.trust_networks = trust_networks  # pg_hba lines: these networks log in without a password
         self.settings = {"fsync": "off", "max_connections": "300", **(settings or {})}
 
     def url(self, host: str = "127.0.0.1", user: str = "postgres", database: str = DATABASE) -> str:
@@ -56,6 +59,10 @@ class PrivatePostgres:
         self._as_postgres(
             str(BINDIR / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"
         )
+        if self.trust_networks:
+            with open(self.data / "pg_hba.conf", "a") as hba:
+                for network in self.trust_networks:
+                    hba.write(f"host all all {network} trust\n")
         options = " ".join(
             [f"-p {self.port}", f"-c listen_addresses={self.listen}", f"-c unix_socket_directories={self.base}"]
             + [f"-c {k}={v}" for k, v in self.settings.items()]
