@@ -528,6 +528,10 @@ class Listener:
         self.lease_wakes = WakeLimiter(self.LEASE_WAKE_SECONDS)
         self.outranks = WakeLimiter(self.OUTRANK_SECONDS)
         self._stop = threading.Event()
+        # Set once both LISTENs are in: the worker announces its join only
+        # then, or the release its announcement causes comes before it
+        # listens and it takes its share a heartbeat late.
+        self.listening = threading.Event()
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
 
@@ -592,6 +596,7 @@ class Listener:
                 self.conn = connect(self.alias, application_name="shardq-listener")
                 self.conn.execute(listen_statement(self.channel))
                 self.conn.execute(listen_statement(LEASE_CHANNEL))
+                self.listening.set()
                 self.backend_pid = self.conn.info.backend_pid
                 delay = 0.1
                 # The gap while we were disconnected is covered by the poll.
