@@ -200,7 +200,16 @@ class Leaser:
                     continue
                 shards = set(self.held)
                 if shards:
-                    self._self_fence(shards, "no renewal reached the database before the trust deadline")
+                    # Past the deadline: a claim stuck on the same dead link
+                    # holds the read side; waiting a heartbeat for it let the
+                    # drop come after the leases had expired. Nothing it
+                    # brings back can start (trusts() refuses) and it hands
+                    # back jobs of shards no longer held.
+                    self._self_fence(
+                        shards,
+                        "no renewal reached the database before the trust deadline",
+                        wait_seconds=self.margin / 4,
+                    )
         except BaseException as exc:  # a dead watch must stop the worker loudly
             self.failure = exc
             logger.exception("the lease deadline watch died; the worker stops")
@@ -347,14 +356,15 @@ class Leaser:
             self.on_lost(set(shards))
 
     @contextmanager
-    def _dropping(self) -> Iterator[None]:
-        """The write side of ``ownership``, waited for at most a heartbeat."""
-        locked = self.ownership.acquire_write(timeout=self.heartbeat)
+    def _dropping(self, wait_seconds: float | None = None) -> Iterator[None]:
+        """The write side of ``ownership``, waited for at most ``wait_seconds`` (a heartbeat)."""
+        wait = self.heartbeat if wait_seconds is None else wait_seconds
+        locked = self.ownership.acquire_write(timeout=wait)
         if not locked:
             logger.warning(
-                "a claim has not come back in %.1fs; dropping shards without waiting for it "
+                "a claim has not come back in %.2fs; dropping shards without waiting for it "
                 "(it hands back what it brings for them)",
-                self.heartbeat,
+                wait,
             )
         try:
             yield
@@ -398,8 +408,8 @@ class Leaser:
                 self.share,
             )
 
-    def _self_fence(self, shards: set[int], why: str) -> None:
-        with self._dropping():
+    def _self_fence(self, shards: set[int], why: str, wait_seconds: float | None = None) -> None:
+        with self._dropping(wait_seconds):
             # The watch and the leaser thread may both get here for the same
             # shards: only the ones still held are dropped and counted.
             shards = {s for s in shards if s in self.held}
