@@ -37,7 +37,7 @@ import pytest
 from shardq.db.queries import QUERIES
 from tests.conftest import wait_until
 from tests.faults.harness import figures
-from tests.scale.postgres import PrivatePostgres
+from tests.scale.postgres import ScalePostgres
 from tests.workers import FAST_LEASES, WorkerPool, kill_tree
 
 FULL = os.environ.get("SHARDQ_FULL_SCALE") == "1"
@@ -201,10 +201,10 @@ class Observer:
 
 @pytest.fixture
 def server():
-    pg = PrivatePostgres(settings={"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.max": "1000"})
+    pg = ScalePostgres(settings={"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.max": "1000"})
     try:
-        pg.start()
-        with psycopg.connect(pg.url(), autocommit=True) as conn:
+        pg.prepare()
+        with psycopg.connect(pg.url_for(), autocommit=True) as conn:
             conn.execute("CREATE EXTENSION pg_stat_statements")
         yield pg
     finally:
@@ -212,8 +212,8 @@ def server():
 
 
 def test_many_workers_share_64_shards_evenly_settle_fast_and_stay_put(server, tmp_path):
-    url = server.url()
-    observer = Observer(server.url(user="observer"))
+    url = server.url_for()
+    observer = Observer(server.url_for(user="observer"))
     observer.sql(
         "INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, ordered,"
         " status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at)"
@@ -222,7 +222,7 @@ def test_many_workers_share_64_shards_evenly_settle_fast_and_stay_put(server, tm
         [TASK, NAP_SECONDS, int(WORKERS / NAP_SECONDS * (STABLE_SECONDS + 120))],
     )
     membership = Membership()
-    sampler = Sampler(server.url(user="observer"), membership)
+    sampler = Sampler(server.url_for(user="observer"), membership)
     pool = WorkerPool(tmp_path)
     procs: dict[str, object] = {}
     joins: list[float] = []

@@ -30,7 +30,7 @@ import psycopg
 
 from tests.conftest import wait_until
 from tests.faults.harness import ACKED_TASK, LEDGER_TASK, check_invariants, figures, insert_jobs
-from tests.scale.postgres import PrivatePostgres
+from tests.scale.postgres import ScalePostgres
 from tests.workers import FAST_LEASES, WorkerPool
 
 TTL = float(FAST_LEASES["SHARDQ_LEASE_TTL"])
@@ -103,18 +103,18 @@ def test_a_worker_cut_off_by_the_network_self_fences_before_its_leases_expire_an
     tag = secrets.token_hex(2)
     subnet = free_subnet()
     links = [Link(tag, i, subnet) for i in range(2)]
-    server: PrivatePostgres | None = None
+    server: ScalePostgres | None = None
     pool = WorkerPool(tmp_path)
     observer = None
     try:
         for link in links:
             link.create()
-        server = PrivatePostgres(
-            listen=",".join(["127.0.0.1", *(link.host_ip for link in links)]),
+        server = ScalePostgres(
+            listen=("127.0.0.1", *(link.host_ip for link in links)),
             trust_networks=(f"10.{subnet}.0.0/16",),
         )
-        server.start()
-        observer = psycopg.connect(server.url(user="observer"), autocommit=True, application_name="hosts-apart")
+        server.prepare()
+        observer = psycopg.connect(server.url_for(user="observer"), autocommit=True, application_name="hosts-apart")
 
         def query(sql, params=None):
             cur = observer.execute(sql, params)
@@ -126,7 +126,7 @@ def test_a_worker_cut_off_by_the_network_self_fences_before_its_leases_expire_an
                 "2",
                 "--processes",
                 "1",
-                env={"DATABASE_URL": server.url(host=link.host_ip)},
+                env={"DATABASE_URL": server.url_for(host=link.host_ip)},
                 prefix=("ip", "netns", "exec", link.ns),
             )
             for link in links
