@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench bench-cancel soak faults clean chromium lint
+.PHONY: demo test venv bench bench-cancel soak faults scale clean chromium lint
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -48,6 +48,12 @@ chromium:
 # -s shows each test's [faults] figures line (docs/reliability.md).
 faults: $(STAMP)
 	SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q -s tests/faults tests/isolation/test_randomized.py
+
+# Full scale (issue 17, docs/scaling.md): 16 worker processes on 64 shards
+# with a 5-minute stable window, and workers in network namespaces; -s shows
+# each test's figures line. `make test` runs the CI sizes.
+scale: $(STAMP)
+	SHARDQ_FULL_SCALE=1 $(PY) -m pytest -q -s tests/scale
 
 # bench/run.py --help for its flags (--only, --rounds, --no-docs, ...).
 bench: $(STAMP)

@@ -65,10 +65,11 @@ class WorkerPool:
         env[POOL_TAG] = self.tag
         return env
 
-    def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
+    def start(self, *args: str, env: dict | None = None, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+        """``prefix``: a command the worker runs under (``ip netns exec NS``: it execs, the pid stays)."""
         log = open(self.tmp_path / f"worker-{len(self.procs)}.log", "w")  # noqa: SIM115 (closed by stop_all)
         proc = subprocess.Popen(
-            [sys.executable, "manage.py", "shardq_worker", *args],
+            [*prefix, sys.executable, "manage.py", "shardq_worker", *args],
             cwd=ROOT,
             env=self.env(**(env or {})),
             stdout=log,

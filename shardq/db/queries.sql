@@ -166,16 +166,19 @@ RETURNING s.shard;
 
 -- name: release_shards
 -- Give up (shard, claim_version) pairs of pool :pool so another worker of the pool can claim them
--- at once; log each release.
+-- at once; log each release; NOTIFY :channel with this worker's id when any was released (one
+-- notification: PostgreSQL folds identical payloads of a transaction), delivered at its commit.
 WITH released AS (
     UPDATE shardq_shard AS s SET owner = NULL, lease_expires = NULL
     FROM unnest(%(shards)s::int[], %(versions)s::bigint[]) AS h(shard, version)
     WHERE s.pool = %(pool)s AND s.shard = h.shard AND s.claim_version = h.version AND s.owner = %(worker)s
     RETURNING s.shard, s.claim_version
+), logged AS (
+    INSERT INTO shardq_shard_event (pool, shard, claim_version, worker, reason, rescued, at)
+    SELECT %(pool)s, shard, claim_version, %(worker)s, 'release', 0, clock_timestamp() FROM released
+    RETURNING shard
 )
-INSERT INTO shardq_shard_event (pool, shard, claim_version, worker, reason, rescued, at)
-SELECT %(pool)s, shard, claim_version, %(worker)s, 'release', 0, clock_timestamp() FROM released
-RETURNING shard;
+SELECT shard, pg_notify(%(channel)s, %(worker)s::text) FROM logged;
 
 -- name: stop_worker
 -- Mark a worker incarnation stopped and store its final counters.

@@ -18,6 +18,7 @@ domain (DESIGN §5):
 import dataclasses
 import json
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -43,6 +44,11 @@ logger = logging.getLogger("shardq.store")
 #: The session advisory lock (two int4 keys: 'shrq', 1) whose holder
 #: computes the cluster gauges (``metrics_lock``).
 METRICS_LOCK = (0x73687271, 1)
+
+
+# The lease channel: a release NOTIFYs it (in its own statement) and a
+# joining worker announces itself on it; every worker LISTENs.
+LEASE_CHANNEL = "shardq_lease"
 
 
 class JobRef(Protocol):
@@ -105,11 +111,36 @@ def connection_kwargs(alias: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     return params
 
 
+def network_timeouts(lease_ttl_seconds: float) -> dict[str, int]:
+    """libpq settings that turn a silent network partition into an error
+    within a third of the lease TTL (issue 17 part 2). Without them a
+    statement on a link that drops packets waits for the kernel's TCP
+    retransmission limit (about 15 minutes): the worker's threads sat in
+    their statements and only reconnected long after the link came back.
+    ``tcp_user_timeout`` bounds data sent and not acknowledged (a running
+    query sends nothing, so it is not cut short); keepalives find a dead peer
+    under an idle connection (the LISTEN connection); ``connect_timeout``
+    bounds a connect to an unreachable host. A project's own values in
+    ``DATABASES[...]["OPTIONS"]`` win."""
+    third = max(1.0, lease_ttl_seconds / 3)
+    return {
+        "connect_timeout": max(2, math.ceil(third)),
+        "tcp_user_timeout": int(third * 1000),
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(third)),
+        "keepalives_interval": max(1, int(third / 3)),
+        "keepalives_count": 3,
+    }
+
+
 def connect(
     alias: str = DEFAULT_DB_ALIAS, autocommit: bool = True, application_name: str = "shardq"
 ) -> psycopg.Connection[TupleRow]:
+    """A worker connection: Django's parameters for ``alias``, and network
+    timeouts tied to the lease TTL where the project sets none."""
+    params = {**network_timeouts(get_config().lease_ttl_seconds), **connection_kwargs(alias)}
     try:
-        return psycopg.connect(**connection_kwargs(alias), autocommit=autocommit, application_name=application_name)
+        return psycopg.connect(**params, autocommit=autocommit, application_name=application_name)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {one_line(exc)}") from exc
 
@@ -480,7 +511,12 @@ class WorkerStore:
             return [{**row, "rescued": rescued[row["shard"]]} for row in taken]
 
         def in_transaction(cursor: psycopg.Cursor[NamedRow]) -> list[NamedRow]:
-            with cursor.connection.transaction():
+            # Pipelined: BEGIN goes out with the claim and the log with the
+            # COMMIT, three round trips instead of five. This transaction is
+            # what ends a released shard's time without an owner when a
+            # worker joins (issue 13: under load each round trip costs tens
+            # of milliseconds).
+            with cursor.connection.pipeline(), cursor.connection.transaction():
                 return work(cursor)
 
         return self.guarded("claim_shards", in_transaction, named=True)
@@ -493,11 +529,21 @@ class WorkerStore:
         )
         return {row[0] for row in rows}
 
-    def release_shards(self, worker: str, pairs: dict[int, int], pool: str = pools.ALL) -> set[int]:
+    def release_shards(
+        self, worker: str, pairs: dict[int, int], pool: str = pools.ALL, channel: str = LEASE_CHANNEL
+    ) -> set[int]:
+        """Release ``pairs`` and, in the same statement, NOTIFY ``channel``
+        (the lease channel) when any was released."""
         shards = list(pairs)
         rows = self.run(
             "release_shards",
-            {"worker": worker, "shards": shards, "versions": [pairs[s] for s in shards], "pool": pool},
+            {
+                "worker": worker,
+                "shards": shards,
+                "versions": [pairs[s] for s in shards],
+                "pool": pool,
+                "channel": channel,
+            },
         )
         return {row[0] for row in rows}
 

@@ -527,6 +527,10 @@ class Listener(Service):
         self.fetch_wakes = WakeLimiter(self.FETCH_WAKE_SECONDS)
         self.lease_wakes = WakeLimiter(self.LEASE_WAKE_SECONDS)
         self.outranks = WakeLimiter(self.OUTRANK_SECONDS)
+        # Set once the LISTENs are in: the worker announces its join only
+        # then, or the release its announcement causes comes before it
+        # listens and it takes its share a heartbeat late.
+        self.listening = threading.Event()
 
     def after_stop(self, deadline: float) -> None:
         if self.conn is not None:
@@ -546,7 +550,17 @@ class Listener(Service):
         if channel == LEASE_CHANNEL:
             # Our own announcements come back too: they need no lease round
             # (and must not use up the rate limit a peer's release needs).
-            if payload != self.leaser.worker_id and self.lease_wakes.ask():
+            if payload == self.leaser.worker_id:
+                return
+            if self.leaser.wants_shards():
+                # Below its share, a peer's release is ours to take: claim at
+                # once, not after the limiter's interval (a joiner woke up to
+                # 50 ms late for a second batch of released shards, which sat
+                # unowned meanwhile). A flood of spoofed notices costs at
+                # most back-to-back claim attempts, and only until the share
+                # is held.
+                self.leaser.wake_to_claim()
+            elif self.lease_wakes.ask():
                 self.leaser.wake()
             return
         # The cluster's count as the leaser last saw it (a reshard raises it).
@@ -572,6 +586,7 @@ class Listener(Service):
                 self.conn = connect(self.alias, application_name="shardq-listener")
                 channels = (self.channel, LEASE_CHANNEL, *((CANCEL_CHANNEL,) if self.on_cancel is not None else ()))
                 listen(self.conn, *channels)
+                self.listening.set()
                 self.backend_pid = self.conn.info.backend_pid
                 delay = 0.1
                 # The gap while we were disconnected is covered by the poll.

@@ -22,7 +22,11 @@ Times that matter for correctness come from the database
 ``renew_sent + LEASE_TTL - margin`` on its own monotonic clock: past that
 deadline nothing new starts (executors check ``trusts()``), and a renewal that
 cannot reach the database by then, or that returns fewer shards than sent,
-drops those shards at once (self-fencing).
+drops those shards at once (self-fencing). The deadline is kept by a watch
+thread of its own (``_watch_trust``): on a silent network partition the
+leaser thread sits in a statement until the connection's TCP timeout, and
+the drop must not wait for it (issue 17 part 2: without the watch, a worker
+cut off by the network logged no self-fence for minutes).
 
 Dropping a shard (self-fence, or the start of a drain) takes the write side
 of ``ownership``, a read-write lock whose read side each claim holds from
@@ -41,7 +45,7 @@ from contextlib import contextmanager
 
 from ..core import pools
 from ..core.rwlock import RWLock
-from ..db.store import WorkerStore
+from ..db.store import LEASE_CHANNEL, WorkerStore
 from ..exceptions import DatabaseUnavailable
 from .logs import shard_ranges
 from .service import Service
@@ -49,7 +53,7 @@ from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.leaser")
 
-LEASE_CHANNEL = "shardq_lease"
+__all__ = ["LEASE_CHANNEL", "Leaser", "fair_share"]
 
 
 def fair_share(shard_count: int, live: list[str], me: str) -> int:
@@ -112,6 +116,8 @@ class Leaser(Service):
         self.shutting_down = False
         self.database_ok = True
         self._wake = threading.Event()
+        self._claim_first = False  # set by wake_to_claim, read by the next tick
+        self._watch: threading.Thread | None = None
 
     # -- queries from other threads ------------------------------------------
 
@@ -135,11 +141,27 @@ class Leaser(Service):
     def wake(self) -> None:
         self._wake.set()
 
+    def wants_shards(self) -> bool:
+        """Below its share, not draining, not stopping: a peer's release is
+        for this worker to take now (the listener wakes it without delay)."""
+        return not self.shutting_down and self.database_ok and not self.draining and len(self.held) < self.share
+
+    def wake_to_claim(self) -> None:
+        """A peer released shards (join-to-fair-share, issue 13): run the
+        next round claim-first. The claim is the one statement that ends a
+        released shard's time without an owner; the renewal and heartbeat
+        before it cost a joiner that already runs jobs some 50 ms (two
+        round trips) while those shards sat unowned."""
+        self._claim_first = True
+        self._wake.set()
+
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
         self.tick()  # hold a share before the first fetch
         super().start()
+        self._watch = threading.Thread(target=self._watch_trust, name=f"shardq-{self.name}-deadline", daemon=True)
+        self._watch.start()
 
     def run(self) -> None:
         while not self.stopping:
@@ -156,12 +178,50 @@ class Leaser(Service):
                 break
             self.tick()
 
+    def _watch_trust(self) -> None:
+        """Self-fence at the trust deadline even while the leaser thread is
+        stuck in a statement (a silent partition: no error comes back until
+        the connection's TCP timeout). Past the deadline ``trusts()`` already
+        refuses every start; this drops the buffered jobs and says so. A
+        renewal that lands after the watch fired leaves the shards it renewed
+        to expire (they are no longer in ``held``, so nothing renews them) and
+        be claimed again: a late renewal costs a TTL of those shards, never a
+        second owner."""
+        try:
+            while not self.stopping:
+                left = self.trusted_until - self.clock()
+                if left > 0 or not self.held:
+                    self._stop.wait(min(max(left, 0.01), self.heartbeat))
+                    continue
+                shards = set(self.held)
+                if shards:
+                    # Past the deadline: a claim stuck on the same dead link
+                    # holds the read side; waiting a heartbeat for it let the
+                    # drop come after the leases had expired. Nothing it
+                    # brings back can start (trusts() refuses) and it hands
+                    # back jobs of shards no longer held.
+                    self._self_fence(
+                        shards,
+                        "no renewal reached the database before the trust deadline",
+                        wait_seconds=self.margin / 4,
+                    )
+        except BaseException as exc:  # a dead watch must stop the worker loudly (Service)
+            self.failure = exc
+            logger.exception("the lease deadline watch died; the worker stops")
+
     def interrupt(self) -> None:
         self._wake.set()
+
+    def after_stop(self, deadline: float) -> None:
+        if self._watch is not None:
+            self._watch.join(timeout=max(0.1, deadline - time.monotonic()))
 
     # -- one round of the protocol ----------------------------------------------
 
     def tick(self) -> None:
+        if self._claim_first:
+            self._claim_first = False
+            self._claim_released()
         try:
             self._renew()
             self.stats.add("heartbeats")
@@ -220,6 +280,22 @@ class Leaser(Service):
         self.stats.add("shard_count_changes")
         self.shard_count = cluster_count
 
+    def _claim_released(self) -> None:
+        """Claim up to the share known from the last heartbeat before this
+        round's renewal. Safe whatever happened since: the claim takes only
+        unowned or expired shards (SKIP LOCKED, a new claim_version), so it
+        can never make a second owner; a share that shrank meanwhile is given
+        back by this same round's drain."""
+        if not self.wants_shards():
+            return
+        try:
+            self._claim(self.share - len(self.held))
+            self._first_claim_done = True
+        except DatabaseUnavailable as exc:
+            self.stats.add("db_errors")
+            self.database_ok = False
+            logger.warning("database unavailable: %s", exc)
+
     def _renew(self) -> None:
         if not self.held:
             return
@@ -245,6 +321,12 @@ class Leaser(Service):
         )
         if not rows:
             return
+        # New shards are trusted from this claim; shards already held keep the
+        # (earlier, so stricter) deadline of this tick's renewal. Set before
+        # they enter ``held``: the deadline watch must never see a new shard
+        # under an old, passed deadline.
+        if self.trusted_until <= sent:
+            self.trusted_until = sent + self.ttl - self.margin
         gained = set()
         taken_over: set[int] = set()
         rescued_jobs = 0
@@ -276,10 +358,6 @@ class Leaser(Service):
             self.live_workers,
             self.pool,
         )
-        # New shards are trusted from this claim; shards already held keep the
-        # (earlier, so stricter) deadline of this tick's renewal.
-        if self.trusted_until <= sent:
-            self.trusted_until = sent + self.ttl - self.margin
         self.on_gained(gained)
 
     def start_draining(self, *shards: int) -> None:
@@ -289,14 +367,15 @@ class Leaser(Service):
             self.on_lost(set(shards))
 
     @contextmanager
-    def _dropping(self) -> Iterator[None]:
-        """The write side of ``ownership``, waited for at most a heartbeat."""
-        locked = self.ownership.acquire_write(timeout=self.heartbeat)
+    def _dropping(self, wait_seconds: float | None = None) -> Iterator[None]:
+        """The write side of ``ownership``, waited for at most ``wait_seconds`` (a heartbeat)."""
+        wait = self.heartbeat if wait_seconds is None else wait_seconds
+        locked = self.ownership.acquire_write(timeout=wait)
         if not locked:
             logger.warning(
-                "a claim has not come back in %.1fs; dropping shards without waiting for it "
+                "a claim has not come back in %.2fs; dropping shards without waiting for it "
                 "(it hands back what it brings for them)",
-                self.heartbeat,
+                wait,
             )
         try:
             yield
@@ -319,7 +398,10 @@ class Leaser(Service):
         # takeover rescued them (the rolling-restart test's stray
         # ``rescued == 1``). A release that fails (database away) leaves the
         # shards draining, retried at the next tick.
-        released = self.store.release_shards(self.worker_id, idle, self.pool) if idle else set()
+        # The release NOTIFYs the lease channel in its own statement: peers
+        # below their share hear it at this commit (one round trip sooner
+        # than a separate NOTIFY, and never a release without its notice).
+        released = self.store.release_shards(self.worker_id, idle, self.pool, LEASE_CHANNEL) if idle else set()
         with self._dropping():
             # Under the write side: ``fetchable()`` (called under the read
             # side) reads ``held`` and ``draining`` one after the other and
@@ -336,10 +418,14 @@ class Leaser(Service):
                 len(self.held),
                 self.share,
             )
-            self._notify_release()
 
-    def _self_fence(self, shards: set[int], why: str) -> None:
-        with self._dropping():
+    def _self_fence(self, shards: set[int], why: str, wait_seconds: float | None = None) -> None:
+        with self._dropping(wait_seconds):
+            # The watch and the leaser thread may both get here for the same
+            # shards: only the ones still held are dropped and counted.
+            shards = {s for s in shards if s in self.held}
+            if not shards:
+                return
             for shard in shards:
                 self.held.pop(shard, None)
             self.draining -= shards
@@ -362,10 +448,8 @@ class Leaser(Service):
         pairs = {s: v for s, v in self.held.items() if s not in keep}
         if not pairs:
             return 0
-        released = self.store.release_shards(self.worker_id, pairs, self.pool)
+        released = self.store.release_shards(self.worker_id, pairs, self.pool, LEASE_CHANNEL)  # NOTIFYs too
         for shard in released:
             self.held.pop(shard, None)
         self.stats.add("releases", len(released))
-        if released:
-            self._notify_release()
         return len(released)

@@ -384,10 +384,16 @@ class Worker:
         self.handback.start()
         self.executor.start()
         self.leaser.start()
-        # Running workers recompute their share now, not at their next heartbeat.
-        self.leaser.announce()
         if self.listener:
             self.listener.start()
+            # Listen before announcing: the running workers answer the
+            # announcement by releasing shards within milliseconds, and the
+            # release's NOTIFY is what makes this worker claim them at once
+            # (announced first, a joiner at the default 10 s heartbeat often
+            # missed it and held nothing until its next heartbeat).
+            self.listener.listening.wait(timeout=min(5.0, self.config.heartbeat_seconds))
+        # Running workers recompute their share now, not at their next heartbeat.
+        self.leaser.announce()
         self.fetcher.start()
         if schedules():
             self.scheduler = Scheduler(schedules(), self.stats)

@@ -31,10 +31,10 @@ def test_a_claim_during_a_drain_release_takes_no_job_of_that_shard(transactional
         real_release = worker.leaser.store.release_shards
         seen = {}
 
-        def claim_then_release(worker_id, pairs, pool):
+        def claim_then_release(worker_id, pairs, pool, *channel):
             seen["fetchable"] = shard in worker.leaser.fetchable()
             worker.fetcher.fetch_once()  # a claim in the release's round trip
-            return real_release(worker_id, pairs, pool)
+            return real_release(worker_id, pairs, pool, *channel)
 
         worker.leaser.store.release_shards = claim_then_release
         worker.leaser.start_draining(shard)

@@ -29,6 +29,9 @@ def test_every_thread_of_a_running_worker_belongs_to_a_monitored_service(setting
         # executor's pool (its job threads and its async loop).
         running = shardq_threads()
         own = {f"shardq-{name}" for name in names}
+        # The leaser's trust-deadline watch: a second thread of the leaser
+        # service, its failure recorded in the leaser's (shardq/worker/leaser.py).
+        own.add("shardq-leaser-deadline")
         pool = {f"shardq-executor-{n}" for n in range(2)} | {"shardq-async"}
         assert running <= own | pool, running - own - pool
         assert pool <= running
