@@ -11,10 +11,15 @@ __all__ = [
     "Cancelled",
     "DatabaseUnavailable",
     "FenceLost",
+    "ParentFailed",
+    "RankedModel",
     "ShardTask",
     "ShardqError",
     "UnknownTask",
     "WorkerLost",
+    "Workflow",
+    "WorkflowError",
+    "advance",
     "cancel",
     "complete_in_transaction",
     "enqueue_many",
@@ -38,6 +43,11 @@ _LAZY = {
     "complete_in_transaction": "shardq.completion",
     "fenced": "shardq.completion",
     "periodic": "shardq.cron",
+    "Workflow": "shardq.workflows",
+    "WorkflowError": "shardq.exceptions",
+    "ParentFailed": "shardq.exceptions",
+    "advance": "shardq.advance",
+    "RankedModel": "shardq.advance",
 }
 
 

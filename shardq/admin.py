@@ -1149,7 +1149,16 @@ class JobAdmin(ShardqModelAdmin):
                     "admin_retry_failed_jobs", {"ids": ids, "notify": config.notify, "channel": config.channel}
                 )
                 done = [(row[0], row[1]) for row in rows]
+                # Workflow children these jobs cancelled (ParentFailed), and
+                # theirs, wait again (shardq/workflows.py).
+                revived = operations.run("revive_children", {"ids": [job_id for job_id, _ in done]})
                 self._log(request, done, CHANGE, "Retried from the admin: READY with a fresh attempt budget.")
+                if revived:
+                    messages.info(
+                        request,
+                        f"{len(revived)} workflow job(s) these had cancelled wait for them again: "
+                        + ", ".join(str(row[0]) for row in sorted(revived)[:20]),
+                    )
         self._report(request, "Retried", "now READY with a fresh attempt budget", requested, done)
 
     @admin.action(

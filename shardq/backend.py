@@ -196,6 +196,15 @@ class ShardqBackend(BaseTaskBackend):
 
     def enqueue(self, task, args, kwargs):
         params = self._validate_once(task)
+        if isinstance(task, ShardTask) and task.after:
+            # task.using(after=[...]): a graph of one job, WAITING on jobs that exist.
+            from .workflows import Workflow
+
+            workflow = Workflow()
+            workflow.add(
+                task, *args, after=list(task.after), on_parent_failure=task.on_parent_failure, **kwargs
+            )
+            return workflow.enqueue()[0]
         if isinstance(task, ShardTask) and task.unique_for is not None:
             return self._enqueue_unique(task, args, kwargs)
         params.update(self.job_row(task, args, kwargs))
@@ -398,6 +407,108 @@ class ShardqBackend(BaseTaskBackend):
                 task_enqueued.send(type(self), task_result=result)
         return results
 
+    def enqueue_graph(self, steps, workflow: str | None = None) -> list[TaskResult]:
+        """Enqueue a workflow's steps (``shardq.workflows.Step``) in one atomic
+        block: existing parents marked (``link_parents``; a missing one raises
+        WorkflowError and stores nothing), ids reserved, the jobs and their
+        edges COPYed, the shards of the jobs that can run at once NOTIFYed."""
+        from .workflows import WorkflowError
+
+        nodes = []
+        for step in steps:
+            task = step.task
+            params = self._validate_once(task)
+            if isinstance(task, ShardTask) and task.unique_for is not None:
+                raise WorkflowError(
+                    f"step {step.name!r}: {task.module_path} is a unique task (unique_for), which a "
+                    "workflow cannot hold yet (a duplicate would stand for an existing job); enqueue it "
+                    "on its own and give its TaskResult in after=."
+                )
+            params.update(self.job_row(task, step.args, step.kwargs))
+            nodes.append(params)
+        has_children = [False] * len(steps)
+        for step in steps:
+            for parent in step.parents:
+                has_children[parent.index] = True
+        external = sorted({i for step in steps for i in step.external})
+        conn = connections[self.database_alias]
+        with transaction.atomic(using=self.database_alias), conn.cursor() as cursor:
+            names: dict[int, str] = {}
+            if external:
+                cursor.execute(QUERIES["link_parents"], {"ids": external})
+                found = {job_id: path for job_id, path in cursor.fetchall()}
+                missing = [i for i in external if i not in found]
+                if missing:
+                    raise WorkflowError(
+                        f"after names job(s) {', '.join(map(str, missing))}, which do not exist (never "
+                        "enqueued, pruned or discarded): nothing was enqueued."
+                    )
+                taken: set[str] = set()
+                for job_id in external:
+                    base = name = found[job_id].rsplit(".", 1)[-1]
+                    n = 1
+                    while name in taken:
+                        n += 1
+                        name = f"{base}[{n}]"
+                    taken.add(name)
+                    names[job_id] = name
+            cursor.execute(QUERIES["reserve_job_ids"], {"n": len(nodes)})
+            ids, enqueued_at = cursor.fetchone()
+            ids.sort()
+            stamp = enqueued_at.isoformat()
+            name_field = _COPY_NULL if workflow is None else _copy_text(workflow)
+            lines = []
+            with conn.wrap_database_errors, cursor.copy(QUERIES["copy_workflow_jobs"]) as copy:
+                for job_id, step, row, children in zip(ids, steps, nodes, has_children, strict=True):
+                    key = row["shard_key"]
+                    waiting = len(step.parents) + len(step.external)
+                    run_after = row["run_after"]
+                    lines.append(
+                        f"{job_id}\t{_copy_text(row['task_path'])}\t{_copy_text(row['backend'])}\t"
+                        f"{_copy_text(row['queue_name'])}\t{row['priority']}\t"
+                        f"{stamp if run_after is None else run_after.isoformat()}\t{row['shard']}\t"
+                        f"{row['key_hash']}\t{_COPY_NULL if key is None else _copy_text(key)}\t"
+                        f"{'t' if row['ordered'] else 'f'}\t{'WAITING' if waiting else 'READY'}\t0\t0\t0\t"
+                        f"{row['max_attempts']}\t{_copy_json(row['args'])}\t{_copy_json(row['kwargs'])}\t"
+                        f"[]\t[]\t{stamp}\t{waiting}\t{'t' if children else 'f'}\t{name_field}\n"
+                    )
+                    if len(lines) == _COPY_CHUNK:
+                        copy.write("".join(lines))
+                        lines.clear()
+                if lines:
+                    copy.write("".join(lines))
+            edges = []
+            with conn.wrap_database_errors, cursor.copy(QUERIES["copy_edges"]) as copy:
+                for job_id, step in zip(ids, steps, strict=True):
+                    flag = "t" if step.run_on_failure else "f"
+                    for parent in step.parents:
+                        edges.append(f"{ids[parent.index]}\t{job_id}\t{_copy_text(parent.name)}\t{flag}\tf\n")
+                    for parent_id in step.external:
+                        edges.append(f"{parent_id}\t{job_id}\t{_copy_text(names[parent_id])}\t{flag}\tf\n")
+                    if len(edges) >= _COPY_CHUNK:
+                        copy.write("".join(edges))
+                        edges.clear()
+                if edges:
+                    copy.write("".join(edges))
+            if self.config.notify:
+                by_priority: dict[int, set[int]] = {}
+                for step, row in zip(steps, nodes, strict=True):
+                    if not step.parents and not step.external:
+                        by_priority.setdefault(row["priority"], set()).add(row["shard"])
+                for priority, shards in sorted(by_priority.items()):
+                    cursor.execute(
+                        QUERIES["notify_shards"],
+                        {"channel": self.config.channel, "shards": sorted(shards), "priority": priority},
+                    )
+        results = [
+            self._new_result(step.task, job_id, enqueued_at, row["run_after"], step.args, step.kwargs)
+            for job_id, step, row in zip(ids, steps, nodes, strict=True)
+        ]
+        if self._enqueued_gate.needed(logging.DEBUG):
+            for result in results:
+                task_enqueued.send(type(self), task_result=result)
+        return results
+
     def _enqueue_many_unique(self, task, calls) -> list[TaskResult]:
         """enqueue_many of a unique task: every call validated first, then the
         unique path once per distinct key in one atomic block; a call whose
@@ -531,7 +642,9 @@ class ShardqBackend(BaseTaskBackend):
             except InvalidTask:  # a stored priority or queue this task could not be given
                 pass
         task_errors = [_task_error(e) for e in _json_list(errors)]
-        if status == "CLAIMED":  # in a worker's buffer, not started: READY to Django
+        if status in ("CLAIMED", "WAITING"):
+            # In a worker's buffer, or waiting for a workflow's parents: not
+            # started, READY to Django (which has no such status).
             status = TaskResultStatus.READY
         elif status not in _STATUSES:
             task_errors.append(

@@ -80,6 +80,9 @@ class Completer:
         self._idle = threading.Event()
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
+        # Called after outcomes landed (the workflow resolver's wake-up: a
+        # parent that just finished has its children moved on at once).
+        self.on_written: Callable[[], None] | None = None
 
     # -- from executors ----------------------------------------------------------
 
@@ -233,6 +236,8 @@ class Completer:
                 for job_id, _rank in applied:
                     if self._finished_outcomes.pop(job_id, None) is not None:
                         self._finished_ids.discard(job_id)
+            if self.on_written is not None:
+                self.on_written()
         if self.metrics is not None:
             self.metrics.outcomes_written(outcomes, applied)
         counts = dict.fromkeys(("succeeded", "failed", "retried", "fence_rejections"), 0)

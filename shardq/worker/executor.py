@@ -58,6 +58,22 @@ class ShardqTaskContext(TaskContext):
     # committed the outcome: the executor then writes nothing more.
     completion_state: dict = field(default_factory=dict, repr=False, compare=False)
 
+    @property
+    def parent_results(self) -> dict[str, TaskResult]:
+        """A workflow job's parents: each parent's step name (or, for
+        ``using(after=...)``, its task's name) -> its ``TaskResult``, read
+        from the table now. Empty for a job with no parents. A parent that
+        failed (``on_parent_failure="run"``) shows FAILED with its errors."""
+        from django.tasks import task_backends
+
+        from ..db import operations
+
+        backend = task_backends[self.task_result.backend]
+        rows = operations.run(
+            "parent_results", {"id": int(self.task_result.id)}, using=getattr(backend, "database_alias", "default")
+        )
+        return {row[0]: backend.result_from_row(row[1:]) for row in rows}
+
 
 # A traceback longer than this is stored as its head and tail.
 MAX_ERROR_CHARS = 64 * 1024

@@ -32,6 +32,7 @@ from .executor import Executor
 from .fetcher import Fetcher, Listener, OutrankingClaim
 from .gauges import Gauges
 from .leaser import Leaser
+from .resolver import Resolver
 from .scheduler import Scheduler
 from .shutdown import signal_name
 from .stats import Stats
@@ -100,7 +101,7 @@ class Worker:
             )
             # outrank: the listener's claims of jobs that outrank this
             # worker's buffer (Fetcher.outrank); connects on first use.
-            for name in ("leaser", "fetcher", "completer", "starter", "outrank")
+            for name in ("leaser", "fetcher", "completer", "starter", "outrank", "resolver")
         }
         self.completer = Completer(
             self.store["completer"],
@@ -154,6 +155,15 @@ class Worker:
             if self.config.notify
             else None
         )
+        # Moves workflow children on once their parents finished (shardq/workflows.py).
+        self.resolver = Resolver(
+            self.store["resolver"],
+            lambda: sorted(self.leaser.held),
+            self.stats,
+            channel=self.config.channel,
+            notify=self.config.notify,
+        )
+        self.completer.on_written = self.resolver.wake
         self.scheduler: Scheduler | None = None  # built in run(), once the task modules are imported
         self.executor = Executor(
             self.buffer,
@@ -372,6 +382,7 @@ class Worker:
         if self.listener:
             self.listener.start()
         self.fetcher.start()
+        self.resolver.start()
         if schedules():
             self.scheduler = Scheduler(schedules(), self.stats)
             self.scheduler.start()
@@ -401,6 +412,7 @@ class Worker:
             ("completer", self.completer),
             ("executor", self.executor),
             ("scheduler", self.scheduler),
+            ("resolver", self.resolver),
             ("listener", self.listener),
             ("starter", self.executor.starter),
             ("gauges", self.gauges),
@@ -413,6 +425,7 @@ class Worker:
         deadline = time.monotonic() + self.grace
         if self.scheduler:
             self.scheduler.stop()
+        self.resolver.stop()
         self.leaser.begin_stop()
         self.fetcher.stop()
         if self.listener:
