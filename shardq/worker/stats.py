@@ -29,6 +29,11 @@ COUNTERS = (
     "outranking_claims",  # claims outside demand for jobs a NOTIFY said outrank the buffer
     "started_out_of_turn",  # buffered jobs started ahead of lower ones started earlier
     "heartbeats",
+    # The workflow resolver: children moved on (READY or FAILED), of them
+    # cancelled with ParentFailed, and passes PostgreSQL refused.
+    "children_moved",
+    "children_cancelled",
+    "resolver_errors",
 )
 
 

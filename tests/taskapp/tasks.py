@@ -202,7 +202,7 @@ def wf_node(context: TaskContext, tag: str, fail: bool = False, read_parents: bo
     parents = {}
     if read_parents:
         parents = {
-            name: [result.status, result.return_value["tag"] if result.return_value else None]
+            name: [result.status, result.return_value["tag"] if result.status == "SUCCESSFUL" else None]
             for name, result in context.parent_results.items()
         }
     return {"tag": tag, "parents": parents}
