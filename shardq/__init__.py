@@ -46,8 +46,8 @@ _LAZY = {
     "Workflow": "shardq.workflows",
     "WorkflowError": "shardq.exceptions",
     "ParentFailed": "shardq.exceptions",
-    "advance": "shardq.advance",
-    "RankedModel": "shardq.advance",
+    "advance": "shardq.ranks",
+    "RankedModel": "shardq.ranks",
 }
 
 
