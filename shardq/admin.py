@@ -838,7 +838,10 @@ class JobAdmin(ShardqModelAdmin):
     ordering = ("-id",)
     actions = ["retry_failed", "discard_failed"]
     fieldsets = (
-        (None, {"fields": ("id", "task_path", "status_display", "queue_name", "priority", "backend", "workflow_display")}),
+        (
+            None,
+            {"fields": ("id", "task_path", "status_display", "queue_name", "priority", "backend", "workflow_display")},
+        ),
         ("Arguments", {"fields": ("args_display", "kwargs_display", "redaction")}),
         ("Outcome", {"fields": ("return_value_display", "errors_display", "worker_ids_display")}),
         (

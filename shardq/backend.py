@@ -201,9 +201,7 @@ class ShardqBackend(BaseTaskBackend):
             from .workflows import Workflow
 
             workflow = Workflow()
-            workflow.add(
-                task, *args, after=list(task.after), on_parent_failure=task.on_parent_failure, **kwargs
-            )
+            workflow.add(task, *args, after=list(task.after), on_parent_failure=task.on_parent_failure, **kwargs)
             return workflow.enqueue()[0]
         if isinstance(task, ShardTask) and task.unique_for is not None:
             return self._enqueue_unique(task, args, kwargs)

@@ -225,7 +225,14 @@ def graph_layout(nodes: Sequence[dict], edges: Sequence[tuple[int, int]]) -> dic
         if parent in where and child in where:
             (px, py), (cx, cy) = where[parent], where[child]
             lines.append(
-                {"parent": parent, "child": child, "x1": px + NODE_W, "y1": py + NODE_H / 2, "x2": cx, "y2": cy + NODE_H / 2}
+                {
+                    "parent": parent,
+                    "child": child,
+                    "x1": px + NODE_W,
+                    "y1": py + NODE_H / 2,
+                    "x2": cx,
+                    "y2": cy + NODE_H / 2,
+                }
             )
     columns = max(column.values(), default=0) + 1
     tallest = max(per_column.values(), default=1)

@@ -578,7 +578,9 @@ class WorkerStore:
         rows, rejected = self.run_split(jobs, batch)
         return {row["id"]: row for row in rows}, rejected
 
-    def resolve_children(self, shards: list[int], batch: int, channel: str, notify: bool = True) -> tuple[int, list[NamedRow]]:
+    def resolve_children(
+        self, shards: list[int], batch: int, channel: str, notify: bool = True
+    ) -> tuple[int, list[NamedRow]]:
         """One pass of the workflow resolver over ``shards`` (see
         ``resolve_children`` in queries.sql): (parents resolved, children moved)."""
         rows = self.run(

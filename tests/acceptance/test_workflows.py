@@ -54,7 +54,14 @@ def test_the_order_workflow_runs_in_order_and_children_read_their_parents_result
         mail = wf.add(wf_node, "mail", after=[charge])
         wf.add(wf_node, "done", after=[pack, mail])
         results = wf.enqueue()
-    wait_until(lambda: status_counts() == {"SUCCESSFUL": 4}, timeout=20, message=lambda: query("SELECT id, status, waiting_on, children_pending, finished_at FROM shardq_job ORDER BY id") + query("SELECT * FROM shardq_edge"))
+    wait_until(
+        lambda: status_counts() == {"SUCCESSFUL": 4},
+        timeout=20,
+        message=lambda: (
+            query("SELECT id, status, waiting_on, children_pending, finished_at FROM shardq_job ORDER BY id")
+            + query("SELECT * FROM shardq_edge")
+        ),
+    )
     done = results[-1]
     done.refresh()
     assert done.return_value == {
@@ -80,7 +87,10 @@ def test_a_dead_lettered_parent_cancels_its_children_and_run_children_see_the_fa
     assert f"parent job {results[1].id} " in results[2].errors[-1].traceback
     assert results[3].return_value == {"tag": "cleanup", "parents": {"bad": ["FAILED", None]}}
     # The cancelled ones never ran: no ledger row, no attempt.
-    assert scalar("SELECT count(*) FROM taskapp_ledger WHERE job_id = ANY(%s)", [[int(results[1].id), int(results[2].id)]]) == 0
+    assert (
+        scalar("SELECT count(*) FROM taskapp_ledger WHERE job_id = ANY(%s)", [[int(results[1].id), int(results[2].id)]])
+        == 0
+    )
     assert edge_violations() == 0
 
 

@@ -229,7 +229,9 @@ def test_waiting_jobs_cost_the_claim_nothing(backlog):
     assert "shardq_job_ready_idx" in {index for _, index, _ in shape_after}
     # ... and no more pages (not one a WAITING row is on), give or take the catalog's.
     assert buffers_after <= 1.05 * buffers_before + 10, (buffers_before, buffers_after)
-    print(f"\n[workflows] claim with {WAITING_ROWS} WAITING rows: its walk read {buffers_after} pages, without them {buffers_before}")
+    print(
+        f"\n[workflows] claim with {WAITING_ROWS} WAITING rows: its walk read {buffers_after} pages, without them {buffers_before}"
+    )
     # The claim takes none of them, though they outrank every READY job.
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["claim_jobs"], params)
