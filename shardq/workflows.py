@@ -100,6 +100,7 @@ class Workflow:
         self.name = name
         self.steps: list[Step] = []
         self._names: set[str] = set()
+        self._repeats: dict[str, int] = {}
         self.results: list[TaskResult] | None = None
 
     def add(
@@ -125,6 +126,7 @@ class Workflow:
             raise WorkflowError(f"Workflow.add needs a task (a @task or @shard_task function), not {task!r}.")
         run_on_failure = check_on_parent_failure(on_parent_failure) == "run"
         parents: list[Step] = []
+        seen: set[int] = set()
         external_items = []
         if isinstance(after, (str, bytes, Step, TaskResult)) or not isinstance(after, Iterable):
             raise WorkflowError(f"after must be a list of steps, TaskResults or job ids, not {after!r}.")
@@ -135,8 +137,9 @@ class Workflow:
                         f"{item!r} belongs to another workflow: a step can only wait for steps of its own "
                         "workflow (or for jobs already enqueued, by their TaskResult)."
                     )
-                if any(p is item for p in parents):
+                if item.index in seen:
                     raise WorkflowError(f"{item!r} is named twice in after.")
+                seen.add(item.index)
                 parents.append(item)
             else:
                 external_items.append(item)
@@ -148,10 +151,13 @@ class Workflow:
         if any(p.index >= len(self.steps) for p in parents):
             raise WorkflowError("a step can only wait for steps added before it (a cycle would never run).")
         if step_name is None:
-            step_name, n = task.name, 1
+            # The next free "name[n]" (counted per name: a fan-out of
+            # thousands of one task must not search from 2 each time).
+            step_name, n = task.name, self._repeats.get(task.name, 1)
             while step_name in self._names:
                 n += 1
                 step_name = f"{task.name}[{n}]"
+            self._repeats[task.name] = n
         elif not isinstance(step_name, str) or not step_name or "\x00" in step_name:
             raise WorkflowError(f"step_name must be non-empty text, not {step_name!r}.")
         elif step_name in self._names:
