@@ -53,6 +53,7 @@ class Resolver:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
+        self._unavailable = False
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="shardq-resolver", daemon=True)
@@ -76,9 +77,13 @@ class Resolver:
                     break
                 try:
                     self.resolve()
+                    self._unavailable = False
                 except DatabaseUnavailable as exc:
                     # The parents stay in the index: the next pass does them.
-                    logger.warning("resolver: database unavailable (%s); retrying", exc)
+                    # Said once an outage (the leaser reports the outage itself).
+                    if not self._unavailable:
+                        logger.warning("resolver: database unavailable (%s); retrying", exc)
+                    self._unavailable = True
                     self._stop.wait(0.5)
                 except StatementRejected as exc:
                     self.stats.add("resolver_errors")

@@ -19,7 +19,7 @@ from tests.workers import query, scalar
 WORKERS = size(3, 4)
 WORKFLOWS = size(30, 300)
 MIDDLE = 8  # each workflow: 1 -> 8 -> 1
-JOB_SECONDS = 0.05
+JOB_SECONDS = size(0.05, 0.2)  # full size: enough work to span 15 kills
 CHURN_SECONDS = size(15, 60)
 KILL_EVERY = 2.0
 
