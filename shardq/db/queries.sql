@@ -535,9 +535,14 @@ RETURNING id, task_path,
           CASE WHEN %(notify)s THEN pg_notify(%(channel)s, shard || ':' || least(greatest(priority, -100), 100)) END;
 
 -- name: admin_discard_failed_jobs
--- Admin "Discard": delete the FAILED jobs among :ids (compare-and-set on status: a job retried meanwhile stays). Returns the ids deleted.
-DELETE FROM shardq_job WHERE id = ANY(%(ids)s::bigint[]) AND status = 'FAILED'
-RETURNING id, task_path;
+-- Admin "Discard": delete the FAILED jobs among :ids (compare-and-set on status: a job retried meanwhile stays). A workflow parent whose children the resolver has not moved on yet stays too (deleted, it would leave them WAITING for ever); it can be discarded once they are. Returns the ids deleted.
+WITH gone AS (
+    DELETE FROM shardq_job WHERE id = ANY(%(ids)s::bigint[]) AND status = 'FAILED' AND NOT children_pending
+    RETURNING id, task_path
+), edges AS (
+    DELETE FROM shardq_edge AS e USING gone WHERE e.child = gone.id
+)
+SELECT id, task_path FROM gone;
 
 -- name: admin_dashboard
 -- Admin dashboard, one row a shard plus one totals row (shard NULL): owner and seconds of lease left (of the pool whose lease has the most left), jobs finished in the last :minutes minutes (and how many FAILED), pickup latency p50/p99/mean/max of those (seconds from due, run_after, to the start of the final attempt, last_attempted_at), dead-lettered jobs, READY depth (all, due), the wait of the oldest due READY job, RUNNING jobs.

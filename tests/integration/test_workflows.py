@@ -340,3 +340,21 @@ def test_a_fan_in_child_waits_for_every_parent():
     finish(results[-2])
     resolve()
     assert status(results[-1]) == "READY"
+
+
+def test_the_admin_discard_keeps_a_failed_parent_until_its_children_moved_on(admin_client):
+    parent = wf_node.enqueue("p")
+    child = wf_node.using(after=[parent]).enqueue("c")
+    finish(parent, "FAILED")
+
+    def discard():
+        admin_client.post(
+            reverse("admin:shardq_job_changelist"), {"action": "discard_failed", "_selected_action": [parent.id]}
+        )
+
+    discard()
+    assert job_row(parent.id) is not None  # deleted now, the child would wait for ever
+    resolve()
+    assert status(child) == "FAILED"
+    discard()
+    assert job_row(parent.id) is None
