@@ -5,7 +5,8 @@
    transaction each), alternated, ``--rounds`` times;
 2. drain: ``--jobs`` READY no-op jobs drained by one ``shardq_worker``
    (``--processes 1 --concurrency 4``, as ``make bench``'s drain) beside
-   ``--waiting`` WAITING rows, against none, alternated.
+   ``--waiting`` WAITING rows, against none and against as many SUCCESSFUL
+   rows (a table as big, no WAITING row), rotated.
 
     DATABASE_URL=... .venv/bin/python bench/workflows.py [--rounds 3] [--waiting 1000000] [--jobs 20000]
 
@@ -105,13 +106,16 @@ def enqueue(bench, args) -> None:
 
 
 def drain(bench, args) -> None:
-    runs: dict[str, list[dict]] = {"none": [], "waiting": []}
+    # "finished": as many SUCCESSFUL rows instead, to tell the cost of a
+    # bigger table (a deeper primary key) from the cost of WAITING rows.
+    runs: dict[str, list[dict]] = {"none": [], "waiting": [], "finished": []}
+    arms = [("none", 0, "WAITING"), ("waiting", args.waiting, "WAITING"), ("finished", args.waiting, "SUCCESSFUL")]
     for round_ in range(args.rounds):
-        order = [("none", 0), ("waiting", args.waiting)]
+        order = arms[round_ % 3 :] + arms[: round_ % 3]
         if round_ % 2:
             order.reverse()
-        for label, waiting in order:
-            bench.waiting = waiting
+        for label, waiting, status in order:
+            bench.waiting, bench.status = waiting, status
             result = bench.shardq_drain(1, args.jobs, name=f"wf-{label}")
             runs[label].append(result)
             print(
@@ -120,13 +124,14 @@ def drain(bench, args) -> None:
                 flush=True,
             )
     for key in ("wall_rate", "steady_rate"):
-        ratios = [w[key] / n[key] for w, n in zip(runs["waiting"], runs["none"], strict=True)]
-        print(
-            f"drain of {args.jobs} beside {args.waiting:,} WAITING rows / beside none, {key}: "
-            f"median {statistics.median(r[key] for r in runs['waiting']):,.0f} / "
-            f"{statistics.median(r[key] for r in runs['none']):,.0f} jobs/s; per-round ratio median "
-            f"{statistics.median(ratios):.3f}"
-        )
+        for other in ("none", "finished"):
+            ratios = [w[key] / n[key] for w, n in zip(runs["waiting"], runs[other], strict=True)]
+            print(
+                f"drain of {args.jobs} beside {args.waiting:,} WAITING rows / {other}, {key}: "
+                f"median {statistics.median(r[key] for r in runs['waiting']):,.0f} / "
+                f"{statistics.median(r[key] for r in runs[other]):,.0f} jobs/s; per-round ratios "
+                f"{', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.3f}"
+            )
 
 
 def _bench_class():
@@ -137,6 +142,7 @@ def _bench_class():
         parent that never finishes), analyzed, beside what the drain fills."""
 
         waiting = 0
+        status = "WAITING"
 
         def reset(self) -> None:
             self.sql("TRUNCATE shardq_job, shardq_shard_event, shardq_edge")
@@ -148,22 +154,29 @@ def _bench_class():
                     INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard,
                         key_hash, shard_key, ordered, status, status_rank, fence, attempts, max_attempts,
                         args, kwargs, errors, worker_ids, enqueued_at, waiting_on)
-                    SELECT 'tests.taskapp.tasks.noop', 'default', 'default', 0, t, h & 63, h, NULL, false,
-                           'WAITING', 0, 0, 0, 1, '[]'::jsonb, '{}'::jsonb, '[]'::jsonb, '[]'::jsonb, t, 1
+                    SELECT 'bench.filler', 'default', 'default', 0, t, h & 63, h, NULL, false,
+                           %s, 0, 0, 0, 1, '[]'::jsonb, '{}'::jsonb, '[]'::jsonb, '[]'::jsonb, t, 1
                     FROM (SELECT (random() * 4294967295 - 2147483648)::bigint::int AS h, clock_timestamp() AS t
                           FROM generate_series(1, %s)) AS g
                     """,
-                    [self.waiting],
+                    [self.status, self.waiting],
                 )
                 self.sql("ANALYZE shardq_job")
 
         def finished(self):
-            return super().finished()
+            """As e2e.Bench.finished, over the drained jobs only (not the filler rows)."""
+            n, first, last = self.sql(
+                "SELECT count(*), extract(epoch FROM min(finished_at))::float8,"
+                " extract(epoch FROM max(finished_at))::float8"
+                " FROM shardq_job WHERE status = 'SUCCESSFUL' AND task_path <> 'bench.filler'"
+            )[0]
+            span = last - first if n > 1 else None
+            return n, ((n - 1) / span if span else None), first, last
 
     return Waiting
 
 
-def WaitingBench(options):  # noqa: N802 (a class built once Django is set up)
+def WaitingBench(options):  # a class built once Django is set up
     return _bench_class()(options)
 
 

@@ -81,5 +81,6 @@ def test_demo_exit_stops_after_the_summary(transactional_db, tmp_path):
     assert sorted(steps) == sorted(
         (name, "SUCCESSFUL") for name in ("charge_card", "pack_items", "send_receipt", "ship_order", "close_order")
     ), text
-    assert [name for name, _ in steps][0] == "charge_card" and [name for name, _ in steps][-1] == "close_order"
+    order = [name for name, _ in steps]
+    assert order[0] == "charge_card" and order[-1] == "close_order"
     assert re.search(r"status 'closed' \(rank 4\)", text), text
