@@ -354,6 +354,14 @@ class ShardqBackend(BaseTaskBackend):
         calls = [(tuple(args), dict(kwargs)) for args, kwargs in calls]
         if not calls:
             return []
+        if isinstance(task, ShardTask) and task.after:
+            # task.using(after=[...]): every call waits for the same parents.
+            from .workflows import Workflow
+
+            workflow = Workflow()
+            for args, kwargs in calls:
+                workflow.add(task, *args, after=list(task.after), on_parent_failure=task.on_parent_failure, **kwargs)
+            return workflow.enqueue()
         if isinstance(task, ShardTask) and task.unique_for is not None:
             return self._enqueue_many_unique(task, calls)
         rows = [self.job_row(task, args, kwargs) for args, kwargs in calls]

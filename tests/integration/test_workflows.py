@@ -358,3 +358,14 @@ def test_the_admin_discard_keeps_a_failed_parent_until_its_children_moved_on(adm
     assert status(child) == "FAILED"
     discard()
     assert job_row(parent.id) is None
+
+
+def test_enqueue_many_of_a_task_with_after_makes_every_call_wait():
+    from shardq import enqueue_many
+
+    parent = wf_node.enqueue("p")
+    children = enqueue_many(wf_node.using(after=[parent]), [(("a",), {}), (("b",), {})])
+    assert [status(c) for c in children] == ["WAITING", "WAITING"]
+    finish(parent)
+    resolve()
+    assert [status(c) for c in children] == ["READY", "READY"]
