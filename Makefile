@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench soak faults clean chromium lint workflows
+.PHONY: demo test venv bench bench-cancel soak faults clean chromium lint workflows
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -65,6 +65,13 @@ bench: $(STAMP)
 # Sustained load through the example project's gunicorn, 15 minutes at 70 %
 # of the measured peak, then a drain beside 5M finished rows (about 25
 # minutes in all; bench/soak.py --help for shorter runs).
+# The latency from shardq.cancel() to a running task seeing it (p50/p99 over
+# 200 cancels of each kind, one real worker); figures in docs/benchmarks.md.
+bench-cancel: $(STAMP)
+	mkdir -p bench/results
+	SHARDQ_CANCEL_SAMPLES=200 SHARDQ_CANCEL_RESULTS=bench/results/cancel_latency.json $(PY) -m pytest -q -s \
+		tests/acceptance/test_run_control.py -k cancel_latency
+
 soak: $(STAMP)
 	$(PY) bench/soak.py
 

@@ -20,33 +20,15 @@ from datetime import datetime
 import psycopg
 
 from shardq.core import pools
+from shardq.db.enqueue import JOB_COLUMNS
 from shardq.db.queries import ANY_PRIORITY, QUERIES
 
 NOOP = "tests.taskapp.tasks.noop"
 SHARD_COUNT = 64
 CHANNEL = "shardq"
 
-COLUMNS = (
-    "task_path",
-    "backend",
-    "queue_name",
-    "priority",
-    "run_after",
-    "shard",
-    "key_hash",
-    "shard_key",
-    "ordered",
-    "status",
-    "status_rank",
-    "fence",
-    "attempts",
-    "max_attempts",
-    "args",
-    "kwargs",
-    "errors",
-    "worker_ids",
-    "enqueued_at",
-)
+# queries.sql's job columns but the id (the sequence gives it here).
+COLUMNS = JOB_COLUMNS[1:]
 
 
 def noop():

@@ -504,6 +504,13 @@ def main(argv=None) -> None:
     p.add_argument("--backlog-rows", type=int, default=5_000_000, help="0 skips the finished-rows drain.")
     p.add_argument("--rounds", type=int, default=3, help="Alternated rounds of the finished-rows drain.")
     p.add_argument("--database", default="shardq_soak")
+    p.add_argument(
+        "--server",
+        choices=("own", "shared"),
+        default="own",
+        help="own (default): a PostgreSQL of its own (initdb on a free port, every setting at its "
+        "default, autovacuum included); shared: DATABASE_URL's server.",
+    )
     p.add_argument("--no-docs", action="store_true")
     args = p.parse_args(argv)
     if not 0 < args.load <= 1 or args.minutes <= 0 or args.clients < 1:
@@ -513,9 +520,32 @@ def main(argv=None) -> None:
     import django
 
     django.setup()
-    from bench.e2e import bench_database, machine
+    from bench.e2e import bench_database, migrate
 
-    url = bench_database(args.database)
+    server = None
+    if args.server == "own":
+        from tests.pgserver import PrivatePostgres
+
+        # Defaults throughout (fsync and autovacuum on): what a new server runs.
+        server = PrivatePostgres("soak", args.database, settings={"fsync": "on", "max_connections": "200"})
+        server.init()
+        server.start()
+        server.createdb()
+        server.createdb(args.database + "_backlog")
+        url = server.url
+        migrate(url)
+    else:
+        url = bench_database(args.database)
+    try:
+        run_soak(args, url, server)
+    finally:
+        if server is not None:
+            server.destroy()
+
+
+def run_soak(args, url: str, server) -> None:
+    from bench.e2e import bench_database, machine, migrate
+
     # The example project's own tables (its demo app) on the same database.
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "--verbosity", "0"],
@@ -535,9 +565,12 @@ def main(argv=None) -> None:
     info = machine(url)
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     result: dict = {"when": when, "options": vars(args)}
+    with psycopg.connect(url, autocommit=True) as conn:
+        autovacuum = conn.execute("SHOW autovacuum").fetchone()[0]
     result["machine"] = (
-        f"{info['cpus']} CPUs, PostgreSQL {info['postgresql'].split()[0]}, Python {info['python']}, "
-        f"load average {info['load_average_at_start']} at start"
+        f"{info['cpus']} CPUs, PostgreSQL {info['postgresql'].split()[0]} "
+        f"({'its own server' if server is not None else 'the shared server'}, autovacuum {autovacuum}), "
+        f"Python {info['python']}, load average {info['load_average_at_start']} at start"
     )
     cluster = Cluster(url, args.port, logs)
     cluster.start()
@@ -552,9 +585,12 @@ def main(argv=None) -> None:
     result["minutes"] = per_minute(result["soak"]["samples"], args.sample_seconds)
     if args.backlog_rows:
         print(f"drain beside {args.backlog_rows:,} finished rows ...", flush=True)
-        result["backlog"] = backlog_drains(
-            bench_database(args.database + "_backlog"), args.backlog_rows, args.rounds, 20_000
-        )
+        if server is not None:
+            backlog_url = server.url.rsplit("/", 1)[0] + "/" + args.database + "_backlog"
+            migrate(backlog_url)
+        else:
+            backlog_url = bench_database(args.database + "_backlog")
+        result["backlog"] = backlog_drains(backlog_url, args.backlog_rows, args.rounds, 20_000)
     s = result["summary"] = summary(result)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     (RESULTS / f"soak-{stamp}.json").write_text(json.dumps(result, indent=2, default=str))

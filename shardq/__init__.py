@@ -15,6 +15,7 @@ __all__ = [
     "RankedModel",
     "ShardTask",
     "ShardqError",
+    "TaskTimeout",
     "UnknownTask",
     "WorkerLost",
     "Workflow",
@@ -40,6 +41,7 @@ _LAZY = {
     "WorkerLost": "shardq.exceptions",
     "FenceLost": "shardq.exceptions",
     "Cancelled": "shardq.exceptions",
+    "TaskTimeout": "shardq.exceptions",
     "complete_in_transaction": "shardq.completion",
     "fenced": "shardq.completion",
     "periodic": "shardq.cron",
@@ -81,8 +83,11 @@ def cancel(*results, reason: str = "") -> list[str]:
     """Cancel jobs that have not finished; returns the ids it cancelled.
 
     ``results`` are ``TaskResult``s or their ids. A READY job (deferred or
-    waiting) will not run. A RUNNING attempt cannot be stopped from outside:
-    it runs to its end, but its outcome is refused, and a task that
+    waiting) will not run. A RUNNING attempt is told, cooperatively: its
+    worker learns it from a NOTIFY (or at its next heartbeat), a sync task
+    with ``takes_context`` sees ``context.is_cancelled()`` turn True and an
+    async task gets ``CancelledError`` at its next ``await``. A task that
+    ignores it runs to its end, but its outcome is refused, and a task that
     completes in its own transaction (``complete_in_transaction``) rolls its
     writes back. Either way the job ends FAILED with a
     ``shardq.exceptions.Cancelled`` error (with ``reason``). Jobs already

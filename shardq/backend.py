@@ -5,26 +5,16 @@
 ``transaction.atomic()`` the job exists exactly when the caller commits.
 Arguments and results are JSON, never pickles.
 
-Two hot paths bypass parts of Django's cursor machinery, on the same
-connection and so in the same transaction:
-
-* ``enqueue`` runs ``insert_job`` as a server-side prepared statement
-  (psycopg ``prepare=True`` on a server-binding cursor over Django's raw
-  connection, one cursor kept per connection): Django's default
-  client-side-binding cursor makes the server parse and plan every INSERT,
-  and a new cursor per statement costs more client time than the rest of
-  the statement's Python side. Errors still go through
-  ``connection.wrap_database_errors`` (Django's exception classes,
-  ``errors_occurred``), a broken ``atomic()`` block is still refused, and an
-  error inside ``atomic()`` rolls it back as with a Django cursor. When
-  Django logs queries (``DEBUG``, ``CaptureQueriesContext``) or the
-  connection has ``execute_wrapper()``s, enqueue uses a Django cursor so
-  they see the statement. ``TASKS[...]["OPTIONS"]["PREPARED_STATEMENTS"] =
-  False`` turns preparing off (a transaction-mode pooler that does not
-  track protocol-level prepared statements, e.g. PgBouncer < 1.21).
-* ``enqueue_many`` reserves the ids from the sequence, COPYs the rows and
-  NOTIFYs each distinct shard once, all inside one ``transaction.atomic()``
-  (a savepoint within the caller's transaction): a failure stores nothing.
+The statements run through ``shardq/db/enqueue.py``: ``enqueue`` runs
+``insert_job`` as a server-side prepared statement on the caller's own
+connection (Django's default client-side-binding cursor makes the server
+parse and plan every INSERT, and a new cursor per statement costs more
+client time than the rest of the statement's Python side);
+``TASKS[...]["OPTIONS"]["PREPARED_STATEMENTS"] = False`` turns preparing off
+(a transaction-mode pooler that does not track protocol-level prepared
+statements, e.g. PgBouncer < 1.21). ``enqueue_many`` COPYs the rows in one
+atomic block (a savepoint within the caller's transaction): a failure
+stores nothing.
 
 Unique tasks (``unique_for=``) take their own branch, so the plain path
 above stays as it is:
@@ -64,7 +54,6 @@ import time
 from dataclasses import fields as dataclass_fields
 from functools import partial
 
-import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.tasks import TaskResult, TaskResultStatus
@@ -79,8 +68,8 @@ from .checks import backend_checks, unusable
 from .conf import get_config
 from .core.hashing import salted_key_hash, shard_key_hash
 from .core.lru import make_lru
+from .db import enqueue as enqueue_statements
 from .db import operations
-from .db.queries import QUERIES
 from .dispatch import SignalGate
 from .exceptions import ArgumentNotJSON
 from .tasks import (
@@ -127,7 +116,6 @@ class ShardqBackend(BaseTaskBackend):
         # (identity checked). A plain dict, emptied when full, read without
         # a lock (an LRU reorders on every read).
         self._known_tasks: dict[int, tuple] = {}
-        self._insert_query = QUERIES["insert_job" if self.config.notify else "insert_job_quiet"]
         # Unique key -> (monotonic deadline, holder's TaskResult), committed
         # knowledge only (see the module docstring). An invalid size is
         # reported by the check shardq.E007 and treated as the default here.
@@ -192,6 +180,7 @@ class ShardqBackend(BaseTaskBackend):
             "ordered": is_shard_task and task.ordered,
             "max_attempts": task.max_attempts if is_shard_task else 1,
             "channel": self.config.channel,
+            "notify": self.config.notify,
         }
 
     def enqueue(self, task, args, kwargs):
@@ -206,7 +195,9 @@ class ShardqBackend(BaseTaskBackend):
         if isinstance(task, ShardTask) and task.unique_for is not None:
             return self._enqueue_unique(task, args, kwargs)
         params.update(self.job_row(task, args, kwargs))
-        job_id, enqueued_at, run_after, _ = self._fetch_one_prepared(self._insert_query, params)
+        job_id, enqueued_at, run_after, _ = enqueue_statements.fetch_one(
+            self.database_alias, "insert_job", params, prepared=self.prepared_statements
+        )
         result = self._new_result(task, job_id, enqueued_at, run_after, args, kwargs)
         if self._enqueued_gate.needed(logging.DEBUG):
             task_enqueued.send(type(self), task_result=result)
@@ -250,11 +241,10 @@ class ShardqBackend(BaseTaskBackend):
         """Run insert_unique_job; return (result, whether a job was inserted)."""
         params["unique_key"] = unique_key
         params["unique_for"] = task.unique_for_seconds
-        params["notify"] = self.config.notify
         for attempt in range(2):
             sent = time.monotonic()
-            job_id, inserted, remaining, enqueued_at, run_after, _ = self._fetch_one_prepared(
-                QUERIES["insert_unique_job"], params
+            job_id, inserted, remaining, enqueued_at, run_after, _ = enqueue_statements.fetch_one(
+                self.database_alias, "insert_unique_job", params, prepared=self.prepared_statements
             )
             if inserted:
                 result = self._new_result(task, job_id, enqueued_at, run_after, args, kwargs)
@@ -313,40 +303,6 @@ class ShardqBackend(BaseTaskBackend):
                 return None
         return _copy_result(result)
 
-    def _fetch_one_prepared(self, query, params):
-        """Run ``query`` on the caller's connection as a server-side prepared
-        statement and return its one row (see the module docstring)."""
-        conn = connections[self.database_alias]
-        if not self.prepared_statements or conn.queries_logged or conn.execute_wrappers:
-            return self._fetch_one_django(conn, query, params)
-        # What Django's cursor() and CursorWrapper.execute() check first.
-        conn.close_if_health_check_failed()
-        conn.ensure_connection()
-        raw = conn.connection
-        if not isinstance(raw, psycopg.Connection):  # psycopg2, or not PostgreSQL at all
-            return self._fetch_one_django(conn, query, params)
-        conn.validate_thread_sharing()
-        conn.validate_no_broken_transaction()
-        with conn.wrap_database_errors:
-            cursor = _statement_cursor(raw, conn.timezone)
-            # Django turns psycopg's statement preparing off on its connections
-            # (prepare_threshold=None); turn it on for this one statement only.
-            threshold = raw.prepare_threshold
-            try:
-                if threshold is None:
-                    raw.prepare_threshold = _NEVER_BY_COUNT
-                cursor.execute(query, params, prepare=True)
-                return cursor.fetchone()
-            finally:
-                if threshold is None:
-                    raw.prepare_threshold = None
-
-    @staticmethod
-    def _fetch_one_django(conn, query, params):
-        with conn.cursor() as cursor:
-            cursor.execute(query, params)
-            return cursor.fetchone()
-
     def enqueue_many(self, task, calls) -> list[TaskResult]:
         """Enqueue many calls of one task: ids from the sequence, one COPY and one
         NOTIFY per distinct shard, in one atomic block (see shardq.enqueue_many)."""
@@ -365,49 +321,24 @@ class ShardqBackend(BaseTaskBackend):
         if isinstance(task, ShardTask) and task.unique_for is not None:
             return self._enqueue_many_unique(task, calls)
         rows = [self.job_row(task, args, kwargs) for args, kwargs in calls]
-        conn = connections[self.database_alias]
-        with transaction.atomic(using=self.database_alias), conn.cursor() as cursor:
-            cursor.execute(QUERIES["reserve_job_ids"], {"n": len(rows)})
-            ids, enqueued_at = cursor.fetchone()
-            ids.sort()
-            run_after = params["run_after"]
-            # COPY text: the columns every row shares, escaped and formatted once.
-            head = "\t".join(
-                (
-                    _copy_text(params["task_path"]),
-                    _copy_text(params["backend"]),
-                    _copy_text(params["queue_name"]),
-                    str(params["priority"]),
-                    (enqueued_at if run_after is None else run_after).isoformat(),
-                )
-            )
-            middle = f"{'t' if params['ordered'] else 'f'}\tREADY\t0\t0\t0\t{params['max_attempts']}"
-            tail = f"[]\t[]\t{enqueued_at.isoformat()}\n"
-            new_result = self._new_result
-            results = []
-            lines = []
-            with conn.wrap_database_errors, cursor.copy(QUERIES["copy_jobs"]) as copy:
-                for job_id, row, (args, kwargs) in zip(ids, rows, calls, strict=True):
-                    key = row["shard_key"]
-                    lines.append(
-                        f"{job_id}\t{head}\t{row['shard']}\t{row['key_hash']}\t"
-                        f"{_COPY_NULL if key is None else _copy_text(key)}\t{middle}\t"
-                        f"{_copy_json(row['args'])}\t{_copy_json(row['kwargs'])}\t{tail}"
-                    )
-                    # Built while the server takes in the rows; an error here
-                    # rolls the COPY back with the rest.
-                    results.append(new_result(task, job_id, enqueued_at, run_after, args, kwargs))
-                    if len(lines) == _COPY_CHUNK:
-                        copy.write("".join(lines))
-                        lines.clear()
-                if lines:
-                    copy.write("".join(lines))
-            if self.config.notify:
-                shards = sorted({row["shard"] for row in rows})
-                cursor.execute(
-                    QUERIES["notify_shards"],
-                    {"channel": self.config.channel, "shards": shards, "priority": params["priority"]},
-                )
+        run_after = params["run_after"]
+        new_result = self._new_result
+        results = []
+
+        def on_job(index: int, job_id: int, enqueued_at) -> None:
+            # Built while the server takes in the rows; an error here rolls
+            # the COPY back with the rest.
+            args, kwargs = calls[index]
+            results.append(new_result(task, job_id, enqueued_at, run_after, args, kwargs))
+
+        enqueue_statements.copy_jobs(
+            self.database_alias,
+            params,
+            rows,
+            notify=self.config.notify,
+            channel=self.config.channel,
+            on_job=on_job,
+        )
         for result in results:
             if self._enqueued_gate.needed(logging.DEBUG):
                 task_enqueued.send(type(self), task_result=result)
@@ -432,80 +363,49 @@ class ShardqBackend(BaseTaskBackend):
                 )
             params.update(self.job_row(task, step.args, step.kwargs))
             nodes.append(params)
-        has_children = [False] * len(steps)
+        edges = []
         for step in steps:
+            node = nodes[step.index]
+            node["waiting"] = len(step.parents) + len(step.external)
+            node.setdefault("has_children", False)
             for parent in step.parents:
-                has_children[parent.index] = True
+                nodes[parent.index]["has_children"] = True
+                edges.append((parent.index, step.index, parent.name, step.run_on_failure))
+            # An existing parent: its id, negated (shardq/db/enqueue.py names it).
+            edges.extend((-job_id, step.index, "", step.run_on_failure) for job_id in step.external)
         external = sorted({i for step in steps for i in step.external})
-        conn = connections[self.database_alias]
-        with transaction.atomic(using=self.database_alias), conn.cursor() as cursor:
+
+        def name_external(found: dict[int, str]) -> dict[int, str]:
+            """Each existing parent's name in parent_results: its task's name
+            (with [2], [3]... for repeats); refuses an id that does not exist."""
+            missing = [i for i in external if i not in found]
+            if missing:
+                raise WorkflowError(
+                    f"after names job(s) {', '.join(map(str, missing))}, which do not exist (never "
+                    "enqueued, pruned or discarded): nothing was enqueued."
+                )
             names: dict[int, str] = {}
-            if external:
-                cursor.execute(QUERIES["link_parents"], {"ids": external})
-                found = {job_id: path for job_id, path in cursor.fetchall()}
-                missing = [i for i in external if i not in found]
-                if missing:
-                    raise WorkflowError(
-                        f"after names job(s) {', '.join(map(str, missing))}, which do not exist (never "
-                        "enqueued, pruned or discarded): nothing was enqueued."
-                    )
-                taken: set[str] = set()
-                for job_id in external:
-                    base = name = found[job_id].rsplit(".", 1)[-1]
-                    n = 1
-                    while name in taken:
-                        n += 1
-                        name = f"{base}[{n}]"
-                    taken.add(name)
-                    names[job_id] = name
-            cursor.execute(QUERIES["reserve_job_ids"], {"n": len(nodes)})
-            ids, enqueued_at = cursor.fetchone()
-            ids.sort()
-            stamp = enqueued_at.isoformat()
-            name_field = _COPY_NULL if workflow is None else _copy_text(workflow)
-            lines = []
-            with conn.wrap_database_errors, cursor.copy(QUERIES["copy_workflow_jobs"]) as copy:
-                for job_id, step, row, children in zip(ids, steps, nodes, has_children, strict=True):
-                    key = row["shard_key"]
-                    waiting = len(step.parents) + len(step.external)
-                    run_after = row["run_after"]
-                    lines.append(
-                        f"{job_id}\t{_copy_text(row['task_path'])}\t{_copy_text(row['backend'])}\t"
-                        f"{_copy_text(row['queue_name'])}\t{row['priority']}\t"
-                        f"{stamp if run_after is None else run_after.isoformat()}\t{row['shard']}\t"
-                        f"{row['key_hash']}\t{_COPY_NULL if key is None else _copy_text(key)}\t"
-                        f"{'t' if row['ordered'] else 'f'}\t{'WAITING' if waiting else 'READY'}\t0\t0\t0\t"
-                        f"{row['max_attempts']}\t{_copy_json(row['args'])}\t{_copy_json(row['kwargs'])}\t"
-                        f"[]\t[]\t{stamp}\t{waiting}\t{'t' if children else 'f'}\t{name_field}\n"
-                    )
-                    if len(lines) == _COPY_CHUNK:
-                        copy.write("".join(lines))
-                        lines.clear()
-                if lines:
-                    copy.write("".join(lines))
-            edges = []
-            with conn.wrap_database_errors, cursor.copy(QUERIES["copy_edges"]) as copy:
-                for job_id, step in zip(ids, steps, strict=True):
-                    flag = "t" if step.run_on_failure else "f"
-                    for parent in step.parents:
-                        edges.append(f"{ids[parent.index]}\t{job_id}\t{_copy_text(parent.name)}\t{flag}\tf\n")
-                    for parent_id in step.external:
-                        edges.append(f"{parent_id}\t{job_id}\t{_copy_text(names[parent_id])}\t{flag}\tf\n")
-                    if len(edges) >= _COPY_CHUNK:
-                        copy.write("".join(edges))
-                        edges.clear()
-                if edges:
-                    copy.write("".join(edges))
-            if self.config.notify:
-                by_priority: dict[int, set[int]] = {}
-                for step, row in zip(steps, nodes, strict=True):
-                    if not step.parents and not step.external:
-                        by_priority.setdefault(row["priority"], set()).add(row["shard"])
-                for priority, shards in sorted(by_priority.items()):
-                    cursor.execute(
-                        QUERIES["notify_shards"],
-                        {"channel": self.config.channel, "shards": sorted(shards), "priority": priority},
-                    )
+            taken: set[str] = set()
+            for job_id in external:
+                base = name = found[job_id].rsplit(".", 1)[-1]
+                n = 1
+                while name in taken:
+                    n += 1
+                    name = f"{base}[{n}]"
+                taken.add(name)
+                names[job_id] = name
+            return names
+
+        ids, enqueued_at = enqueue_statements.copy_graph(
+            self.database_alias,
+            nodes,
+            edges,
+            external,
+            workflow=workflow,
+            notify=self.config.notify,
+            channel=self.config.channel,
+            name_external=name_external,
+        )
         results = [
             self._new_result(step.task, job_id, enqueued_at, row["run_after"], step.args, step.kwargs)
             for job_id, step, row in zip(ids, steps, nodes, strict=True)
@@ -588,7 +488,7 @@ class ShardqBackend(BaseTaskBackend):
         job_id = parse_job_id(result_id)
         if job_id is None:
             raise TaskResultDoesNotExist(f"No shardq job has the id {result_id!r}.")
-        row = operations.run("get_job", {"id": job_id}, using=self.database_alias, fetch="one")
+        row = operations.run("get_job", {"id": job_id}, using=self.database_alias, fetch="one", named=True)
         if row is None:
             raise TaskResultDoesNotExist(f"No shardq job has the id {result_id!r}.")
         return self.result_from_row(row)
@@ -614,29 +514,15 @@ class ShardqBackend(BaseTaskBackend):
         return [str(job_id) for job_id in sorted(row[0] for row in rows)]
 
     def result_from_row(self, row) -> TaskResult:
-        """The TaskResult of a ``get_job`` row. Rows written by hand (raw SQL)
+        """The TaskResult of a ``get_job`` row (a dict by column name). Rows written by hand (raw SQL)
         may hold what shardq never writes; they are shown, never a 500: an
         unknown status reads as FAILED with an UnreadableJob error, a value of
         the wrong JSON shape as empty, an impossible time as None (see get_job)."""
-        (
-            job_id,
-            task_path,
-            _backend,
-            queue_name,
-            priority,
-            run_after,
-            status,
-            args,
-            kwargs,
-            return_value,
-            errors,
-            worker_ids,
-            enqueued_at,
-            started_at,
-            finished_at,
-            last_attempted_at,
-            *_rest,
-        ) = row
+        job_id, task_path, queue_name, priority = row["id"], row["task_path"], row["queue_name"], row["priority"]
+        run_after, status, args, kwargs = row["run_after"], row["status"], row["args"], row["kwargs"]
+        return_value, errors, worker_ids = row["return_value"], row["errors"], row["worker_ids"]
+        enqueued_at, started_at, finished_at = row["enqueued_at"], row["started_at"], row["finished_at"]
+        last_attempted_at = row["last_attempted_at"]
         task = resolve(task_path, self.config.task_modules)
         # run_after defaults to the enqueue time in the table; a Task shows it
         # only when the job was deferred.
@@ -737,42 +623,6 @@ def unique_cache_size(options) -> int:
     return UNIQUE_KEYS_CACHED
 
 
-# prepare_threshold while enqueue prepares its statement: prepare=True prepares
-# at once; nothing else on the connection is ever prepared by count.
-_NEVER_BY_COUNT = 2**31
-_TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
-
-
-def _register_tzloader(tz, context):
-    from django.db.backends.postgresql.psycopg_any import register_tzloader
-
-    register_tzloader(tz, context)
-
-
-# The cursor enqueue runs its statement on, kept on the raw connection itself
-# with the time zone its timestamps are loaded in: it lives and dies with the
-# connection (a mapping keyed by the connection would keep it alive, the
-# cursor referring to it), and a Django connection, so its cursor, belongs to
-# one thread. A new cursor per statement costs more than the rest of the
-# statement's client-side work: an adapters map, a transformer and a lookup
-# of every result column's loader.
-_CURSOR_ATTRIBUTE = "_shardq_statement_cursor"
-
-
-def _statement_cursor(raw: psycopg.Connection, timezone) -> psycopg.Cursor:
-    """The cursor of ``raw`` for enqueue's statement, loading timestamps in
-    ``timezone`` as Django's create_cursor() does."""
-    kept = getattr(raw, _CURSOR_ATTRIBUTE, None)
-    if kept is not None and kept[1] is timezone and not kept[0].closed:
-        return kept[0]
-    cursor = psycopg.Cursor(raw)
-    tz_loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, psycopg.pq.Format.TEXT)
-    if timezone != tz_loader.timezone:  # type: ignore[union-attr]  # psycopg: type[Loader] | None
-        _register_tzloader(timezone, cursor)
-    setattr(raw, _CURSOR_ATTRIBUTE, (cursor, timezone))
-    return cursor
-
-
 # _new_result fills a TaskResult's fields itself only while they are the ones
 # it knows (a Django upgrade that changes them falls back to the constructor).
 _FAST_RESULTS = tuple(f.name for f in dataclass_fields(TaskResult)) == (
@@ -809,25 +659,6 @@ if _FAST_RESULTS:
         _set_worker_ids,
         _set_return_value,
     ) = (vars(TaskResult)[name].__set__ for name in _RESULT_FIELDS)
-
-# Rows per write during a bulk COPY: the server parses one chunk while the
-# next is formatted.
-_COPY_CHUNK = 1000
-_COPY_NULL = "\\N"
-
-
-def _copy_text(value: str) -> str:
-    """``value`` as one field of COPY's text format."""
-    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
-        value = value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-    return value
-
-
-def _copy_json(text: str) -> str:
-    """JSON from ``_dumps`` as a COPY text field: json.dumps escapes every control
-    character and non-ASCII one, so only backslashes need doubling."""
-    return text.replace("\\", "\\\\") if "\\" in text else text
-
 
 # A job id is the canonical decimal string of a positive bigint: int() alone
 # would also accept " 7", "0007" and "0_7", so one job would answer to many ids.

@@ -12,6 +12,7 @@ Stable ids:
   shardq.E009  a shardq backend is configured but "shardq" is not in INSTALLED_APPS
   shardq.E010  a key of a shardq backend's OPTIONS is unknown (misspelled)
   shardq.E011  a key of SHARDQ is unknown (misspelled)
+  shardq.E012  TASK_TIMEOUT, MAX_ZOMBIES or ZOMBIE_GRACE is not a valid value
   shardq.W001  "shardq" is in INSTALLED_APPS but no TASKS backend is shardq's
 
 E009 is reported through the backend's ``check()``, which Django runs once
@@ -27,7 +28,8 @@ from django.apps import apps
 from django.core import checks
 from django.db import connections
 
-from .conf import DEFAULTS
+from .conf import DEFAULTS, default_timeout_seconds, max_zombies, zombie_grace_seconds
+from .exceptions import ShardqConfigurationError
 
 # Every key a shardq backend reads from its OPTIONS (backend.py).
 OPTION_KEYS = ("DATABASE", "PREPARED_STATEMENTS", "UNIQUE_CACHE_SIZE")
@@ -202,6 +204,21 @@ def backend_checks(backend) -> list[checks.CheckMessage]:
                 id="shardq.E008",
             )
         )
+    for key, check in (
+        ("TASK_TIMEOUT", default_timeout_seconds),
+        ("MAX_ZOMBIES", max_zombies),
+        ("ZOMBIE_GRACE", zombie_grace_seconds),
+    ):
+        try:
+            check(raw[key])
+        except ShardqConfigurationError as exc:
+            errors.append(
+                checks.Error(
+                    str(exc),
+                    hint="Run control settings: docs/configuration.md (TASK_TIMEOUT None = no limit).",
+                    id="shardq.E012",
+                )
+            )
     cache = backend.options.get("UNIQUE_CACHE_SIZE", 0)
     if not isinstance(cache, int) or isinstance(cache, bool) or cache < 0:
         errors.append(

@@ -60,16 +60,38 @@ def _fencing_of(context):
     return context
 
 
+class CommittedByTask:
+    """One attempt's answer to "did the task commit its own outcome?":
+    ``complete_in_transaction`` marks it once the task's transaction has
+    committed the outcome, and the executor then writes nothing more."""
+
+    __slots__ = ("return_value_json", "written")
+
+    def __init__(self) -> None:
+        self.written = False
+        self.return_value_json: str | None = None
+
+    def mark(self, return_value_json: str) -> None:
+        self.written = True
+        self.return_value_json = return_value_json
+
+
 def complete_in_transaction(context, return_value=None, *, using: str = DEFAULT_DB_ALIAS) -> int:
     """Mark this attempt's job SUCCESSFUL on ``using``'s connection, fenced.
 
     Call it inside ``transaction.atomic()``: the outcome then commits exactly
     when the task's own writes do. Returns the shard's claim version, which is
     locked until COMMIT (no takeover can commit in between). Raises
-    ``FenceLost`` when this attempt no longer owns the job; raises
+    ``FenceLost`` when this attempt no longer owns the job, ``TaskTimeout``
+    once its deadline has passed; raises
     ``TypeError`` when ``return_value`` is not JSON.
     """
     context = _fencing_of(context)
+    # Past its deadline the attempt's outcome is the timeout's (written by
+    # the worker under the same rank): a late completion must not race it.
+    check_timeout = getattr(context, "check_timeout", None)
+    if check_timeout is not None:
+        check_timeout()
     try:
         value_json = json.dumps(return_value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
@@ -99,8 +121,7 @@ def complete_in_transaction(context, return_value=None, *, using: str = DEFAULT_
         )
 
     def committed():
-        state["written"] = True
-        state["return_value_json"] = value_json
+        state.mark(value_json)
 
     # The executor skips its own write only once this one has committed; on a
     # rollback (the task raised after calling us) the outcome is its to write.

@@ -1,8 +1,14 @@
 """shardq's settings: ``settings.SHARDQ`` merged over the defaults."""
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
+
+from .exceptions import ShardqConfigurationError
 
 DEFAULTS = {
     "SHARD_COUNT": 64,
@@ -23,6 +29,13 @@ DEFAULTS = {
     # shardq_worker serves Prometheus metrics on this port (None: metrics off);
     # --metrics-port overrides it.
     "METRICS_PORT": None,
+    # Seconds a task may run (None: no limit); @shard_task(timeout=...) wins.
+    "TASK_TIMEOUT": None,
+    # Threads still running a task past its timeout (stuck in C code) keep
+    # their executor slot as zombies; past this many, or once one is older
+    # than ZOMBIE_GRACE seconds, the worker process stops and is replaced.
+    "MAX_ZOMBIES": 2,
+    "ZOMBIE_GRACE": 300.0,
 }
 
 
@@ -40,6 +53,9 @@ class Config:
     completion_flush_seconds: float
     max_worker_losses: int = 3
     max_result_bytes: int = 1024 * 1024
+    task_timeout_seconds: float | None = None
+    max_zombies: int = 2
+    zombie_grace_seconds: float = 300.0
 
 
 def get_config() -> Config:
@@ -57,4 +73,66 @@ def get_config() -> Config:
         completion_flush_seconds=float(raw["COMPLETION_FLUSH_SECONDS"]),
         max_worker_losses=int(raw["MAX_WORKER_LOSSES"]),
         max_result_bytes=int(raw["MAX_RESULT_BYTES"]),
+        # Read leniently here, as the other keys are (a bad value is the
+        # system check shardq.E012's to report, and a task defined under a
+        # bad TASK_TIMEOUT raises); the defaults stand in meanwhile.
+        task_timeout_seconds=_or_default(default_timeout_seconds, raw["TASK_TIMEOUT"], None),
+        max_zombies=_or_default(max_zombies, raw["MAX_ZOMBIES"], DEFAULTS["MAX_ZOMBIES"]),
+        zombie_grace_seconds=_or_default(zombie_grace_seconds, raw["ZOMBIE_GRACE"], DEFAULTS["ZOMBIE_GRACE"]),
     )
+
+
+def _or_default(parse: Callable[[Any], Any], value: object, default: Any) -> Any:
+    try:
+        return parse(value)
+    except ShardqConfigurationError:
+        return default
+
+
+def timeout_seconds(value: object, what: str) -> float | None:
+    """A task timeout in seconds: a positive number or ``timedelta``; None or
+    ``math.inf`` for no limit. Anything else raises ``ValueError`` naming
+    ``what`` (a bool, a string, NaN, zero, a negative number)."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ValueError(
+            f"{what} must be a number of seconds or a datetime.timedelta, not {value!r} "
+            f"({type(value).__name__}); e.g. 30, or None for no limit."
+        )
+    if math.isnan(seconds) or seconds <= 0:
+        raise ValueError(
+            f"{what} must be a positive number of seconds, not {value!r}; e.g. 30, or None "
+            "(float('inf') on a task) for no limit."
+        )
+    return None if math.isinf(seconds) else seconds
+
+
+def default_timeout_seconds(value: object) -> float | None:
+    try:
+        return timeout_seconds(value, "SHARDQ['TASK_TIMEOUT']")
+    except ValueError as exc:
+        raise ShardqConfigurationError(str(exc)) from None
+
+
+def max_zombies(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ShardqConfigurationError(
+            f"SHARDQ['MAX_ZOMBIES'] = {value!r} is not an int >= 0: the number of threads stuck "
+            "past their task's timeout a worker process keeps before it is replaced (default 2)."
+        )
+    return value
+
+
+def zombie_grace_seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ShardqConfigurationError(
+            f"SHARDQ['ZOMBIE_GRACE'] = {value!r} is not a positive number of seconds: how long a "
+            "thread stuck past its task's timeout may stay before the worker process is replaced "
+            "(default 300)."
+        )
+    return float(value)

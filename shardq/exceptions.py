@@ -34,6 +34,19 @@ class Cancelled(ShardqError):
     """Recorded on a job cancelled with ``shardq.cancel()``."""
 
 
+class TaskTimeout(ShardqError):
+    """A task ran past its ``timeout``.
+
+    Recorded on the job (FAILED, or READY for a retry while attempts remain)
+    at the deadline; raised inside a sync task's thread by the worker (an
+    asynchronous exception, delivered at the thread's next bytecode) and by
+    ``context.check_timeout()``. The worker raises the class itself, so the
+    message is this default one."""
+
+    def __init__(self, message: str = "the task ran past its timeout") -> None:
+        super().__init__(message)
+
+
 class ShardqConfigurationError(ImproperlyConfigured):
     """shardq's settings are invalid."""
 

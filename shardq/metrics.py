@@ -58,7 +58,8 @@ RETRIED = "retried"
 FAILED = "failed"  # a task allowing one attempt failed (max_attempts = 1)
 DEAD = "dead"  # a task with retries used them all (max_attempts >= 2): FAILED
 CANCELLED = "cancelled"  # shardq.cancel(), counted by the cancelling process
-OUTCOMES = (SUCCEEDED, RETRIED, FAILED, DEAD, CANCELLED)
+TIMED_OUT = "timed_out"  # FAILED at the attempt's deadline (a timeout that is retried counts as retried)
+OUTCOMES = (SUCCEEDED, RETRIED, FAILED, DEAD, CANCELLED, TIMED_OUT)
 
 # Histogram buckets, seconds unless named.
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
@@ -335,6 +336,8 @@ class Metrics:
                     child = children.finished[SUCCEEDED]
                 elif outcome.status == "READY":
                     child = children.finished[RETRIED]
+                elif outcome.extra.get("timed_out"):
+                    child = children.finished[TIMED_OUT]
                 else:
                     child = children.finished[DEAD if job.max_attempts > 1 else FAILED]
             else:

@@ -4,22 +4,9 @@ With DATABASE_URL unset the settings start the embedded server (pgserver);
 pytest-django then creates the test database on whichever server it is.
 """
 
-import time
-
 import pytest
 
-
-def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = ""):
-    """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            what = message() if callable(message) else (message or predicate)
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+from tests.helpers import wait_until  # noqa: F401 (older tests import it from here)
 
 
 @pytest.fixture

@@ -12,8 +12,15 @@ SHARDQ = {
         "tests.taskapp.tasks",
         "tests.taskapp.fault_tasks",
         "tests.taskapp.isolation_tasks",
+        "tests.taskapp.runctl_tasks",
     ],
 }
+# The run-control tests start workers with a low zombie limit.
+for _key in ("MAX_ZOMBIES", "ZOMBIE_GRACE"):
+    if os.environ.get(f"SHARDQ_{_key}"):
+        SHARDQ[_key] = (
+            float(os.environ[f"SHARDQ_{_key}"]) if _key == "ZOMBIE_GRACE" else int(os.environ[f"SHARDQ_{_key}"])
+        )
 # Workers started by the periodic-task test import its schedules; no other
 # process does (a per-second schedule would add jobs to every other test).
 if os.environ.get("SHARDQ_TEST_PERIODIC"):

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from django.db import connection
 
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 

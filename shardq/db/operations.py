@@ -19,13 +19,19 @@ def run(
     *,
     using: str = DEFAULT_DB_ALIAS,
     fetch: Literal["all", "one", "none"] = "all",
+    named: bool = False,
 ) -> Any:
     """Run the named statement on ``using``'s connection (inside the caller's
-    transaction, if any): every row, the first row, or the row count."""
+    transaction, if any): every row, the first row (None: none), or the row
+    count. ``named``: rows as dicts keyed by the statement's column names."""
     with connections[using].cursor() as cursor:
         cursor.execute(QUERIES[name], params or {})
+        if fetch == "none":
+            return cursor.rowcount
+        rows = cursor.fetchall() if fetch == "all" else [row for row in [cursor.fetchone()] if row is not None]
+        if named:
+            names = [column.name for column in cursor.description]
+            rows = [dict(zip(names, row, strict=True)) for row in rows]
         if fetch == "all":
-            return cursor.fetchall()
-        if fetch == "one":
-            return cursor.fetchone()
-        return cursor.rowcount
+            return rows
+        return rows[0] if rows else None

@@ -18,6 +18,7 @@ def load(path: Path) -> dict[str, str]:
                 queries[name] = "\n".join(lines).strip().rstrip(";")
             name, lines = line.split(":", 1)[1].strip(), []
         elif name and not (line.startswith("--") and not lines):
+            # (a block's leading comment lines are its description)
             lines.append(line)
     if name:
         queries[name] = "\n".join(lines).strip().rstrip(";")

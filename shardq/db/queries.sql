@@ -4,33 +4,31 @@
 -- A block may be an SQL expression that others include as {{NAME}}
 -- (in parentheses), so a definition is written once.
 
+-- name: job_columns
+-- The columns a new job is written with, in order: every INSERT of a job and the bulk COPY use
+-- this list (shardq/db/enqueue.py writes COPY rows in this order and checks it at import).
+id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key, ordered, status,
+    status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at
+
 -- name: insert_job
--- Insert one READY job on the caller's connection and NOTIFY its shard and priority, 'shard:priority' (delivered at commit).
+-- Insert one READY job on the caller's connection; when :notify, NOTIFY its shard and priority,
+-- 'shard:priority' (delivered at commit).
 WITH job AS (
-    INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
-        shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
-        errors, worker_ids, enqueued_at)
-    VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
+    INSERT INTO shardq_job {{job_columns}}
+    VALUES (DEFAULT, %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
     RETURNING id, shard, priority, enqueued_at, run_after
 )
-SELECT id, enqueued_at, run_after, pg_notify(%(channel)s, shard || ':' || priority) FROM job;
-
--- name: insert_job_quiet
--- Insert one READY job without a NOTIFY (SHARDQ["NOTIFY"] = False: workers poll).
-INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
-    shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
-    errors, worker_ids, enqueued_at)
-VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
-    COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
-    %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
-    %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
-RETURNING id, enqueued_at, run_after, NULL;
+SELECT id, enqueued_at, run_after,
+       CASE WHEN %(notify)s THEN pg_notify(%(channel)s, shard || ':' || priority) END
+FROM job;
 
 -- name: insert_unique_job
--- Insert one READY job under :unique_key unless a job enqueued less than :unique_for seconds ago holds the key (then insert nothing and return the holder); returns job id, inserted?, seconds the key stays taken, enqueued_at, run_after.
+-- Insert one READY job under :unique_key unless a job enqueued less than :unique_for seconds ago
+-- holds the key (then insert nothing and return the holder); returns job id, inserted?, seconds
+-- the key stays taken, enqueued_at, run_after.
 WITH live AS MATERIALIZED (
     -- The usual duplicate: a holder this statement can see, read without a lock.
     SELECT job_id, expires_at FROM shardq_unique
@@ -55,9 +53,7 @@ WITH live AS MATERIALIZED (
         expires_at = CASE WHEN u.expires_at <= statement_timestamp() THEN excluded.expires_at ELSE u.expires_at END
     RETURNING u.job_id, u.expires_at
 ), job AS (
-    INSERT INTO shardq_job (id, task_path, backend, queue_name, priority, run_after, shard, key_hash,
-        shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
-        errors, worker_ids, enqueued_at)
+    INSERT INTO shardq_job {{job_columns}}
     SELECT new_job.id, %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
@@ -74,12 +70,14 @@ FROM (VALUES (1)) AS one(x)
 LEFT JOIN live ON true LEFT JOIN claim ON true LEFT JOIN job ON true;
 
 -- name: release_unique_key
--- Free :unique_key when its holder is :job_id, a job that no longer exists (deleted or pruned inside the key's TTL).
+-- Free :unique_key when its holder is :job_id, a job that no longer exists (deleted or pruned
+-- inside the key's TTL).
 DELETE FROM shardq_unique WHERE key = %(unique_key)s AND job_id = %(job_id)s
   AND NOT EXISTS (SELECT 1 FROM shardq_job WHERE id = %(job_id)s);
 
 -- name: get_job
--- One job by id, every column a TaskResult needs. Times Python cannot hold (±infinity, beyond year 9999: rows written by hand) come back clamped to 9999-12-31 when late, NULL when early.
+-- One job by id, every column a TaskResult needs. Times Python cannot hold (±infinity, beyond year
+-- 9999: rows written by hand) come back clamped to 9999-12-31 when late, NULL when early.
 SELECT id, task_path, backend, queue_name, priority,
        CASE WHEN run_after > '9999-12-31+00' THEN '9999-12-31+00' WHEN run_after < '0001-01-03+00' THEN NULL ELSE run_after END AS run_after,
        status, args, kwargs, return_value, errors, worker_ids,
@@ -97,13 +95,15 @@ SELECT %(pool)s, g, NULL, NULL, 0, NULL FROM generate_series(0, %(count)s - 1) A
 ON CONFLICT (pool, shard) DO NOTHING;
 
 -- name: register_worker
--- Register a worker incarnation (a fresh UUID every start) of pool :pool and its readable name (--worker-id, '' for none).
+-- Register a worker incarnation (a fresh UUID every start) of pool :pool and its readable name
+-- (--worker-id, '' for none).
 INSERT INTO shardq_worker (id, host, pid, queues, pool, started_at, heartbeat_at, state, stats, name)
 VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(pool)s, clock_timestamp(), clock_timestamp(),
         'RUNNING', '{}'::jsonb, %(name)s);
 
 -- name: heartbeat
--- Record this worker's heartbeat and counters; list the live workers of its pool (heartbeat within the TTL, this one included) in a stable order: they share the pool's shards.
+-- Record this worker's heartbeat and counters; list the live workers of its pool (heartbeat within
+-- the TTL, this one included) in a stable order: they share the pool's shards.
 WITH me AS (
     UPDATE shardq_worker SET heartbeat_at = clock_timestamp(), stats = %(stats)s::jsonb
     WHERE id = %(worker)s
@@ -116,7 +116,9 @@ WHERE w.state = 'RUNNING' AND w.pool = %(pool)s
 ORDER BY w.started_at, w.id;
 
 -- name: claim_shards
--- Take up to :wanted unowned or expired shards of pool :pool (SKIP LOCKED), each under a new claim_version from the one sequence; returns shard, claim_version, previous owner. The store then runs rescue_jobs and log_shard_claims in the same transaction.
+-- Take up to :wanted unowned or expired shards of pool :pool (SKIP LOCKED), each under a new
+-- claim_version from the one sequence; returns shard, claim_version, previous owner. The store
+-- then runs rescue_jobs and log_shard_claims in the same transaction.
 WITH candidate AS (
     SELECT id, shard, owner FROM shardq_shard
     WHERE pool = %(pool)s AND shard < %(shard_count)s
@@ -133,7 +135,8 @@ FROM candidate AS c WHERE s.id = c.id
 RETURNING s.shard, s.claim_version, c.owner AS previous_owner;
 
 -- name: renew_leases
--- Extend exactly the (shard, claim_version) pairs this worker holds in pool :pool; a missing row in the answer means that shard was lost.
+-- Extend exactly the (shard, claim_version) pairs this worker holds in pool :pool; a missing row
+-- in the answer means that shard was lost.
 WITH locked AS (
     SELECT s.id, s.shard FROM shardq_shard AS s
     JOIN unnest(%(shards)s::int[], %(versions)s::bigint[]) AS h(shard, version)
@@ -147,7 +150,8 @@ FROM locked WHERE s.id = locked.id
 RETURNING s.shard;
 
 -- name: release_shards
--- Give up (shard, claim_version) pairs of pool :pool so another worker of the pool can claim them at once; log each release.
+-- Give up (shard, claim_version) pairs of pool :pool so another worker of the pool can claim them
+-- at once; log each release.
 WITH released AS (
     UPDATE shardq_shard AS s SET owner = NULL, lease_expires = NULL
     FROM unnest(%(shards)s::int[], %(versions)s::bigint[]) AS h(shard, version)
@@ -164,10 +168,24 @@ UPDATE shardq_worker SET state = 'STOPPED', heartbeat_at = clock_timestamp(), st
 WHERE id = %(worker)s;
 
 -- name: claim_jobs
--- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds, the highest priorities first across them: one index probe per shard finds its best due priority (no lock); the floor is the second-best of those. Taken are only jobs at or above the floor: first from the one shard above it, if any (its walk may fill the batch), then :per_shard from each shard at the floor, in the given order (a shard alone with work: :per_shard); :limit in all (index range walks, SKIP LOCKED), under each shard's current claim version. So no job left outranks a job taken. Jobs below :min_priority are left alone (the fetcher's claim for jobs that outrank its buffer).
--- Only jobs of the worker's queues (:queues, or every queue but :exclude_queues when :all_queues) and of its backend alias (:backend, or any when :any_backend); these are filters on the walk, not index columns.
--- The first :start jobs (priority order) that are due, unordered and never lost a worker are started at once (RUNNING, the attempt counted, started_at, last_attempted_at, worker_ids: as start_jobs does): they are what this worker's threads run next, so a separate start write would only add a statement per job. The rest are CLAIMED; nothing is counted for them until start_jobs.
--- A row whose values cannot be read (problem IS NOT NULL) is quarantined: FAILED with an UnreadableJob error naming the value, no arithmetic on it.
+-- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds, the
+-- highest priorities first across them: one index probe per shard finds its best due priority (no
+-- lock); the floor is the second-best of those. Taken are only jobs at or above the floor: first
+-- from the one shard above it, if any (its walk may fill the batch), then :per_shard from each
+-- shard at the floor, in the given order (a shard alone with work: :per_shard); :limit in all
+-- (index range walks, SKIP LOCKED), under each shard's current claim version. So no job left
+-- outranks a job taken. Jobs below :min_priority are left alone (the fetcher's claim for jobs that
+-- outrank its buffer).
+-- Only jobs of the worker's queues (:queues, or every queue but :exclude_queues when :all_queues)
+-- and of its backend alias (:backend, or any when :any_backend); these are filters on the walk,
+-- not index columns.
+-- The first :start jobs (priority order) that are due, unordered and never lost a worker are
+-- started at once (RUNNING, the attempt counted, started_at, last_attempted_at, worker_ids: as
+-- start_jobs does): they are what this worker's threads run next, so a separate start write would
+-- only add a statement per job. The rest are CLAIMED; nothing is counted for them until
+-- start_jobs.
+-- A row whose values cannot be read (problem IS NOT NULL) is quarantined: FAILED with an
+-- UnreadableJob error naming the value, no arithmetic on it.
 WITH held AS MATERIALIZED (
     -- No lock on the shard rows (a FOR SHARE here costs a WAL record per
     -- shard per claim): a claim that races a takeover leaves its rows CLAIMED
@@ -310,7 +328,10 @@ RETURNING job.id, job.task_path, job.queue_name, job.priority,
           CASE WHEN picked.problem IS NULL THEN picked.previous_attempt_at END AS previous_attempt_at;
 
 -- name: start_jobs
--- Record the real start of claimed jobs, group-committed (one statement per executor pass): RUNNING, the attempt counted, started_at (first start), last_attempted_at and this worker in worker_ids. Fenced like an ack: the claim's fence and rank, and the shard not handed over since. Returns the jobs started.
+-- Record the real start of claimed jobs, group-committed (one statement per executor pass):
+-- RUNNING, the attempt counted, started_at (first start), last_attempted_at and this worker in
+-- worker_ids. Fenced like an ack: the claim's fence and rank, and the shard not handed over since.
+-- Returns the jobs started.
 UPDATE shardq_job AS job
 SET status = 'RUNNING', status_rank = job.status_rank + 1, attempts = job.attempts + 1,
     started_at = COALESCE(job.started_at, clock_timestamp()), last_attempted_at = clock_timestamp(),
@@ -327,7 +348,10 @@ WHERE job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank AND (jo
 RETURNING job.id, job.attempts, job.status_rank, job.started_at, job.last_attempted_at;
 
 -- name: complete_jobs
--- Write outcomes (SUCCESSFUL, FAILED, or READY again for a retry after delay seconds) given as one JSON array, fenced twice: the job still carries this claim's fence and rank, and that fence is still its shard's claim version (the shard has not changed hands since the claim). The (id, rank) pairs returned were written; the rest lost ownership.
+-- Write outcomes (SUCCESSFUL, FAILED, or READY again for a retry after delay seconds) given as one
+-- JSON array, fenced twice: the job still carries this claim's fence and rank, and that fence is
+-- still its shard's claim version (the shard has not changed hands since the claim). The (id,
+-- rank) pairs returned were written; the rest lost ownership.
 UPDATE shardq_job AS job
 SET status = a.status,
     status_rank = a.rank,
@@ -348,7 +372,9 @@ WHERE job.id = ANY(%(ids)s::bigint[]) AND job.id = a.id
 RETURNING job.id, job.status_rank;
 
 -- name: complete_job_in_transaction
--- Mark one job SUCCESSFUL inside the task's own transaction (transactional completion), fenced like complete_jobs; returns the shard's claim_version, locked FOR SHARE until COMMIT so no takeover commits in between.
+-- Mark one job SUCCESSFUL inside the task's own transaction (transactional completion), fenced
+-- like complete_jobs; returns the shard's claim_version, locked FOR SHARE until COMMIT so no
+-- takeover commits in between.
 WITH guard AS MATERIALIZED (
     -- A worker paused between this write and its COMMIT must not hold the
     -- job and shard rows forever: the server ends such a session after
@@ -369,13 +395,17 @@ WHERE job.id = %(id)s AND job.fence <= %(fence)s AND job.status_rank < %(rank)s
 RETURNING locked.claim_version;
 
 -- name: outcomes_applied
--- Which of these (id, rank, fence) outcomes are already in the table, as (id, rank) pairs (resolves an ack whose COMMIT outcome is unknown).
+-- Which of these (id, rank, fence) outcomes are already in the table, as (id, rank) pairs
+-- (resolves an ack whose COMMIT outcome is unknown).
 SELECT job.id, job.status_rank FROM shardq_job AS job
 JOIN unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank)
   ON job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank;
 
 -- name: return_jobs
--- Put claimed jobs that never ran here back to READY, fenced like an ack. A CLAIMED job had nothing counted. A job the claim started (:started) but this worker never ran has its start taken back: the attempt, its worker id, and the times the claim wrote (:previous_attempt_at is the last_attempted_at before it).
+-- Put claimed jobs that never ran here back to READY, fenced like an ack. A CLAIMED job had
+-- nothing counted. A job the claim started (:started) but this worker never ran has its start
+-- taken back: the attempt, its worker id, and the times the claim wrote (:previous_attempt_at is
+-- the last_attempted_at before it).
 UPDATE shardq_job AS job
 SET status = 'READY', status_rank = a.rank,
     attempts = job.attempts - a.started::int,
@@ -393,7 +423,8 @@ WHERE job.id = a.id AND job.fence <= a.fence AND job.status_rank < a.rank
 RETURNING job.id, job.shard;
 
 -- name: seconds_until_due
--- Seconds until the next deferred READY job of these shards falls due (NULL: none); walks shardq_job_due_idx.
+-- Seconds until the next deferred READY job of these shards falls due (NULL: none); walks
+-- shardq_job_due_idx.
 SELECT extract(epoch FROM run_after - clock_timestamp())::float8
 FROM shardq_job
 WHERE status = 'READY' AND run_after > clock_timestamp() AND shard = ANY(%(shards)s::int[])
@@ -401,7 +432,14 @@ ORDER BY run_after
 LIMIT 1;
 
 -- name: rescue_jobs
--- The one rescue. Jobs of these shards still CLAIMED or RUNNING under a lease that is gone (their worker lost the shard): a fence that is no longer any pool's current version of the shard, or the version of a lease released or expired for more than :ttl seconds past its end (no worker trusts it any more: its pool has no live worker). a claim never started goes back to READY with nothing charged; an interrupted attempt is a worker loss (worker_losses + 1) and runs again (at-least-once), whatever max_attempts says, until its losses reach :max_worker_losses: then it is dead-lettered as WorkerLost. Returns shard, id, whether it had started, whether it was dead-lettered.
+-- The one rescue. Jobs of these shards still CLAIMED or RUNNING under a lease that is gone (their
+-- worker lost the shard): a fence that is no longer any pool's current version of the shard, or
+-- the version of a lease released or expired for more than :ttl seconds past its end (no worker
+-- trusts it any more: its pool has no live worker). a claim never started goes back to READY with
+-- nothing charged; an interrupted attempt is a worker loss (worker_losses + 1) and runs again
+-- (at-least-once), whatever max_attempts says, until its losses reach :max_worker_losses: then it
+-- is dead-lettered as WorkerLost. Returns shard, id, whether it had started, whether it was
+-- dead-lettered.
 WITH lost AS MATERIALIZED (
     SELECT j.id, h.version, j.status = 'RUNNING' AS started,
            j.status = 'RUNNING' AND j.worker_losses + 1 >= %(max_worker_losses)s AS dead
@@ -443,30 +481,36 @@ FROM unnest(%(shards)s::int[], %(versions)s::bigint[], %(previous)s::text[], %(r
      AS c(shard, version, previous, rescued);
 
 -- name: reserve_job_ids
--- Reserve :n ids from shardq_job's id sequence and the enqueue time, for a bulk COPY of :n jobs (the sequence is looked up once: MATERIALIZED).
+-- Reserve :n ids from shardq_job's id sequence and the enqueue time, for a bulk COPY of :n jobs
+-- (the sequence is looked up once: MATERIALIZED).
 WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence('shardq_job', 'id')::regclass AS seq)
 SELECT array_agg(nextval(s.seq)), statement_timestamp()
 FROM s, generate_series(1, %(n)s) AS g(i);
 
 -- name: copy_jobs
--- COPY jobs with the ids reserve_job_ids gave (bulk enqueue; one row a job, columns in this order).
-COPY shardq_job (id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key,
-    ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids,
-    enqueued_at) FROM STDIN;
+-- COPY jobs with the ids reserve_job_ids gave (bulk enqueue; one row a job, columns in this
+-- order).
+COPY shardq_job {{job_columns}} FROM STDIN;
 
 -- name: notify_shards
--- NOTIFY each of these shards once with the jobs' :priority, 'shard:priority' (delivered at commit): the wake-up after a bulk COPY.
+-- NOTIFY each of these shards once with the jobs' :priority, 'shard:priority' (delivered at
+-- commit): the wake-up after a bulk COPY.
 SELECT pg_notify(%(channel)s, s || ':' || %(priority)s::int) FROM unnest(%(shards)s::int[]) AS s;
 
 -- name: my_claimed_jobs
--- CLAIMED (or started by the claim: RUNNING) jobs of these shards under the shard's current version, held by this worker (only the owner claims under the current version): finds claims whose answer never arrived. The caller keeps those it holds in memory.
+-- CLAIMED (or started by the claim: RUNNING) jobs of these shards under the shard's current
+-- version, held by this worker (only the owner claims under the current version): finds claims
+-- whose answer never arrived. The caller keeps those it holds in memory.
 SELECT j.id, j.fence, j.status_rank, j.shard, j.status = 'RUNNING' AS started
 FROM shardq_job AS j
 JOIN shardq_shard AS s ON s.shard = j.shard AND s.claim_version = j.fence AND s.owner = %(worker)s
 WHERE j.shard = ANY(%(shards)s::int[]) AND j.status IN ('CLAIMED', 'RUNNING');
 
 -- name: prune_jobs
--- Delete the finished jobs (status in :statuses, finished before :cutoff; never a parent whose children still wait) among the next :batch ids after :after (a primary-key range walk, no scan of the table); returns the last id looked at, how many were looked at and how many deleted.
+-- Delete the finished jobs (status in :statuses, finished before :cutoff; never a workflow parent
+-- whose children still wait or are not moved on yet) among the next :batch ids after :after (a
+-- primary-key range walk, no scan of the table); returns the last id looked at, how many were
+-- looked at and how many deleted.
 WITH batch AS MATERIALIZED (
     SELECT id FROM shardq_job WHERE id > %(after)s ORDER BY id LIMIT %(batch)s
 ), gone AS (
@@ -488,13 +532,15 @@ WITH batch AS MATERIALIZED (
 SELECT (SELECT max(id) FROM batch), (SELECT count(*) FROM batch), (SELECT count(*) FROM gone);
 
 -- name: count_prunable_jobs
--- How many jobs prune_jobs would delete (status in :statuses, finished before :cutoff), and the id range to walk.
+-- How many jobs prune_jobs would delete (status in :statuses, finished before :cutoff), and the id
+-- range to walk.
 SELECT count(*) FILTER (WHERE status = ANY(%(statuses)s::text[]) AND finished_at < %(cutoff)s),
        min(id), max(id) FILTER (WHERE enqueued_at < %(cutoff)s)
 FROM shardq_job;
 
 -- name: prune_unique_keys
--- Delete up to :batch expired unique keys (an expired key holds nothing: the next enqueue of it would take it over); returns how many.
+-- Delete up to :batch expired unique keys (an expired key holds nothing: the next enqueue of it
+-- would take it over); returns how many.
 WITH gone AS (
     DELETE FROM shardq_unique WHERE key IN (
         SELECT key FROM shardq_unique WHERE expires_at < clock_timestamp() LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
@@ -503,7 +549,8 @@ WITH gone AS (
 SELECT count(*) FROM gone;
 
 -- name: prune_workers
--- Delete worker incarnations whose last heartbeat is older than :cutoff and that own no shard; returns how many.
+-- Delete worker incarnations whose last heartbeat is older than :cutoff and that own no shard;
+-- returns how many.
 WITH gone AS (
     DELETE FROM shardq_worker AS w WHERE w.heartbeat_at < %(cutoff)s
       AND NOT EXISTS (SELECT 1 FROM shardq_shard AS s WHERE s.owner = w.id)
@@ -526,7 +573,11 @@ SELECT (SELECT count(*) FROM shardq_unique WHERE expires_at < clock_timestamp())
        (SELECT count(*) FROM shardq_shard_event WHERE at < %(cutoff)s);
 
 -- name: admin_retry_failed_jobs
--- Admin "Retry": put the FAILED jobs among :ids back to READY with a fresh budget (attempts 0), due now, status_rank + 1, errors kept as history; compare-and-set on status = 'FAILED', so a job that moved meanwhile is left alone; NOTIFY each retried job's shard and priority as enqueue does, 'shard:priority' with the priority held to Django's -100..100 (a row written by hand may hold more; delivered at commit, equal payloads coalesced). Returns the ids retried.
+-- Admin "Retry": put the FAILED jobs among :ids back to READY with a fresh budget (attempts 0),
+-- due now, status_rank + 1, errors kept as history; compare-and-set on status = 'FAILED', so a job
+-- that moved meanwhile is left alone; NOTIFY each retried job's shard and priority as enqueue
+-- does, 'shard:priority' with the priority held to Django's -100..100 (a row written by hand may
+-- hold more; delivered at commit, equal payloads coalesced). Returns the ids retried.
 UPDATE shardq_job
 SET status = 'READY', status_rank = status_rank + 1, attempts = 0,
     run_after = clock_timestamp(), finished_at = NULL
@@ -535,7 +586,10 @@ RETURNING id, task_path,
           CASE WHEN %(notify)s THEN pg_notify(%(channel)s, shard || ':' || least(greatest(priority, -100), 100)) END;
 
 -- name: admin_discard_failed_jobs
--- Admin "Discard": delete the FAILED jobs among :ids (compare-and-set on status: a job retried meanwhile stays). A workflow parent whose children the resolver has not moved on yet stays too (deleted, it would leave them WAITING for ever); it can be discarded once they are. Returns the ids deleted.
+-- Admin "Discard": delete the FAILED jobs among :ids (compare-and-set on status: a job retried
+-- meanwhile stays). A workflow parent whose children the resolver has not moved on yet stays too
+-- (deleted, it would leave them WAITING for ever); it can be discarded once they are. Returns the
+-- ids deleted.
 WITH gone AS (
     DELETE FROM shardq_job WHERE id = ANY(%(ids)s::bigint[]) AND status = 'FAILED' AND NOT children_pending
     RETURNING id, task_path
@@ -545,7 +599,11 @@ WITH gone AS (
 SELECT id, task_path FROM gone;
 
 -- name: admin_dashboard
--- Admin dashboard, one row a shard plus one totals row (shard NULL): owner and seconds of lease left (of the pool whose lease has the most left), jobs finished in the last :minutes minutes (and how many FAILED), pickup latency p50/p99/mean/max of those (seconds from due, run_after, to the start of the final attempt, last_attempted_at), dead-lettered jobs, READY depth (all, due), the wait of the oldest due READY job, RUNNING jobs.
+-- Admin dashboard, one row a shard plus one totals row (shard NULL): owner and seconds of lease
+-- left (of the pool whose lease has the most left), jobs finished in the last :minutes minutes
+-- (and how many FAILED), pickup latency p50/p99/mean/max of those (seconds from due, run_after, to
+-- the start of the final attempt, last_attempted_at), dead-lettered jobs, READY depth (all, due),
+-- the wait of the oldest due READY job, RUNNING jobs.
 WITH now AS MATERIALIZED (
     SELECT clock_timestamp() AS t, clock_timestamp() - make_interval(mins => %(minutes)s) AS since
 ), finished AS (
@@ -594,7 +652,10 @@ FROM finished AS f WHERE f.is_total
 ORDER BY 1 NULLS LAST;
 
 -- name: admin_timeseries
--- Admin dashboard charts, one row a minute of the last :minutes (oldest first; the current minute so far): minute start, jobs finished in it (SUCCESSFUL, FAILED), the p50/p99 pickup latency of those, and, rebuilt from the jobs' own times, how many jobs were due and waiting for their final start at the minute's end and how long the oldest of them had waited (seconds).
+-- Admin dashboard charts, one row a minute of the last :minutes (oldest first; the current minute
+-- so far): minute start, jobs finished in it (SUCCESSFUL, FAILED), the p50/p99 pickup latency of
+-- those, and, rebuilt from the jobs' own times, how many jobs were due and waiting for their final
+-- start at the minute's end and how long the oldest of them had waited (seconds).
 -- A job waits from run_after (due) to last_attempted_at (its final attempt's
 -- start, the dashboard's pickup latency), or on while READY or CLAIMED. No
 -- samples are stored: READY jobs are read over shardq_job_due_idx, CLAIMED and
@@ -654,28 +715,60 @@ LEFT JOIN LATERAL (
 ORDER BY mi.m;
 
 -- name: cancel_jobs
--- Cancel the jobs of :ids that have not finished: READY or RUNNING become FAILED with a shardq.exceptions.Cancelled error and status_rank + 1, so the ack of an attempt still running (it carries the claim's rank + 1) can no longer land; returns the ids cancelled with their queue and task (the metrics' labels).
-UPDATE shardq_job
-SET status = 'FAILED', status_rank = status_rank + 1, finished_at = clock_timestamp(),
-    errors = errors || jsonb_build_array(jsonb_build_object(
-        'exception_class_path', 'shardq.exceptions.Cancelled',
-        'traceback', format(E'shardq.exceptions.Cancelled: cancelled while %%s%%s\n',
-                            CASE WHEN status = 'RUNNING' THEN 'running' WHEN status = 'WAITING' THEN 'waiting'
-                                 ELSE 'ready' END,
-                            CASE WHEN %(reason)s = '' THEN '' ELSE ': ' || %(reason)s END)))
-WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('READY', 'CLAIMED', 'RUNNING', 'WAITING')
-RETURNING id, queue_name, task_path;
+-- Cancel the jobs of :ids that have not finished: READY, WAITING or RUNNING become FAILED with a
+-- shardq.exceptions.Cancelled error and status_rank + 1, so the ack of an attempt still running
+-- (it carries the claim's rank + 1) can no longer land; a job that was RUNNING is announced on
+-- NOTIFY channel shardq_cancel (payload: its id, delivered at commit) so its worker tells the task
+-- (context.is_cancelled(), CancelledError); returns the ids cancelled with their queue and task
+-- (the metrics' labels).
+WITH target AS (
+    SELECT id, status AS was FROM shardq_job
+    WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('READY', 'CLAIMED', 'RUNNING', 'WAITING')
+    ORDER BY id
+    FOR UPDATE
+), cancelled AS (
+    UPDATE shardq_job AS job
+    SET status = 'FAILED', status_rank = job.status_rank + 1, finished_at = clock_timestamp(),
+        errors = job.errors || jsonb_build_array(jsonb_build_object(
+            'exception_class_path', 'shardq.exceptions.Cancelled',
+            'traceback', format(E'shardq.exceptions.Cancelled: cancelled while %%s%%s\n',
+                                CASE WHEN job.status = 'RUNNING' THEN 'running'
+                                     WHEN job.status = 'WAITING' THEN 'waiting' ELSE 'ready' END,
+                                CASE WHEN %(reason)s = '' THEN '' ELSE ': ' || %(reason)s END)))
+    FROM target
+    WHERE job.id = target.id AND job.status IN ('READY', 'CLAIMED', 'RUNNING', 'WAITING')
+    RETURNING job.id, job.queue_name, job.task_path, target.was
+)
+SELECT c.id, c.queue_name, c.task_path
+FROM cancelled AS c
+LEFT JOIN LATERAL (SELECT pg_notify('shardq_cancel', c.id::text) WHERE c.was = 'RUNNING') AS n ON true;
+
+-- name: cancelled_attempts
+-- Which of these running attempts (id, the rank its outcome would carry) were cancelled: the job
+-- is FAILED at that rank or later and its last error is shardq.exceptions.Cancelled (run
+-- control's check after a NOTIFY on shardq_cancel, and at every heartbeat while such attempts run).
+SELECT job.id FROM shardq_job AS job
+JOIN unnest(%(ids)s::bigint[], %(ranks)s::int[]) AS a(id, rank) ON job.id = a.id
+WHERE job.status = 'FAILED' AND job.status_rank >= a.rank
+  AND jsonb_typeof(job.errors) = 'array'
+  AND job.errors -> -1 ->> 'exception_class_path' = 'shardq.exceptions.Cancelled';
 
 -- name: notify
 -- Send one NOTIFY (a lease announcement; enqueue NOTIFYs ride on their INSERT).
 SELECT pg_notify(%(channel)s, %(payload)s);
 
 -- name: async_commit
--- Commit this session's writes without waiting for the WAL flush (the claim and start connections: a lost claim or start leaves its jobs READY or CLAIMED, never a wrong outcome).
+-- Commit this session's writes without waiting for the WAL flush (the claim and start connections:
+-- a lost claim or start leaves its jobs READY or CLAIMED, never a wrong outcome).
 SET synchronous_commit = off;
 
 -- name: worker_liveness
--- The one definition of a worker's liveness (the admin's worker list, shardq_status), an expression over a shardq_worker row: 'stopped' (it said goodbye), 'dead' (no heartbeat for longer than :ttl, LEASE_TTL: its leases expire and its shards are taken over), 'live' (RUNNING with a heartbeat within :ttl: a member of its pool, as the heartbeat statement counts one), 'stopping' (draining after a signal, heartbeat fresh: not a member any more). An odd state reads 'unknown'.
+-- The one definition of a worker's liveness (the admin's worker list, shardq_status), an
+-- expression over a shardq_worker row: 'stopped' (it said goodbye), 'dead' (no heartbeat for
+-- longer than :ttl, LEASE_TTL: its leases expire and its shards are taken over), 'live' (RUNNING
+-- with a heartbeat within :ttl: a member of its pool, as the heartbeat statement counts one),
+-- 'stopping' (draining after a signal, heartbeat fresh: not a member any more). An odd state reads
+-- 'unknown'.
 CASE WHEN shardq_worker.state = 'STOPPED' THEN 'stopped'
      WHEN NOT shardq_worker.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s) THEN 'dead'
      WHEN shardq_worker.state = 'RUNNING' THEN 'live'
@@ -683,7 +776,9 @@ CASE WHEN shardq_worker.state = 'STOPPED' THEN 'stopped'
      ELSE 'unknown' END
 
 -- name: status_workers
--- shardq_status: the workers not stopped, oldest first: id, name, host, pid, pool, state, liveness (worker_liveness), heartbeat age in seconds (epoch difference: an infinite time gives ±Infinity), stats as text, live shards held.
+-- shardq_status: the workers not stopped, oldest first: id, name, host, pid, pool, state, liveness
+-- (worker_liveness), heartbeat age in seconds (epoch difference: an infinite time gives
+-- ±Infinity), stats as text, live shards held.
 SELECT shardq_worker.id::text, shardq_worker.name, shardq_worker.host, shardq_worker.pid, shardq_worker.pool,
        shardq_worker.state, {{worker_liveness}},
        (extract(epoch FROM clock_timestamp()) - extract(epoch FROM shardq_worker.heartbeat_at))::float8,
@@ -702,7 +797,8 @@ SELECT (extract(epoch FROM clock_timestamp()) - extract(epoch FROM min(run_after
 FROM shardq_job WHERE status = 'READY' AND run_after <= clock_timestamp();
 
 -- name: status_pools
--- shardq_status: each pool with its live workers (worker_liveness), its shards held under a live lease and its shards unowned or expired.
+-- shardq_status: each pool with its live workers (worker_liveness), its shards held under a live
+-- lease and its shards unowned or expired.
 SELECT s.pool,
        (SELECT count(*) FROM shardq_worker
         WHERE shardq_worker.pool = s.pool AND {{worker_liveness}} = 'live') AS workers,
@@ -713,7 +809,8 @@ WHERE s.shard < %(shard_count)s
 GROUP BY s.pool ORDER BY s.pool;
 
 -- name: status_due_queues
--- shardq_status: the (backend, queue) pairs that have due READY jobs, with how many (to name queues no live pool serves).
+-- shardq_status: the (backend, queue) pairs that have due READY jobs, with how many (to name
+-- queues no live pool serves).
 SELECT backend, queue_name, count(*) FROM shardq_job
 WHERE status = 'READY' AND run_after <= clock_timestamp()
 GROUP BY 1, 2 ORDER BY 1, 2;
@@ -723,14 +820,19 @@ GROUP BY 1, 2 ORDER BY 1, 2;
 SELECT clock_timestamp() - %(age)s;
 
 -- name: metrics_lock
--- Take or keep the session advisory lock (:classid, :objid) that makes this connection's worker the one that computes the cluster gauges; true while this session holds it (looked up in pg_locks first, so keeping it never stacks a second hold). Released with the session: a dead worker's lock goes to the next worker that asks.
+-- Take or keep the session advisory lock (:classid, :objid) that makes this connection's worker
+-- the one that computes the cluster gauges; true while this session holds it (looked up in
+-- pg_locks first, so keeping it never stacks a second hold). Released with the session: a dead
+-- worker's lock goes to the next worker that asks.
 SELECT EXISTS (SELECT 1 FROM pg_locks
                WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
                  AND classid = %(classid)s::int::oid AND objid = %(objid)s::int::oid AND objsubid = 2)
        OR pg_try_advisory_lock(%(classid)s::int, %(objid)s::int);
 
 -- name: metrics_jobs
--- The cluster gauges: unfinished jobs by queue and status (each status has a partial index), with the seconds the oldest due READY job of the queue has waited since its run_after (NULL: none is due).
+-- The cluster gauges: unfinished jobs by queue and status (each status has a partial index), with
+-- the seconds the oldest due READY job of the queue has waited since its run_after (NULL: none is
+-- due).
 SELECT queue_name, status, count(*) AS jobs,
        (extract(epoch FROM clock_timestamp())
         - extract(epoch FROM min(run_after) FILTER (WHERE status = 'READY' AND run_after <= clock_timestamp())))::float8
@@ -739,7 +841,8 @@ FROM shardq_job WHERE status IN ('READY', 'CLAIMED', 'RUNNING', 'WAITING')
 GROUP BY 1, 2;
 
 -- name: metrics_unowned_shards
--- The cluster gauge of shards unowned or expired, summed over the pools that have a live worker (heartbeat within :ttl); a pool nobody runs any more is not counted.
+-- The cluster gauge of shards unowned or expired, summed over the pools that have a live worker
+-- (heartbeat within :ttl); a pool nobody runs any more is not counted.
 SELECT count(*) FROM shardq_shard AS s
 WHERE s.shard < %(shard_count)s AND (s.owner IS NULL OR s.lease_expires <= clock_timestamp())
   AND EXISTS (SELECT 1 FROM shardq_worker AS w
@@ -747,23 +850,36 @@ WHERE s.shard < %(shard_count)s AND (s.owner IS NULL OR s.lease_expires <= clock
                 AND w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s));
 
 -- name: copy_workflow_jobs
--- COPY a workflow's jobs with the ids reserve_job_ids gave (Workflow.enqueue): as copy_jobs, plus each job's parents still to wait for (WAITING when any), whether it has children, and the workflow's name.
+-- COPY a workflow's jobs with the ids reserve_job_ids gave (Workflow.enqueue): as copy_jobs, plus
+-- each job's parents still to wait for (WAITING when any), whether it has children, and the
+-- workflow's name.
 COPY shardq_job (id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key,
     ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids,
     enqueued_at, waiting_on, children_pending, workflow) FROM STDIN;
 
 -- name: copy_edges
--- COPY a workflow's edges (child waits for parent; name is the parent's key in the child's parent_results).
+-- COPY a workflow's edges (child waits for parent; name is the parent's key in the child's
+-- parent_results).
 COPY shardq_edge (parent, child, name, run_on_failure, resolved) FROM STDIN;
 
 -- name: link_parents
--- Mark jobs that already exist as parents of new children (task.using(after=...), Workflow.add(after=[result])): children_pending, so the resolver looks at them once they have finished (or now, if they have). Returns the ids that exist; a missing one is the caller's error.
+-- Mark jobs that already exist as parents of new children (task.using(after=...),
+-- Workflow.add(after=[result])): children_pending, so the resolver looks at them once they have
+-- finished (or now, if they have). Returns the ids that exist; a missing one is the caller's
+-- error.
 UPDATE shardq_job SET children_pending = true
 WHERE id = ANY(%(ids)s::bigint[])
 RETURNING id, task_path;
 
 -- name: resolve_children
--- The resolver, off the completion path: up to :batch finished parents (SUCCESSFUL or FAILED) of these shards whose children it has not moved on yet (shardq_job_resolve_idx, SKIP LOCKED), in one statement, so a crash anywhere in it leaves the parents to the next pass. Their unresolved edges are counted off each child's waiting_on; a WAITING child whose parent failed (dead-lettered or cancelled) and which did not ask to run anyway becomes FAILED with shardq.exceptions.ParentFailed naming that parent (its own children then follow at the next pass: it is a finished parent too); one with nothing left to wait for becomes READY (due now) and its shard is NOTIFYed. Returns each child moved: id, shard, new status, the parent's id.
+-- The resolver, off the completion path: up to :batch finished parents (SUCCESSFUL or FAILED) of
+-- these shards whose children it has not moved on yet (shardq_job_resolve_idx, SKIP LOCKED), in
+-- one statement, so a crash anywhere in it leaves the parents to the next pass. Their unresolved
+-- edges are counted off each child's waiting_on; a WAITING child whose parent failed
+-- (dead-lettered or cancelled) and which did not ask to run anyway becomes FAILED with
+-- shardq.exceptions.ParentFailed naming that parent (its own children then follow at the next
+-- pass: it is a finished parent too); one with nothing left to wait for becomes READY (due now)
+-- and its shard is NOTIFYed. Returns each child moved: id, shard, new status, the parent's id.
 WITH parents AS MATERIALIZED (
     SELECT p.id, p.status, p.task_path FROM shardq_job AS p
     WHERE p.shard = ANY(%(shards)s::int[]) AND p.children_pending
@@ -830,7 +946,12 @@ SELECT NULL, NULL, NULL, NULL, (SELECT count(*) FROM parents), NULL
 WHERE NOT EXISTS (SELECT 1 FROM moved);
 
 -- name: revive_children
--- Admin "Retry" of dead-lettered jobs (:ids, just put back to READY): the children each cancelled with ParentFailed, and theirs, recursively, go back to WAITING (status_rank + 1, not finished). Every edge into a revived child whose parent has not succeeded is unresolved again and its parent marked children_pending, so waiting_on counts it: the retried parent is waited for, and a parent still FAILED cancels the child again at the resolver's next pass. Returns the ids revived.
+-- Admin "Retry" of dead-lettered jobs (:ids, just put back to READY): the children each cancelled
+-- with ParentFailed, and theirs, recursively, go back to WAITING (status_rank + 1, not finished).
+-- Every edge into a revived child whose parent has not succeeded is unresolved again and its
+-- parent marked children_pending, so waiting_on counts it: the retried parent is waited for, and a
+-- parent still FAILED cancels the child again at the resolver's next pass. Returns the ids
+-- revived.
 WITH RECURSIVE revived(id) AS (
     SELECT e.child FROM shardq_edge AS e JOIN shardq_job AS c ON c.id = e.child
     WHERE e.parent = ANY(%(ids)s::bigint[]) AND c.status = 'FAILED'
@@ -865,14 +986,15 @@ RETURNING c.id;
 
 -- name: parent_results
 -- A job's parents (context.parent_results): the edge's name, then every column get_job returns.
-SELECT e.name, j.id, j.task_path, j.backend, j.queue_name, j.priority, j.run_after, j.status, j.args, j.kwargs,
+SELECT e.name AS step_name, j.id, j.task_path, j.backend, j.queue_name, j.priority, j.run_after, j.status, j.args, j.kwargs,
        j.return_value, j.errors, j.worker_ids, j.enqueued_at, j.started_at, j.finished_at, j.last_attempted_at
 FROM shardq_edge AS e JOIN shardq_job AS j ON j.id = e.parent
 WHERE e.child = %(id)s
 ORDER BY e.name;
 
 -- name: workflow_graph
--- The admin's workflow graph: every job connected to :id by edges (either way), at most :limit, with status, task and name, and the edges among them.
+-- The admin's workflow graph: every job connected to :id by edges (either way), at most :limit,
+-- with status, task and name, and the edges among them.
 WITH RECURSIVE part(id) AS (
     SELECT %(id)s::bigint
     UNION

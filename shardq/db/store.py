@@ -155,6 +155,13 @@ def listen_statement(channel: str) -> sql.Composed:
     return sql.SQL("LISTEN {}").format(sql.Identifier(channel))
 
 
+def listen(conn: psycopg.Connection[Any], *channels: str) -> None:
+    """Subscribe ``conn`` (a listener's own autocommit connection) to each
+    channel, quoted as an identifier."""
+    for channel in channels:
+        conn.execute(listen_statement(channel))
+
+
 class DatabaseGuard:
     """One circuit breaker for all of a worker's connections.
 
@@ -593,6 +600,11 @@ class WorkerStore:
 
     def my_claimed_jobs(self, worker: str, shards: list[int]) -> list[NamedRow]:
         return self.run("my_claimed_jobs", {"worker": worker, "shards": shards}, named=True)
+
+    def cancelled_attempts(self, attempts: Sequence[tuple[int, int]]) -> set[int]:
+        """The ids among these (id, rank) running attempts whose job was cancelled."""
+        rows = self.run("cancelled_attempts", {"ids": [a[0] for a in attempts], "ranks": [a[1] for a in attempts]})
+        return {row[0] for row in rows}
 
     def seconds_until_due(self, shards: list[int]) -> float | None:
         row = self.run("seconds_until_due", {"shards": shards}, fetch="one")

@@ -9,27 +9,25 @@ raised. When a write's COMMIT outcome is unknown (the connection died), the
 same fenced batch is sent again; any row it no longer matches is checked with
 ``outcomes_applied`` so a write that did land is not miscounted.
 
-It also remembers the SUCCESSFUL outcomes of jobs finished here until their
-write is known to have landed (``recall``): a job whose outcome was rejected
-because this worker's lease lapsed comes back READY, and when this worker
-claims it again the fetcher writes the remembered result under the new
-claim instead of running the task a second time. The memory is a
-``FifoSet``: bounded, oldest forgotten first, in batches. Outcomes a task
-committed in its own transaction never pass through here (their side effects
-rolled back with the rejected write, so they must run again).
+It writes outcomes only. The SUCCESSFUL outcomes it is given are kept in
+``RememberedOutcomes`` (worker/remembered.py) until their write lands, and
+claimed jobs that will not run here go back through ``HandBack``
+(worker/handback.py), each the owner of its own state.
 """
 
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from ..core.fifoset import FifoSet
-from ..db.store import JobRef, WorkerStore
+from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected
+from .handback import retrying
 from .jobs import Outcome
+from .remembered import RememberedOutcomes
+from .service import Service
 from .stats import Stats
 
 if TYPE_CHECKING:
@@ -37,49 +35,39 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("shardq.worker.completer")
 
-# How many finished-but-unconfirmed outcomes are remembered for ``recall``:
-# enough for every outcome a busy worker produces while its lease lapses and
-# comes back (a few TTLs of no-op jobs); the oldest go first. Larger return
-# values are not remembered: such a job runs again (at-least-once).
-REMEMBERED_OUTCOMES = 8192
-REMEMBERED_RESULT_BYTES = 16384
-
 # The counter an applied outcome adds to, by status.
 _COUNTER_OF = {"SUCCESSFUL": "succeeded", "FAILED": "failed", "READY": "retried"}
 
 
-class ReturnedJob(JobRef, Protocol):
-    """A claimed job handed back (a ``ClaimedJob``, or the fetcher's ``LostClaim``)."""
+class Completer(Service):
+    name = "completer"
 
-    @property
-    def shard(self) -> int: ...
-
-
-class Completer:
     def __init__(
-        self, store: WorkerStore, stats: Stats, *, batch: int, flush_seconds: float, metrics: "Metrics | None" = None
+        self,
+        store: WorkerStore,
+        stats: Stats,
+        *,
+        batch: int,
+        flush_seconds: float,
+        metrics: "Metrics | None" = None,
+        remembered: RememberedOutcomes | None = None,
     ) -> None:
+        super().__init__()
         self.store = store
+        self.remembered = remembered if remembered is not None else RememberedOutcomes()
         self.metrics = metrics
         self.stats = stats
         self.batch = batch
         self.flush_seconds = flush_seconds
         self._queue: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
-        self._returns: list[ReturnedJob] = []
-        self._returns_lock = threading.Lock()
         # Plain dicts, not Counters: a Counter's += on a new key calls its
         # Python-level __missing__, once per job here.
         self._pending_by_shard: dict[int, int] = {}
         # Counted: a recalled outcome can be queued while the rejected one
         # it replaces is still being written.
         self._pending_ids: dict[int, int] = {}
-        self._finished_ids: FifoSet[int] = FifoSet(REMEMBERED_OUTCOMES)
-        self._finished_outcomes: dict[int, Outcome] = {}
         self._pending_lock = threading.Lock()
-        self._stop = threading.Event()
         self._idle = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.failure: BaseException | None = None
         # Called after outcomes landed (the workflow resolver's wake-up: a
         # parent that just finished has its children moved on at once).
         self.on_written: Callable[[], None] | None = None
@@ -90,33 +78,8 @@ class Completer:
         with self._pending_lock:
             self._pending_by_shard[outcome.shard] = self._pending_by_shard.get(outcome.shard, 0) + 1
             self._pending_ids[outcome.id] = self._pending_ids.get(outcome.id, 0) + 1
-            if outcome.status == "SUCCESSFUL" and len(outcome.return_value_json or "") <= REMEMBERED_RESULT_BYTES:
-                for forgotten in self._finished_ids.add(outcome.id):
-                    del self._finished_outcomes[forgotten]
-                self._finished_outcomes[outcome.id] = outcome
+        self.remembered.remember(outcome)
         self._queue.put(outcome)
-
-    def recall(self, job_ids: Iterable[int]) -> dict[int, Outcome]:
-        """The remembered SUCCESSFUL outcomes of these jobs: finished here, the
-        write not (yet) known to have landed."""
-        with self._pending_lock:
-            remembered = self._finished_outcomes
-            return {job_id: remembered[job_id] for job_id in job_ids if job_id in remembered}
-
-    def return_jobs(self, jobs: Sequence[ReturnedJob]) -> None:
-        """Claimed jobs that will not start here: back to READY (fenced).
-
-        Counted as pending in their shards until written: a shard is released
-        only after its returns, or the next owner would find the jobs still
-        RUNNING under this claim and rescue them, counting an attempt that
-        never ran (and dead-lettering a max_attempts=1 job unrun)."""
-        if jobs:
-            with self._pending_lock:
-                for job in jobs:
-                    self._pending_by_shard[job.shard] = self._pending_by_shard.get(job.shard, 0) + 1
-            with self._returns_lock:
-                self._returns.extend(jobs)
-            self._queue.put(None)  # wake the thread
 
     def holds(self, job_id: int) -> bool:
         """Is an outcome of this job queued or being written?"""
@@ -134,26 +97,16 @@ class Completer:
 
     # -- the thread ----------------------------------------------------------------
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="shardq-completer", daemon=True)
-        self._thread.start()
+    def run(self) -> None:
+        while not self.stopping:
+            self.flush_once(block=True)
 
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self.flush_once(block=True)
-        except BaseException as exc:
-            self.failure = exc
-            logger.exception("the completer died; the worker stops")
-            raise
-
-    def stop(self, deadline: float) -> None:
-        """Write everything queued (until ``deadline``, monotonic), then stop."""
-        self._stop.set()
+    def interrupt(self) -> None:
         self._queue.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout=max(0.1, deadline - time.monotonic()))
-        while (self.pending or self._returns) and time.monotonic() < deadline:
+
+    def after_stop(self, deadline: float) -> None:
+        """Write everything still queued, until ``deadline`` (monotonic)."""
+        while self.pending and time.monotonic() < deadline:
             self.flush_once(block=False, deadline=deadline)
 
     def flush_once(self, block: bool, deadline: float | None = None) -> None:
@@ -169,7 +122,7 @@ class Completer:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                if not outcomes or time.monotonic() >= linger_until or self._stop.is_set():
+                if not outcomes or time.monotonic() >= linger_until or self.stopping:
                     break
                 time.sleep(self.flush_seconds / 5)
                 continue
@@ -177,25 +130,9 @@ class Completer:
                 outcomes.append(item)
         if outcomes:
             self._write(outcomes, deadline)
-        with self._returns_lock:
-            returns, self._returns = self._returns, []
-        if returns:
-            self._write_returns(returns, deadline)
 
     def _retrying[R](self, call: Callable[[], R], what: str, deadline: float | None) -> tuple[R, bool]:
-        """Run ``call`` until it succeeds; returns (result, whether a try failed)."""
-        delay, failed = 0.05, False
-        while True:
-            try:
-                return call(), failed
-            except DatabaseUnavailable as exc:
-                failed = True
-                self.stats.add("db_errors")
-                logger.warning("%s failed, sending the same fenced write again: %s", what, exc)
-                if deadline is not None and time.monotonic() + delay > deadline:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        return retrying(call, what, deadline, self.stats, logger)
 
     def _write(self, outcomes: list[Outcome], deadline: float | None) -> None:
         try:
@@ -231,11 +168,8 @@ class Completer:
             self._settle(outcomes)
             return
         if applied:
-            with self._pending_lock:
-                # Landed: the job is final (or retrying), never claimed back.
-                for job_id, _rank in applied:
-                    if self._finished_outcomes.pop(job_id, None) is not None:
-                        self._finished_ids.discard(job_id)
+            # Landed: the job is final (or retrying), never claimed back.
+            self.remembered.forget(job_id for job_id, _rank in applied)
             if self.on_written is not None:
                 self.on_written()
         if self.metrics is not None:
@@ -269,9 +203,8 @@ class Completer:
         """The FAILED outcome that replaces one PostgreSQL refused to store."""
         self.stats.add("outcomes_refused")
         logger.error("job %s: PostgreSQL refused its outcome (%s); the job fails", outcome.id, error)
+        self.remembered.forget([outcome.id])
         with self._pending_lock:
-            if self._finished_outcomes.pop(outcome.id, None) is not None:
-                self._finished_ids.discard(outcome.id)
             self._pending_by_shard[outcome.shard] = self._pending_by_shard.get(outcome.shard, 0) + 1
             self._pending_ids[outcome.id] = self._pending_ids.get(outcome.id, 0) + 1
         reason = str(error).encode("ascii", "backslashreplace").decode("ascii").replace("\x00", "\\x00")[:2000]
@@ -290,26 +223,16 @@ class Completer:
             job=outcome.job,
         )
 
-    def _settle(self, outcomes: Sequence[Outcome] | Sequence[ReturnedJob], *, returns: bool = False) -> None:
+    def _settle(self, outcomes: Sequence[Outcome]) -> None:
         with self._pending_lock:
             for outcome in outcomes:
-                if not returns:  # returns are counted per shard only
-                    ids_left = self._pending_ids[outcome.id] - 1
-                    if ids_left:
-                        self._pending_ids[outcome.id] = ids_left
-                    else:
-                        del self._pending_ids[outcome.id]
+                ids_left = self._pending_ids[outcome.id] - 1
+                if ids_left:
+                    self._pending_ids[outcome.id] = ids_left
+                else:
+                    del self._pending_ids[outcome.id]
                 left = self._pending_by_shard[outcome.shard] - 1
                 if left:
                     self._pending_by_shard[outcome.shard] = left
                 else:
                     del self._pending_by_shard[outcome.shard]
-
-    def _write_returns(self, jobs: list[ReturnedJob], deadline: float | None) -> None:
-        try:
-            returned, _ = self._retrying(lambda: self.store.return_jobs(jobs), "return", deadline)
-        except DatabaseUnavailable:
-            return  # still RUNNING under the old fence: the next takeover rescues them
-        finally:
-            self._settle(jobs, returns=True)
-        self.stats.add("returned", len(returned))

@@ -14,27 +14,34 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
+from datetime import datetime
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import close_old_connections
-from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
+from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTaskBackend
 from django.tasks.signals import log_task_finished, log_task_started, task_finished, task_started
 from django.utils import timezone
 
-from ..conf import get_config
+from ..completion import CommittedByTask
+from ..conf import get_config, timeout_seconds
 from ..db.store import WorkerStore
 from ..dispatch import LogVerdicts, SignalGate
-from ..exceptions import FenceLost, ResultTooLarge, UnknownTask
+from ..exceptions import FenceLost, ResultTooLarge, TaskTimeout, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
 from .buffer import Buffer
 from .completer import Completer
 from .fetcher import Fetcher
+from .handback import HandBack
 from .jobs import ClaimedJob, Outcome
 from .leaser import Leaser
+from .runcontrol import Attempt, RunControl
+from .service import DEFAULT_STOP_SECONDS
 from .starter import LOST, REJECTED, UNAVAILABLE, Starter
 from .stats import Stats
 
@@ -56,7 +63,31 @@ class ShardqTaskContext(TaskContext):
     rank: int = 0
     # Set by complete_in_transaction once the task's own transaction has
     # committed the outcome: the executor then writes nothing more.
-    completion_state: dict = field(default_factory=dict, repr=False, compare=False)
+    completion_state: CommittedByTask = field(default_factory=CommittedByTask, repr=False, compare=False)
+    # This attempt under run control (its deadline and cancel flag), or None.
+    control: Attempt | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def deadline(self) -> datetime | None:
+        """When this attempt's time is up (timezone-aware), or None: no timeout."""
+        return None if self.control is None else self.control.deadline_at
+
+    def time_left(self) -> float | None:
+        """Seconds until the deadline (negative once past), or None: no timeout."""
+        return None if self.control is None else self.control.time_left()
+
+    def check_timeout(self) -> None:
+        """Raise ``TaskTimeout`` once the deadline has passed (a cheap check
+        for loops that would rather stop at a point of their choosing)."""
+        if self.control is not None and (self.control.expired or (self.control.time_left() or 0.0) < 0):
+            raise TaskTimeout(f"job {self.task_result.id} ran past its timeout of {self.control.timeout_seconds:g}s")
+
+    def is_cancelled(self) -> bool:
+        """Was the job cancelled (``shardq.cancel``) while this attempt runs?
+        The worker learns it from a NOTIFY at once, or at its next heartbeat;
+        this reads a flag, no I/O. The job's outcome is written already: stop
+        and return."""
+        return self.control is not None and self.control.cancelled
 
     @property
     def parent_results(self) -> dict[str, TaskResult]:
@@ -70,9 +101,12 @@ class ShardqTaskContext(TaskContext):
 
         backend = task_backends[self.task_result.backend]
         rows = operations.run(
-            "parent_results", {"id": int(self.task_result.id)}, using=getattr(backend, "database_alias", "default")
+            "parent_results",
+            {"id": int(self.task_result.id)},
+            using=getattr(backend, "database_alias", "default"),
+            named=True,
         )
-        return {row[0]: backend.result_from_row(row[1:]) for row in rows}
+        return {row["step_name"]: backend.result_from_row(row) for row in rows}
 
 
 # A traceback longer than this is stored as its head and tail.
@@ -133,6 +167,12 @@ def _exception_line(exc: BaseException) -> str:
 
 
 class Executor:
+    """The pool of threads that run jobs (``concurrency`` of them, plus the
+    async loop's), with a Service's interface: ``name``, ``start``,
+    ``stop(deadline)`` and ``failure``."""
+
+    name = "executor"
+
     def __init__(
         self,
         buffer: Buffer,
@@ -143,24 +183,37 @@ class Executor:
         *,
         worker_id: str,
         concurrency: int,
-        backend_class: type[BaseTaskBackend],
         start_store: WorkerStore,
+        handback: HandBack,
         task_modules: tuple[str, ...] = (),
         metrics: "Metrics | None" = None,
+        control_store: WorkerStore | None = None,
     ) -> None:
         self.buffer = buffer
         self.metrics = metrics
         self.completer = completer
+        self.handback = handback
         self.leaser = leaser
         self.fetcher = fetcher
         self.stats = stats
         self.worker_id = worker_id
         self.concurrency = concurrency
-        self.backend_class = backend_class
+        self._backend_classes: dict[str, type[BaseTaskBackend]] = {}
         self.task_modules = task_modules
         config = get_config()
         self.max_payload_bytes = config.max_payload_bytes
         self.max_result_bytes = config.max_result_bytes
+        self.default_timeout_seconds = config.task_timeout_seconds
+        # Timeouts, cancels seen by running tasks, zombie threads (runcontrol.py).
+        self.control = RunControl(
+            control_store or WorkerStore(application_name="shardq-runcontrol"),
+            stats,
+            on_deadline=self._timed_out,
+            poll_seconds=config.heartbeat_seconds,
+            max_zombies=config.max_zombies,
+            zombie_grace_seconds=config.zombie_grace_seconds,
+            concurrency=concurrency,
+        )
         self._stop = threading.Event()
         self._local = threading.local()
         # One verdict on the django.tasks logger for both signals.
@@ -184,7 +237,7 @@ class Executor:
             worker_id=worker_id,
             buffer=buffer,
             leaser=leaser,
-            completer=completer,
+            handback=handback,
             fetcher=fetcher,
             concurrency=concurrency,
             task_seconds=self.measured_task_seconds,
@@ -197,6 +250,7 @@ class Executor:
 
     def start(self) -> None:
         self.starter.start()
+        self.control.start()
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="shardq-async", daemon=True)
         self._loop_thread.start()
@@ -205,14 +259,25 @@ class Executor:
             thread.start()
             self._threads.append(thread)
 
-    def stop(self, timeout: float) -> bool:
-        """Stop starting jobs; wait up to ``timeout`` for the started ones. True if all finished."""
-        self.starter.stop()
+    def stop(self, deadline: float | None = None) -> bool:
+        """Stop starting jobs; wait until ``deadline`` (monotonic; None: 10 s)
+        for the started ones. True if all finished. Zombie threads (stuck past
+        their task's timeout, its outcome written) are not waited for: they
+        may never return."""
+        if deadline is None:
+            deadline = time.monotonic() + DEFAULT_STOP_SECONDS
+        self.starter.stop(deadline)
         self._stop.set()
         self.buffer.wake_all()
-        for thread in self._threads:
-            thread.join(timeout=max(0.0, timeout))
-        finished = not any(t.is_alive() for t in self._threads)
+        while True:
+            zombies = self.control.zombie_threads()
+            waiting = [t for t in self._threads if t.is_alive() and t.ident not in zombies]
+            left = deadline - time.monotonic()
+            if not waiting or left <= 0:
+                break
+            waiting[0].join(timeout=min(left, 0.25))
+        finished = not waiting
+        self.control.stop()
         if finished and self.loop is not None and self._loop_thread is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._loop_thread.join(timeout=5)
@@ -279,7 +344,7 @@ class Executor:
             self.stats.add("starts_refused")
             return None
         if verdict == UNAVAILABLE:
-            self.completer.return_jobs([job])
+            self.handback.return_jobs([job])
             return None
         if verdict == REJECTED:
             text = sanitize_text(
@@ -292,7 +357,7 @@ class Executor:
             # takes the start back while the shard is still this worker's;
             # after a takeover the row has moved on and it is refused.
             self.stats.add("starts_refused")
-            self.completer.return_jobs([job])
+            self.handback.return_jobs([job])
             return None
         rank = job.status_rank + 1
         if job.worker_losses:
@@ -312,13 +377,14 @@ class Executor:
             or self.task_log.seen(logging.INFO)
         ):
             result = self._result(task, job)
-            task_started.send(sender=self.backend_class, task_result=result)
+            task_started.send(sender=self.backend_class(job.backend), task_result=result)
         if self.metrics is not None:
             self.metrics.job_started(job)
         began = time.monotonic()
-        state: dict = {}
+        state = CommittedByTask()
+        controlled: list[Attempt] = []  # the attempt under run control, if any (_call)
         try:
-            value = self._call(task, job, result, state)
+            value = self._call(task, job, result, state, controlled)
             # Most tasks return None: its JSON needs no encoder.
             return_json = "null" if value is None else self._encode_result(value)
         except BaseException as error:
@@ -327,11 +393,14 @@ class Executor:
             # inside the except block so task_finished receivers (Django's own
             # logs the traceback from exc_info()) see the exception.
             self._after_call(job, began, failed=True)
-            if state.get("written"):
+            if state.written:
                 self.stats.add("succeeded")
                 if self.metrics is not None:
                     self.metrics.committed_by_task(job)
                 self._finished(result, TaskResultStatus.SUCCESSFUL)
+                return None
+            if controlled and controlled[0].expired:
+                self._late(job, error)
                 return None
             if isinstance(error, FenceLost):
                 # Not an error of the task: this attempt lost the job; its
@@ -349,12 +418,15 @@ class Executor:
             self._finished(result, TaskResultStatus(outcome.status))
             return outcome
         self._after_call(job, began, failed=False)
-        if state.get("written"):
+        if state.written:
             # Committed with the task's own writes (shardq.complete_in_transaction).
             self.stats.add("succeeded")
             if self.metrics is not None:
                 self.metrics.committed_by_task(job)
             self._finished(result, TaskResultStatus.SUCCESSFUL)
+            return None
+        if controlled and controlled[0].expired:
+            self._late(job, None)
             return None
         if result is not None:
             object.__setattr__(result, "_return_value", json.loads(return_json))
@@ -409,15 +481,31 @@ class Executor:
             worker_ids=job.worker_ids,
         )
 
+    def backend_class(self, alias: str) -> type[BaseTaskBackend]:
+        """The class of the configured backend ``alias`` (Django's signals'
+        sender, as the backend itself sends them): looked up in
+        ``django.tasks.task_backends``, so the worker needs no import of
+        shardq's backend and a subclass configured in TASKS is the sender."""
+        found = self._backend_classes.get(alias)
+        if found is None:
+            try:
+                found = type(task_backends[alias])
+            except InvalidTaskBackend:  # not configured in this process: the row names another project's
+                found = BaseTaskBackend
+            self._backend_classes[alias] = found
+        return found
+
     def _finished(self, result: TaskResult | None, status: TaskResultStatus) -> None:
         if result is None:
             return
         object.__setattr__(result, "status", status)
         if status != TaskResultStatus.READY:  # a retry has not finished
             object.__setattr__(result, "finished_at", timezone.now())
-        task_finished.send(sender=self.backend_class, task_result=result)
+        task_finished.send(sender=self.backend_class(result.backend), task_result=result)
 
-    def _call(self, task: Task, job: ClaimedJob, result: TaskResult | None, state: dict[str, Any]) -> Any:
+    def _call(
+        self, task: Task, job: ClaimedJob, result: TaskResult | None, state: CommittedByTask, controlled: list[Attempt]
+    ) -> Any:
         args, kwargs = job.args, job.kwargs
         if not isinstance(args, list):
             _bad_payload("args", args, list)
@@ -430,26 +518,88 @@ class Executor:
                 f"SHARDQ['MAX_PAYLOAD_BYTES'] = {self.max_payload_bytes}: not run. Store large data "
                 "elsewhere (a model, a file) and pass its id."
             )
-        if task.takes_context:
-            args = [
-                ShardqTaskContext(
-                    task_result=result,
-                    fence=job.fence,
-                    shard=job.shard,
-                    rank=job.status_rank + 1,
-                    completion_state=state,
-                ),
-                *args,
-            ]
         is_async = _is_async.get(task.func)
         if is_async is None:
             is_async = _is_async[task.func] = iscoroutinefunction(task.func)
-        if is_async:
-            if self.loop is None:
-                raise RuntimeError("the executor runs async tasks only once started")
-            future = asyncio.run_coroutine_threadsafe(task.func(*args, **kwargs), self.loop)
-            return future.result()
-        return task.func(*args, **kwargs)
+        limit = self._timeout_of(task)
+        if limit is None and not task.takes_context and not is_async:
+            # Nothing can observe a deadline or a cancel: no run control.
+            return task.func(*args, **kwargs)
+        if is_async and self.loop is None:
+            raise RuntimeError("the executor runs async tasks only once started")
+        # The deadline counts from here, the task's real start.
+        attempt = self.control.begin(
+            job, task, job.status_rank + 1, limit, is_async=is_async, observes_cancel=task.takes_context or is_async
+        )
+        controlled.append(attempt)
+        try:
+            if task.takes_context:
+                args = [
+                    ShardqTaskContext(
+                        task_result=result,
+                        fence=job.fence,
+                        shard=job.shard,
+                        rank=job.status_rank + 1,
+                        completion_state=state,
+                        control=attempt,
+                    ),
+                    *args,
+                ]
+            if is_async:
+                assert self.loop is not None
+                future = asyncio.run_coroutine_threadsafe(task.func(*args, **kwargs), self.loop)
+                # Cancelled at the deadline or on a cancel (runcontrol.py):
+                # this thread is free at once, the coroutine gets
+                # CancelledError at its next await.
+                self.control.attach(attempt, future)
+                return future.result()
+            return task.func(*args, **kwargs)
+        finally:
+            # Out of the task: no TaskTimeout may be sent from now on. One
+            # sent at the deadline can still be raised here, between the
+            # task's return and end() taking the attempt's lock: caught, and
+            # end() runs again (attempt.expired says what happened, not the
+            # exception; only the first of these lines can see it).
+            while True:
+                try:
+                    self.control.end(attempt)
+                    break
+                except TaskTimeout:
+                    continue
+
+    def _timeout_of(self, task: Task) -> float | None:
+        """The attempt's time limit: the task's ``timeout`` (validated when
+        it was defined), else ``SHARDQ["TASK_TIMEOUT"]``."""
+        timeout = getattr(task, "timeout", None)
+        if timeout is None:
+            return self.default_timeout_seconds
+        return timeout_seconds(timeout, "timeout")
+
+    def _timed_out(self, attempt: Attempt) -> None:
+        """At the deadline (run control's thread, under the attempt's lock):
+        queue the attempt's outcome, FAILED with TaskTimeout or READY for a
+        retry while attempts remain, under its fence and rank."""
+        job, task = attempt.job, attempt.task
+        how = "its coroutine was cancelled" if attempt.is_async else "TaskTimeout was raised in its thread"
+        error = TaskTimeout(f"job {job.id} ran past its timeout of {attempt.timeout_seconds:g}s; {how}")
+        outcome = self._failure(task, job, attempt.rank, error, None)
+        outcome.extra["timed_out"] = True
+        if self.metrics is not None:
+            outcome.job = job
+        self.completer.put(outcome)
+
+    def _late(self, job: ClaimedJob, error: BaseException | None) -> None:
+        """A timed-out attempt ended: its outcome was written at the deadline,
+        so whatever it produced now is dropped (the database would refuse it
+        too: the same rank). A return or another exception is a late
+        completion, counted; the TaskTimeout (or the cancel) we sent is not."""
+        if error is None or not isinstance(error, (TaskTimeout, asyncio.CancelledError, CancelledError)):
+            self.stats.add("late_completions_refused")
+            logger.warning(
+                "job %s ended after its timeout (%s); its outcome was written at the deadline: refused",
+                job.id,
+                "returned" if error is None else _exception_line(error),
+            )
 
     def _failure(
         self, task: Task, job: ClaimedJob, rank: int, error: BaseException, result: TaskResult | None

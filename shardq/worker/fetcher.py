@@ -25,16 +25,21 @@ from django.tasks.base import TASK_MAX_PRIORITY as MAX_PRIORITY
 from django.tasks.base import TASK_MIN_PRIORITY as MIN_PRIORITY
 
 from ..db.queries import ANY_PRIORITY
-from ..db.store import WorkerStore, connect, listen_statement
+from ..db.store import WorkerStore, connect, listen
 from ..exceptions import DatabaseUnavailable, StatementRejected
 from .buffer import Buffer
 from .completer import Completer
+from .handback import HandBack
 from .jobs import STARTED_BY_CLAIM, ClaimedJob, Outcome
 from .leaser import LEASE_CHANNEL, Leaser
+from .service import Service
 from .stats import Stats
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
+
+# shardq.cancel() announces a cancelled RUNNING job here (cancel_jobs in queries.sql).
+CANCEL_CHANNEL = "shardq_cancel"
 
 logger = logging.getLogger("shardq.worker.fetcher")
 
@@ -43,7 +48,9 @@ logger = logging.getLogger("shardq.worker.fetcher")
 LOOKAHEAD_SECONDS = 0.5
 
 
-class Fetcher:
+class Fetcher(Service):
+    name = "fetcher"
+
     def __init__(
         self,
         store: WorkerStore,
@@ -64,7 +71,9 @@ class Fetcher:
         holds: Callable[[int], bool] | None = None,
         metrics: "Metrics | None" = None,
         expedite: Callable[[int], None] | None = None,
+        handback: HandBack,
     ) -> None:
+        super().__init__()
         self.store = store
         self.metrics = metrics
         self.leaser = leaser
@@ -90,10 +99,10 @@ class Fetcher:
         # in the buffer, and by recover_lost_claims: jobs that claim
         # committed are not yet in memory, and must not be taken for lost.
         self._outranking = threading.Lock()
-        self.completer = completer  # claimed jobs this worker will not run go back through it
+        self.completer = completer  # recalled results are written through it
+        self.handback = handback  # claimed jobs this worker will not run go back through it
         self.waiting_for_slots = False
         self._wake = threading.Event()
-        self._stop = threading.Event()
         # The highest priority NOTIFY told of since the fetcher last looked
         # (None: none); the listener writes it, the fetcher takes it.
         self._notified: int | None = None
@@ -113,18 +122,9 @@ class Fetcher:
         # (best priority of a claim) -> None: jobs that outrank the ones
         # already started here start out of turn (Starter.expedite).
         self.expedite = expedite or (lambda priority: None)
-        self._thread: threading.Thread | None = None
-        self.failure: BaseException | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="shardq-fetcher", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
+    def interrupt(self) -> None:
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
 
     def wake(self) -> None:
         self._wake.set()
@@ -150,18 +150,13 @@ class Fetcher:
             self.waiting_for_slots = False
             self._wake.set()
 
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self._wake.clear()
-                claimed = self.fetch_once()
-                if claimed is None:
-                    continue  # got a full batch: there is probably more
-                self._wake.wait(claimed)
-        except BaseException as exc:
-            self.failure = exc
-            logger.exception("the fetcher died; the worker stops")
-            raise
+    def run(self) -> None:
+        while not self.stopping:
+            self._wake.clear()
+            claimed = self.fetch_once()
+            if claimed is None:
+                continue  # got a full batch: there is probably more
+            self._wake.wait(claimed)
 
     def fetch_once(self) -> float | None:
         """Claim one batch. Returns how long to sleep, or None to go again at once."""
@@ -351,7 +346,7 @@ class Fetcher:
             # jobs must not run here.
             refused = [job for job in jobs if held.get(job.shard) != job.fence]
             jobs = [job for job in jobs if held.get(job.shard) == job.fence]
-        remembered = self.completer.recall([job.id for job in jobs])
+        remembered = self.completer.remembered.recall([job.id for job in jobs])
         # Only a claim that follows the remembered attempt (no start since):
         # an operator's retry (attempts reset to 0) of a job cancelled mid-run
         # asks for a new run.
@@ -389,7 +384,7 @@ class Fetcher:
             jobs = [job for job in jobs if job.id not in remembered]
         refused += self.buffer.push_many(jobs)
         if refused:
-            self.completer.return_jobs(refused)
+            self.handback.return_jobs(refused)
         if jobs:
             self.expedite(max(job.priority for job in jobs))
 
@@ -406,7 +401,7 @@ class Fetcher:
         ]
         if lost:
             logger.warning("%s jobs were claimed by a claim whose answer was lost; handing them back", len(lost))
-            self.completer.return_jobs(lost)
+            self.handback.return_jobs(lost)
         return len(lost)
 
 
@@ -488,7 +483,7 @@ class WakeLimiter:
         return False
 
 
-class Listener:
+class Listener(Service):
     """LISTEN for enqueue and lease notifications; reconnects when the connection drops.
 
     Payloads are parsed strictly (``parse_notify``) and wake-ups are rate
@@ -506,6 +501,7 @@ class Listener:
     # wake held back 250 ms (as this was) left those shards unowned as long.
     LEASE_WAKE_SECONDS = 0.05
     OUTRANK_SECONDS = 0.005
+    name = "listener"
 
     def __init__(
         self,
@@ -515,8 +511,12 @@ class Listener:
         stats: Stats,
         alias: str = "default",
         shard_count: int = 64,
+        on_cancel: Callable[[str], None] | None = None,
     ) -> None:
+        super().__init__()
         self.channel = channel
+        # shardq.cancel() of a running job: its id, for run control (runcontrol.py).
+        self.on_cancel = on_cancel
         self.leaser = leaser
         self.fetcher = fetcher
         self.stats = stats
@@ -527,33 +527,22 @@ class Listener:
         self.fetch_wakes = WakeLimiter(self.FETCH_WAKE_SECONDS)
         self.lease_wakes = WakeLimiter(self.LEASE_WAKE_SECONDS)
         self.outranks = WakeLimiter(self.OUTRANK_SECONDS)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.failure: BaseException | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="shardq-listener", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+    def after_stop(self, deadline: float) -> None:
         if self.conn is not None:
             try:
                 self.conn.close()
             except Exception:  # already broken: nothing to close
                 pass
 
-    def _run(self) -> None:
-        try:
-            self._listen()
-        except BaseException as exc:
-            self.failure = exc
-            logger.exception("the listener died; the worker stops")
-            raise
+    def run(self) -> None:
+        self._listen()
 
     def on_notify(self, channel: str, payload: str) -> None:
+        if channel == CANCEL_CHANNEL:
+            if self.on_cancel is not None:
+                self.on_cancel(payload)  # checked against the table before anyone is told
+            return
         if channel == LEASE_CHANNEL:
             # Our own announcements come back too: they need no lease round
             # (and must not use up the rate limit a peer's release needs).
@@ -580,8 +569,8 @@ class Listener:
         while not self._stop.is_set():
             try:
                 self.conn = connect(self.alias, application_name="shardq-listener")
-                self.conn.execute(listen_statement(self.channel))
-                self.conn.execute(listen_statement(LEASE_CHANNEL))
+                channels = (self.channel, LEASE_CHANNEL, *((CANCEL_CHANNEL,) if self.on_cancel is not None else ()))
+                listen(self.conn, *channels)
                 self.backend_pid = self.conn.info.backend_pid
                 delay = 0.1
                 # The gap while we were disconnected is covered by the poll.

@@ -17,20 +17,22 @@ zeros (a worker that held the lock zeroes what it had set), so ``sum`` and
 """
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected
 from ..metrics import Metrics
+from .service import Service
 
 logger = logging.getLogger("shardq.worker.gauges")
 
 WORKER_GAUGE_SECONDS = 1.0
 
 
-class Gauges:
+class Gauges(Service):
+    name = "gauges"
+
     def __init__(
         self,
         store: WorkerStore,
@@ -43,6 +45,7 @@ class Gauges:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``sample()`` -> (shards leased, busy slots, slots)."""
+        super().__init__()
         self.store = store
         self.metrics = metrics
         self.sample = sample
@@ -51,34 +54,19 @@ class Gauges:
         self.shard_count = shard_count
         self.clock = clock
         self.holder = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.failure: BaseException | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="shardq-gauges", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+    def after_stop(self, deadline: float) -> None:
         self.metrics.flush()  # the last jobs' events
         self.store.close()  # releases the lock with the session: the next worker takes over
 
-    def _run(self) -> None:
-        try:
-            next_cluster = self.clock()
-            while not self._stop.is_set():
-                self.sample_worker()
-                if self.clock() >= next_cluster:
-                    self.sample_cluster()
-                    next_cluster = self.clock() + self.cluster_seconds
-                self._stop.wait(WORKER_GAUGE_SECONDS)
-        except BaseException as exc:  # a dead service stops the worker loudly
-            self.failure = exc
-            logger.exception("the metrics gauges died; the worker stops")
-            raise
+    def run(self) -> None:
+        next_cluster = self.clock()
+        while not self.stopping:
+            self.sample_worker()
+            if self.clock() >= next_cluster:
+                self.sample_cluster()
+                next_cluster = self.clock() + self.cluster_seconds
+            self._stop.wait(WORKER_GAUGE_SECONDS)
 
     def sample_worker(self) -> None:
         self.metrics.flush()

@@ -44,6 +44,7 @@ from ..core.rwlock import RWLock
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable
 from .logs import shard_ranges
+from .service import Service
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.leaser")
@@ -59,7 +60,9 @@ def fair_share(shard_count: int, live: list[str], me: str) -> int:
     return base + (1 if position < extra else 0)
 
 
-class Leaser:
+class Leaser(Service):
+    name = "leaser"
+
     def __init__(
         self,
         store: WorkerStore,
@@ -77,6 +80,7 @@ class Leaser:
         max_worker_losses: int = 3,
         pool: str = pools.ALL,
     ) -> None:
+        super().__init__()
         self.store = store
         self.worker_id = worker_id
         # The pool this worker leases shards in: it shares them with the live
@@ -105,18 +109,15 @@ class Leaser:
         self.trusted_until = 0.0
         self.share = 0
         self.live_workers = 0
-        self.stopping = False
+        self.shutting_down = False
         self.database_ok = True
         self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.failure: BaseException | None = None
 
     # -- queries from other threads ------------------------------------------
 
     def begin_stop(self) -> None:
         """Shutdown has begun: trust no lease for new starts, claim no shard."""
-        self.stopping = True
+        self.shutting_down = True
 
     def trusts(self, shard: int, fence: int) -> bool:
         """May a job of ``shard`` claimed under ``fence`` start now?"""
@@ -124,7 +125,7 @@ class Leaser:
 
     def fetchable(self) -> dict[int, int]:
         """Shards to claim jobs from: held, trusted, not draining."""
-        if self.stopping or self.clock() >= self.trusted_until:
+        if self.shutting_down or self.clock() >= self.trusted_until:
             return {}
         held = dict(self.held)
         for shard in self.draining:
@@ -138,34 +139,25 @@ class Leaser:
 
     def start(self) -> None:
         self.tick()  # hold a share before the first fetch
-        self._thread = threading.Thread(target=self._run, name="shardq-leaser", daemon=True)
-        self._thread.start()
+        super().start()
 
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                interval = self.heartbeat
-                if not self.database_ok:
-                    interval = min(interval, 0.5)
-                elif self.draining or len(self.held) > self.share:
-                    # Rebalancing: release the next shard after a short pause,
-                    # not a whole heartbeat later.
-                    interval = min(interval, 0.02)
-                self._wake.wait(interval)
-                self._wake.clear()
-                if self._stop.is_set():
-                    break
-                self.tick()
-        except BaseException as exc:  # a dead leaser must stop the worker loudly
-            self.failure = exc
-            logger.exception("the leaser died; the worker stops")
-            raise
+    def run(self) -> None:
+        while not self.stopping:
+            interval = self.heartbeat
+            if not self.database_ok:
+                interval = min(interval, 0.5)
+            elif self.draining or len(self.held) > self.share:
+                # Rebalancing: release the next shard after a short pause,
+                # not a whole heartbeat later.
+                interval = min(interval, 0.02)
+            self._wake.wait(interval)
+            self._wake.clear()
+            if self.stopping:
+                break
+            self.tick()
 
-    def stop(self) -> None:
-        self._stop.set()
+    def interrupt(self) -> None:
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
 
     # -- one round of the protocol ----------------------------------------------
 
@@ -187,7 +179,7 @@ class Leaser:
         self.share = fair_share(self.shard_count, live, self.worker_id)
         if not self._first_claim_done and self.expected_workers > len(live):
             self.share = min(self.share, -(-self.shard_count // self.expected_workers))
-        if self.stopping:
+        if self.shutting_down:
             return
         try:
             excess = len(self.held) - len(self.draining) - self.share

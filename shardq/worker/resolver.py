@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected
+from .service import Service
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.resolver")
@@ -30,7 +31,9 @@ logger = logging.getLogger("shardq.worker.resolver")
 BATCH = 256
 
 
-class Resolver:
+class Resolver(Service):
+    name = "resolver"
+
     def __init__(
         self,
         store: WorkerStore,
@@ -42,6 +45,7 @@ class Resolver:
         interval_seconds: float = 1.0,
         batch: int = BATCH,
     ) -> None:
+        super().__init__()
         self.store = store
         self.shards = shards
         self.stats = stats
@@ -50,55 +54,41 @@ class Resolver:
         self.interval = interval_seconds
         self.batch = batch
         self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.failure: BaseException | None = None
         self._unavailable = False
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="shardq-resolver", daemon=True)
-        self._thread.start()
 
     def wake(self) -> None:
         self._wake.set()
 
-    def stop(self) -> None:
-        self._stop.set()
+    def interrupt(self) -> None:
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
 
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self._wake.wait(self.interval)
-                self._wake.clear()
-                if self._stop.is_set():
-                    break
-                try:
-                    self.resolve()
-                    self._unavailable = False
-                except DatabaseUnavailable as exc:
-                    # The parents stay in the index: the next pass does them.
-                    # Said once an outage (the leaser reports the outage itself).
-                    if not self._unavailable:
-                        logger.warning("resolver: database unavailable (%s); retrying", exc)
-                    self._unavailable = True
-                    self._stop.wait(0.5)
-                except StatementRejected as exc:
-                    self.stats.add("resolver_errors")
-                    logger.error("resolver: a pass was refused (%s); retrying at the next", exc)
-        except BaseException as exc:  # a dead resolver must stop the worker loudly
-            self.failure = exc
-            logger.exception("the resolver died; the worker stops")
-            raise
-        finally:
-            self.store.close()
+    def run(self) -> None:
+        while not self.stopping:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self.stopping:
+                break
+            try:
+                self.resolve()
+                self._unavailable = False
+            except DatabaseUnavailable as exc:
+                # The parents stay in the index: the next pass does them.
+                # Said once an outage (the leaser reports the outage itself).
+                if not self._unavailable:
+                    logger.warning("resolver: database unavailable (%s); retrying", exc)
+                self._unavailable = True
+                self._stop.wait(0.5)
+            except StatementRejected as exc:
+                self.stats.add("resolver_errors")
+                logger.error("resolver: a pass was refused (%s); retrying at the next", exc)
+
+    def finished(self) -> None:
+        self.store.close()
 
     def resolve(self) -> int:
         """Passes until one comes back short; returns the children moved."""
         moved = 0
-        while not self._stop.is_set():
+        while not self.stopping:
             shards = self.shards()
             if not shards:
                 return moved

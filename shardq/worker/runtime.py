@@ -19,7 +19,6 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from ..backend import ShardqBackend
 from ..conf import get_config
 from ..core import pools
 from ..cron import schedules
@@ -31,8 +30,10 @@ from .completer import Completer
 from .executor import Executor
 from .fetcher import Fetcher, Listener, OutrankingClaim
 from .gauges import Gauges
+from .handback import HandBack
 from .leaser import Leaser
 from .resolver import Resolver
+from .runcontrol import EXIT_RECYCLE
 from .scheduler import Scheduler
 from .shutdown import signal_name
 from .stats import Stats
@@ -101,8 +102,11 @@ class Worker:
             )
             # outrank: the listener's claims of jobs that outrank this
             # worker's buffer (Fetcher.outrank); connects on first use.
-            for name in ("leaser", "fetcher", "completer", "starter", "outrank", "resolver")
+            # handback: claimed jobs that will not run here go back to READY.
+            # control: run control's cancel checks (runcontrol.py), on first use.
+            for name in ("leaser", "fetcher", "completer", "starter", "outrank", "handback", "control", "resolver")
         }
+        self.handback = HandBack(self.store["handback"], self.stats)
         self.completer = Completer(
             self.store["completer"],
             self.stats,
@@ -142,6 +146,7 @@ class Worker:
             holds=self.holds_job,
             metrics=metrics,
             expedite=self.expedite,
+            handback=self.handback,
         )
         self.listener = (
             Listener(
@@ -151,6 +156,7 @@ class Worker:
                 self.stats,
                 database,
                 shard_count=self.config.shard_count,
+                on_cancel=self.on_cancel_notified,
             )
             if self.config.notify
             else None
@@ -173,11 +179,14 @@ class Worker:
             self.stats,
             worker_id=self.id,
             concurrency=concurrency,
-            backend_class=ShardqBackend,
             start_store=self.store["starter"],
+            handback=self.handback,
             task_modules=self.config.task_modules,
             metrics=metrics,
+            control_store=self.store["control"],
         )
+        # Set when run control asks for a fresh process (zombie threads).
+        self.recycling = False
         self.gauges = (
             Gauges(
                 WorkerStore(database, "shardq-metrics", self.database_guard),
@@ -195,7 +204,11 @@ class Worker:
 
     def running_in_shard(self, shard: int) -> int:
         """Jobs of ``shard`` still processing here or with an unwritten outcome."""
-        return self.buffer.processing_in_shard(shard) + self.completer.pending_in_shard(shard)
+        return (
+            self.buffer.processing_in_shard(shard)
+            + self.completer.pending_in_shard(shard)
+            + self.handback.pending_in_shard(shard)
+        )
 
     def demand(self) -> tuple[int, int]:
         """(jobs to claim now, smallest batch worth a round trip).
@@ -276,6 +289,9 @@ class Worker:
         """Is this job in memory here: buffered, running, or its outcome unwritten?"""
         return self.buffer.holds(job_id) or self.completer.holds(job_id)
 
+    def on_cancel_notified(self, payload: str) -> None:
+        self.executor.control.notified(payload)
+
     def on_shards_gained(self, shards: set[int]) -> None:
         """New shards: claim from them now rather than at the next poll."""
         self.fetcher.wake()
@@ -297,7 +313,7 @@ class Worker:
         dropped = []
         for shard in shards:
             dropped.extend(self.buffer.drop_shard(shard))
-        self.completer.return_jobs(dropped)
+        self.handback.return_jobs(dropped)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -375,6 +391,7 @@ class Worker:
             self.config.lease_ttl_seconds,
         )
         self.completer.start()
+        self.handback.start()
         self.executor.start()
         self.leaser.start()
         # Running workers recompute their share now, not at their next heartbeat.
@@ -394,6 +411,18 @@ class Worker:
             if failed:
                 logger.error("%s stopped unexpectedly: shutting down", failed)
                 break
+            recycle = self.executor.control.recycle_reason
+            if recycle is not None:
+                # Nothing is lost: buffered jobs go back, the other running
+                # jobs finish, the zombies' outcomes are written already.
+                logger.error(
+                    "worker %s: %s; stopping to be replaced by a fresh process (exit %s)",
+                    self.label,
+                    recycle,
+                    EXIT_RECYCLE,
+                )
+                self.recycling = True
+                break
             if self.max_tasks is not None and self.finished_jobs() >= self.max_tasks:
                 logger.info(
                     "worker %s finished %s jobs (--max-tasks %s): stopping",
@@ -403,42 +432,56 @@ class Worker:
                 )
                 break
         self.shutdown()
-        return 1 if failed or self.grace_expired else 0
+        if failed or self.grace_expired:
+            return 1
+        return EXIT_RECYCLE if self.recycling else 0
+
+    def services(self) -> list:
+        """Every service thread of this worker, the listener included: each
+        has a ``name``, ``start``, ``stop(deadline)`` and ``failure``."""
+        found = [
+            self.leaser,
+            self.fetcher,
+            self.completer,
+            self.handback,
+            self.executor,
+            self.executor.starter,
+            self.executor.control,
+            self.scheduler,
+            self.resolver,
+            self.listener,
+            self.gauges,
+        ]
+        return [service for service in found if service is not None]
 
     def _failed_service(self) -> str | None:
-        for name, service in (
-            ("leaser", self.leaser),
-            ("fetcher", self.fetcher),
-            ("completer", self.completer),
-            ("executor", self.executor),
-            ("scheduler", self.scheduler),
-            ("resolver", self.resolver),
-            ("listener", self.listener),
-            ("starter", self.executor.starter),
-            ("gauges", self.gauges),
-        ):
-            if service is not None and service.failure is not None:
-                return name
+        for service in self.services():
+            if service.failure is not None:
+                return service.name
         return None
 
     def shutdown(self) -> None:
         deadline = time.monotonic() + self.grace
         if self.scheduler:
-            self.scheduler.stop()
-        self.resolver.stop()
+            self.scheduler.stop(time.monotonic() + 10.0)
+        self.resolver.stop(time.monotonic() + 10.0)
         self.leaser.begin_stop()
-        self.fetcher.stop()
+        self.fetcher.stop(time.monotonic() + 10.0)
         if self.listener:
-            self.listener.stop()
-        self.completer.return_jobs(self.buffer.drain())
-        finished = self.executor.stop(timeout=deadline - time.monotonic())
+            self.listener.stop(time.monotonic() + 5.0)
+        self.handback.return_jobs(self.buffer.drain())
+        finished = self.executor.stop(deadline)
         self.completer.stop(deadline=max(deadline, time.monotonic() + 5.0))
+        self.handback.stop(max(deadline, time.monotonic() + 5.0))
         if self.gauges:
-            self.gauges.stop()
+            self.gauges.stop(time.monotonic() + 10.0)
         # Shards with a job still running keep their lease until it expires:
         # releasing them would let the next owner re-run a job that may still
         # finish here.
-        still_running = {s for s in list(self.leaser.held) if self.running_in_shard(s)}
+        # A zombie's job is not running for this purpose: its outcome was
+        # written at its deadline, and this process exits now.
+        control = self.executor.control
+        still_running = {s for s in list(self.leaser.held) if self.running_in_shard(s) > control.zombies_in_shard(s)}
         if not finished:
             self.grace_expired = True
             logger.warning(

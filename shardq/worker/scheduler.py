@@ -16,7 +16,6 @@ where it was, and the next look retries the same ticks.
 """
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -25,12 +24,15 @@ from django.db import close_old_connections, connections
 from django.db.utils import Error as DatabaseError
 
 from ..cron import CATCH_UP_SECONDS, MAX_TICKS_PER_LOOK, Schedule, due_ticks
+from .service import Service
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.scheduler")
 
 
-class Scheduler:
+class Scheduler(Service):
+    name = "scheduler"
+
     def __init__(
         self,
         schedules: list[Schedule],
@@ -39,38 +41,23 @@ class Scheduler:
         interval_seconds: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        super().__init__()
         self.schedules = schedules
         self.stats = stats
         self.interval = interval_seconds
         self.clock = clock
         self.looked_until: dict[str, datetime] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.failure: BaseException | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="shardq-scheduler", daemon=True)
-        self._thread.start()
+    def run(self) -> None:
+        while not self.stopping:
+            self.look(datetime.fromtimestamp(self.clock(), UTC))
+            # Wake just after the next whole second: per-second schedules
+            # are enqueued within a few ms of their tick.
+            now = self.clock()
+            self._stop.wait(self.interval - (now % self.interval) + 0.005)
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self.look(datetime.fromtimestamp(self.clock(), UTC))
-                # Wake just after the next whole second: per-second schedules
-                # are enqueued within a few ms of their tick.
-                now = self.clock()
-                self._stop.wait(self.interval - (now % self.interval) + 0.005)
-        except BaseException as exc:  # a dead scheduler must stop the worker loudly
-            self.failure = exc
-            logger.exception("the scheduler died; the worker stops")
-            raise
-        finally:
-            connections.close_all()
+    def finished(self) -> None:
+        connections.close_all()  # this thread's Django connection
 
     def look(self, now: datetime) -> int:
         """Enqueue every schedule's ticks due by ``now``; returns how many were offered."""

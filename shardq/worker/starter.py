@@ -47,10 +47,11 @@ from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected, UnknownTask
 from ..tasks import resolve
 from .buffer import Buffer
-from .completer import Completer
 from .fetcher import Fetcher
+from .handback import HandBack
 from .jobs import STARTED, ClaimedJob
 from .leaser import Leaser
+from .service import Service
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.starter")
@@ -65,7 +66,9 @@ AHEAD_SECONDS = 0.02
 AHEAD_MAX = 1024
 
 
-class Starter:
+class Starter(Service):
+    name = "starter"
+
     def __init__(
         self,
         store: WorkerStore,
@@ -74,18 +77,19 @@ class Starter:
         worker_id: str,
         buffer: Buffer,
         leaser: Leaser,
-        completer: Completer,
+        handback: HandBack,
         fetcher: Fetcher,
         concurrency: int,
         task_seconds: Callable[[], float | None],
         task_modules: tuple[str, ...] = (),
     ) -> None:
+        super().__init__()
         self.store = store
         self.stats = stats
         self.worker_id = worker_id
         self.buffer = buffer
         self.leaser = leaser
-        self.completer = completer
+        self.handback = handback
         self.fetcher = fetcher
         self.concurrency = concurrency
         self.task_seconds = task_seconds  # () -> the executors' average task time (None: none yet)
@@ -106,9 +110,6 @@ class Starter:
         self._out_of_turn: list[ClaimedJob] = []
         self._idle = 0
         self._low_water = 0  # refill once the ready jobs fall to this
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.failure: BaseException | None = None
         self._fails_on_loss: dict[str, bool] = {}  # task path -> on_worker_lost == "fail"
 
     # -- executor side -------------------------------------------------------------
@@ -199,53 +200,41 @@ class Starter:
 
     # -- the thread ----------------------------------------------------------------
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="shardq-starter", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
+    def interrupt(self) -> None:
         """Start nothing more (jobs already started stay ready to run)."""
-        self._stop.set()
         with self._lock:
             self._room.notify_all()
             self._jobs.notify_all()
         self.buffer.wake_all()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
 
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                with self._lock:
-                    out_of_turn, self._out_of_turn = self._out_of_turn, []
-                if out_of_turn:
-                    self.start_jobs(out_of_turn)
+    def run(self) -> None:
+        while not self.stopping:
+            with self._lock:
+                out_of_turn, self._out_of_turn = self._out_of_turn, []
+            if out_of_turn:
+                self.start_jobs(out_of_turn)
+                continue
+            with self._lock:
+                wanted = self.wanted()
+                # Refill once half is used, not job by job: one start
+                # write for many jobs.
+                self._low_water = wanted // 2
+                if len(self._ready) > self._low_water or wanted <= 0:
+                    self._room.wait(0.1)
                     continue
-                with self._lock:
-                    wanted = self.wanted()
-                    # Refill once half is used, not job by job: one start
-                    # write for many jobs.
-                    self._low_water = wanted // 2
-                    if len(self._ready) > self._low_water or wanted <= 0:
-                        self._room.wait(0.1)
-                        continue
-                    room = wanted - len(self._ready)
-                job = self.buffer.pop(timeout=0.1)
-                if job is None:
-                    continue
-                jobs = [job]
-                if job.started and room > 1 and self._idle:
-                    # The best job, started by its claim, goes to a waiting
-                    # thread at once, not after the group is popped.
-                    self.start_jobs(jobs)
-                    jobs = []
-                jobs += self.buffer.pop_more(room - 1)
-                if jobs:
-                    self.start_jobs(jobs)
-        except BaseException as exc:
-            self.failure = exc
-            logger.exception("the starter died; the worker stops")
-            raise
+                room = wanted - len(self._ready)
+            job = self.buffer.pop(timeout=0.1)
+            if job is None:
+                continue
+            jobs = [job]
+            if job.started and room > 1 and self._idle:
+                # The best job, started by its claim, goes to a waiting
+                # thread at once, not after the group is popped.
+                self.start_jobs(jobs)
+                jobs = []
+            jobs += self.buffer.pop_more(room - 1)
+            if jobs:
+                self.start_jobs(jobs)
 
     def start_jobs(self, jobs: list[ClaimedJob]) -> None:
         """Record the start of ``jobs`` (popped from the buffer) and make them
@@ -255,7 +244,7 @@ class Starter:
             if not self.leaser.trusts(job.shard, job.fence):
                 # The lease is lost or unconfirmed: start nothing; hand the
                 # claim back (rejected harmlessly if already rescued).
-                self.completer.return_jobs([job])
+                self.handback.return_jobs([job])
                 self.buffer.done(job)
                 self.fetcher.slot_freed()
                 continue

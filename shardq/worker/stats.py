@@ -29,6 +29,11 @@ COUNTERS = (
     "outranking_claims",  # claims outside demand for jobs a NOTIFY said outrank the buffer
     "started_out_of_turn",  # buffered jobs started ahead of lower ones started earlier
     "heartbeats",
+    # Run control (runcontrol.py)
+    "timeouts",  # attempts that reached their deadline (their outcome written then)
+    "late_completions_refused",  # what a timed-out attempt produced afterwards, dropped
+    "cancels_seen",  # running attempts told of their cancel (is_cancelled(), CancelledError)
+    "zombies",  # now: threads stuck in a task past its timeout (a gauge, not a counter)
     # The workflow resolver: children moved on (READY or FAILED), of them
     # cancelled with ParentFailed, and passes PostgreSQL refused.
     "children_moved",
@@ -45,6 +50,11 @@ class Stats:
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
             self._values[name] += n
+
+    def set(self, name: str, value: int) -> None:
+        """A gauge's current value (``zombies``)."""
+        with self._lock:
+            self._values[name] = value
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

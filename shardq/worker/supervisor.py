@@ -4,7 +4,8 @@ Each child is forked from the supervisor after Django is set up (no
 re-import, no second round of system checks; database connections are closed
 before the fork, so none is shared) and runs one ``Worker`` with its own
 incarnation id, leases and connections. A child that exits non-zero while
-the supervisor is not stopping is restarted, at most once per second.
+the supervisor is not stopping is restarted, at most once per second; a
+child replaced because of zombie threads exits ``EXIT_RECYCLE`` (3).
 
 Signals. Each child runs in a process group of its own, so a signal sent to
 the supervisor's group (a terminal's Ctrl-C, ``kill -TERM -- -PGID``) reaches
@@ -29,6 +30,7 @@ import time
 from collections.abc import Callable
 
 from . import shutdown as shutdown_signals
+from .runcontrol import EXIT_RECYCLE
 from .shutdown import HANDLED, signal_name
 
 logger = logging.getLogger("shardq.worker.supervisor")
@@ -170,7 +172,10 @@ class Supervisor:
                         if self.stopping:
                             # A stop signal came during the wait: no new child.
                             continue
-                    logger.warning("worker process %s (pid %s) exited with %s: restarting", slot, child.pid, code)
+                    why = " (replaced: threads stuck past their timeout)" if code == EXIT_RECYCLE else ""
+                    logger.warning(
+                        "worker process %s (pid %s) exited with %s%s: restarting", slot, child.pid, code, why
+                    )
                     self.restarts += 1
                     last_restart = time.monotonic()
                     self._spawn(slot)

@@ -13,7 +13,7 @@ from collections import defaultdict
 import pytest
 
 import shardq
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.taskapp import tasks
 from tests.workers import WorkerPool, query, scalar, worker_id_of
 

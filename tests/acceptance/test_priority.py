@@ -11,7 +11,7 @@ lease timings of the test harness are short.
 import random
 
 import shardq
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.taskapp import tasks
 from tests.workers import query, scalar, status_counts, wait_drained
 

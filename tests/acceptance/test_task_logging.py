@@ -11,7 +11,7 @@ records (its own LOGGING, or DEBUG = True), every job logs both lines.
 import re
 
 import shardq
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.taskapp import tasks
 from tests.workers import status_counts, wait_drained
 

@@ -8,7 +8,7 @@ import time
 from datetime import datetime
 
 import shardq
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.taskapp import tasks
 from tests.workers import (
     query,

@@ -5,7 +5,7 @@ import subprocess
 from django.db import connection
 
 import shardq
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.taskapp import tasks
 from tests.workers import query, scalar, status_counts, worker_id_of, worker_stats
 

@@ -10,7 +10,7 @@ import socket
 import pytest
 
 import shardq
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.taskapp import tasks
 from tests.workers import scalar, status_counts, worker_id_of
 

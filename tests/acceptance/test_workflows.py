@@ -10,7 +10,7 @@ import os
 from django.db import transaction
 
 from shardq import Workflow
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.taskapp.tasks import fail, wf_fan_in, wf_node
 from tests.workers import query, scalar, status_counts
 

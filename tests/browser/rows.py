@@ -9,7 +9,8 @@ import re
 import uuid
 
 from django.contrib.auth.models import Permission
-from django.db import connection
+
+from tests.helpers import leased_shard_factory, sql
 
 PASSWORD = "correct horse battery staple"
 VIEW_PERMISSIONS = ["view_job", "view_shard", "view_worker", "view_shardevent", "view_dashboard"]
@@ -24,12 +25,6 @@ def make_user(django_user_model, username: str, *, superuser=False, permissions=
     assert not missing, f"no such shardq permission: {sorted(missing)}"
     user.user_permissions.set(granted)
     return user
-
-
-def sql(statement: str, params=None) -> list[tuple]:
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        return cursor.fetchall() if cursor.description else []
 
 
 def register_worker(
@@ -54,16 +49,10 @@ def register_worker(
 
 
 def hold_shards(worker: str, shards, *, lease_seconds: float = 30.0) -> None:
-    """``worker`` claims ``shards`` as ``claim_shards`` does (claim_version + 1,
-    lease until now + ``lease_seconds``; negative: already expired), logging the claim."""
-    sql(
-        "WITH taken AS (UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1, "
-        "lease_expires = clock_timestamp() + make_interval(secs => %s), claimed_at = clock_timestamp() "
-        "WHERE shard = ANY(%s) RETURNING shard, claim_version) "
-        "INSERT INTO shardq_shard_event (shard, claim_version, worker, reason, rescued, at) "
-        "SELECT shard, claim_version, %s, 'claim', 0, clock_timestamp() FROM taken",
-        [worker, lease_seconds, list(shards), worker],
-    )
+    """``worker`` claims ``shards`` as ``claim_shards`` does (a new claim
+    version, lease until now + ``lease_seconds``; negative: already expired),
+    logging the claim."""
+    leased_shard_factory(shards, worker=worker, lease_seconds=lease_seconds, log_event=True)
 
 
 def traceback_text(message: str) -> str:

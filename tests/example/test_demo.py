@@ -11,7 +11,7 @@ import sys
 import pytest
 import requests
 
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.workers import ROOT, alive, database_url
 
 pytestmark = pytest.mark.timeout(300)

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 
 from shardq.conf import get_config
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 
 FULL = os.environ.get("SHARDQ_FULL_FAULTS") == "1"
 

@@ -8,88 +8,23 @@ temporary directory, a free port): the shared server is never touched.
 """
 
 import os
-import pwd
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.conftest import wait_until
 from tests.faults.harness import LEDGER_TASK, check_invariants, figures, insert_jobs, size, wait_all_finished
+from tests.helpers import wait_until
+from tests.pgserver import PrivatePostgres
 from tests.workers import ROOT, WorkerPool
 
-BINDIR = Path("/usr/lib/postgresql/15/bin")
 RESTARTS = 3
 JOBS = size(1500, 10000)
 JOB_SECONDS = 0.05
 DOWN_SECONDS = 2.0
 RESUME_BOUND = 30.0
-
-
-class PrivatePostgres:
-    """A throwaway PostgreSQL cluster owned by the ``postgres`` system user."""
-
-    def __init__(self):
-        self.user = pwd.getpwnam("postgres")
-        self.base = Path(tempfile.mkdtemp(prefix="shardq-faults-pg-"))
-        os.chown(self.base, self.user.pw_uid, self.user.pw_gid)
-        self.data = self.base / "data"
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"postgres://postgres@127.0.0.1:{self.port}/shardq_private"
-
-    def _as_postgres(self, *cmd: str) -> None:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", *cmd],
-            check=True,
-            cwd=self.base,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=120,
-        )
-
-    def init(self) -> None:
-        self._as_postgres(
-            str(BINDIR / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"
-        )
-
-    def start(self) -> None:
-        # fsync off: an immediate stop kills the server processes, not the OS,
-        # so committed data stays in the page cache and recovery replays WAL.
-        options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.base} "
-            "-c fsync=off -c max_connections=100"
-        )
-        self._as_postgres(
-            str(BINDIR / "pg_ctl"),
-            "-D",
-            str(self.data),
-            "-o",
-            options,
-            "-l",
-            str(self.base / "server.log"),
-            "-w",
-            "-t",
-            "60",
-            "start",
-        )
-
-    def crash(self) -> None:
-        self._as_postgres(str(BINDIR / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
-
-    def destroy(self) -> None:
-        try:
-            self._as_postgres(str(BINDIR / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
-        except subprocess.CalledProcessError:
-            pass  # not running
-        shutil.rmtree(self.base, ignore_errors=True)
 
 
 class Reconnecting:
@@ -119,12 +54,13 @@ class Reconnecting:
 
 @pytest.fixture
 def private_postgres():
-    server = PrivatePostgres()
+    # fsync off: an immediate stop kills the server processes, not the OS,
+    # so committed data stays in the page cache and recovery replays WAL.
+    server = PrivatePostgres("faults", "shardq_private")
     try:
         server.init()
         server.start()
-        with psycopg.connect(f"postgres://postgres@127.0.0.1:{server.port}/postgres", autocommit=True) as conn:
-            conn.execute("CREATE DATABASE shardq_private")
+        server.createdb()
         env = dict(os.environ, DATABASE_URL=server.url, DJANGO_SETTINGS_MODULE="tests.settings")
         subprocess.run(
             [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=300

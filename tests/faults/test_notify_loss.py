@@ -5,7 +5,6 @@ plus 0.5 s (the polling fallback)."""
 import random
 import time
 
-from tests.conftest import wait_until
 from tests.faults.harness import (
     BackendKiller,
     Repeating,
@@ -15,6 +14,7 @@ from tests.faults.harness import (
     size,
     wait_all_finished,
 )
+from tests.helpers import wait_until
 from tests.taskapp import fault_tasks
 from tests.workers import query, shards_by_owner, worker_id_of
 

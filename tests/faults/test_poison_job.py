@@ -5,8 +5,8 @@ task with on_worker_lost="fail" never runs twice."""
 
 import json
 
-from tests.conftest import wait_until
 from tests.faults.harness import check_invariants, figures
+from tests.helpers import wait_until
 from tests.taskapp import fault_tasks
 from tests.workers import query, scalar
 

@@ -5,8 +5,8 @@ and every lease is released, never left to expire."""
 import signal
 
 import shardq
-from tests.conftest import wait_until
 from tests.faults.harness import check_invariants, figures, size, wait_all_finished
+from tests.helpers import wait_until
 from tests.taskapp import fault_tasks
 from tests.workers import query, scalar, shards_by_owner, worker_id_of, worker_stats
 

@@ -10,8 +10,8 @@ import time
 import psutil
 
 import shardq
-from tests.conftest import wait_until
 from tests.faults.harness import HEARTBEAT, TTL, check_invariants, figures, percentile, size, wait_all_finished
+from tests.helpers import wait_until
 from tests.taskapp import fault_tasks
 from tests.workers import query, scalar
 

@@ -7,6 +7,7 @@ import pytest
 from django.db import transaction
 
 import shardq
+from shardq.completion import CommittedByTask
 from shardq.db.store import WorkerStore, ensure_shards
 from shardq.worker.executor import ShardqTaskContext
 from tests.taskapp.models import FaultLedger
@@ -35,7 +36,7 @@ def claimed(transactional_db):
         fence=row["fence"],
         shard=0,
         rank=started[job_id]["status_rank"] + 1,
-        completion_state={},
+        completion_state=CommittedByTask(),
     )
     yield store, context
     store.close()
@@ -57,7 +58,7 @@ def test_the_outcome_and_the_tasks_writes_commit_together(claimed):
     assert done.shard_version == context.fence
     assert job(context) == ("SUCCESSFUL", context.rank, '{"ok": 1}')
     assert FaultLedger.objects.count() == 1
-    assert context.completion_state["written"] is True
+    assert context.completion_state.written is True
 
 
 def test_an_error_after_the_completion_rolls_both_back(claimed):
@@ -68,7 +69,7 @@ def test_an_error_after_the_completion_rolls_both_back(claimed):
         1 / 0
     assert job(context)[0] == "RUNNING"
     assert FaultLedger.objects.count() == 0
-    assert "written" not in context.completion_state, "the executor still owns the outcome"
+    assert not context.completion_state.written, "the executor still owns the outcome"
 
 
 def test_a_taken_over_shard_raises_fence_lost_and_commits_nothing(claimed):
@@ -85,7 +86,7 @@ def test_a_taken_over_shard_raises_fence_lost_and_commits_nothing(claimed):
         shardq.complete_in_transaction(context, return_value=1)
     assert job(context)[0] == "READY"
     assert FaultLedger.objects.count() == 0
-    assert not context.completion_state
+    assert not context.completion_state.written
 
 
 def test_a_return_value_that_is_not_json_is_refused_before_any_write(claimed):

@@ -10,9 +10,9 @@ import signal
 import time
 
 from shardq import Workflow
-from tests.conftest import wait_until
 from tests.faults.harness import check_invariants, figures, size, wait_all_finished
 from tests.faults.test_sigkill_churn import live_children
+from tests.helpers import wait_until
 from tests.taskapp import fault_tasks
 from tests.workers import query, scalar
 

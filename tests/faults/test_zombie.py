@@ -8,7 +8,6 @@ import signal
 import time
 
 import shardq
-from tests.conftest import wait_until
 from tests.faults.harness import (
     HEARTBEAT,
     TTL,
@@ -18,6 +17,7 @@ from tests.faults.harness import (
     size,
     wait_all_finished,
 )
+from tests.helpers import wait_until
 from tests.taskapp import fault_tasks
 from tests.workers import query, scalar, shards_by_owner, worker_id_of, worker_stats
 

@@ -1,40 +1,21 @@
 """Fixtures of the integration tests: real PostgreSQL, read back with plain SQL."""
 
 import contextlib
-import json
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 from django.tasks import task_backends
 from django.test import override_settings
 
-JSON_COLUMNS = {"args", "kwargs", "return_value", "errors", "worker_ids"}
-
-
-def job_row(job_id) -> dict | None:
-    """The ``shardq_job`` row of a job id, as a dict (None when there is none)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT * FROM shardq_job WHERE id = %s", [int(job_id)])
-        row = cursor.fetchone()
-        if row is None:
-            return None
-        names = [c.name for c in cursor.description]
-    # Django's cursor hands jsonb back as text.
-    return {
-        name: json.loads(value) if name in JSON_COLUMNS and value is not None else value
-        for name, value in zip(names, row, strict=True)
-    }
+from tests.helpers import scalar, sql
 
 
 def job_count() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM shardq_job")
-        return cursor.fetchone()[0]
+    return scalar("SELECT count(*) FROM shardq_job")
 
 
-def execute(sql: str, params=None) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+def execute(statement: str, params=None) -> None:
+    sql(statement, params)
 
 
 def reset_task_backends() -> None:

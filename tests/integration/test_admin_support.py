@@ -13,9 +13,9 @@ from django.test import RequestFactory
 
 from shardq import shard_task
 from shardq.admin import ShardAdmin
+from shardq.admin.redaction import REDACTED, redact_arguments, shard_key_is_sensitive
 from shardq.db.queries import QUERIES
 from shardq.models import Shard
-from shardq.tasks import REDACTED, redact_arguments, shard_key_is_sensitive
 
 
 def login(user: str, password: str, *codes: str, remember: bool = False, **extra) -> None: ...

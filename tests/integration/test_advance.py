@@ -10,7 +10,7 @@ from django.db import connection, connections, transaction
 
 from example_project.demo.models import Order
 from shardq import advance
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

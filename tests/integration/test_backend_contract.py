@@ -13,9 +13,10 @@ from django.utils import timezone
 
 from shardq import ShardTask, shard_task
 from shardq.backend import ShardqBackend
+from tests.helpers import job_row
 from tests.taskapp.tasks import add, async_add, echo, keyed, noop, whoami
 
-from .conftest import execute, job_row
+from .conftest import execute
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ from django.tasks import TaskResultStatus
 from django.tasks.exceptions import TaskResultDoesNotExist
 
 import shardq
-from tests.integration.conftest import job_row
+from tests.helpers import job_row
 from tests.taskapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -3,46 +3,26 @@
 level), so a job it leaves in the table never outranks a job it takes."""
 
 import random
-import uuid
 
 import pytest
-from django.db import connection
 
-from shardq.db.store import WorkerStore, ensure_shards
+from shardq.db.store import WorkerStore
+from tests.helpers import job_factory, leased_shard_factory, sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SHARDS = 8
 
 
-def sql(query, params=None):
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall() if cursor.description else None
-
-
 def add_jobs(jobs: list[tuple[int, int]]) -> None:
     """READY no-op jobs, one per (shard, priority), enqueued in list order."""
-    for shard, priority in jobs:
-        sql(
-            "INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, "
-            "ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, "
-            "enqueued_at) VALUES ('tests.taskapp.tasks.noop', 'default', 'default', %s, clock_timestamp(), %s, 0, "
-            "false, 'READY', 0, 0, 0, 1, '[]', '{}', '[]', '[]', clock_timestamp())",
-            [priority, shard],
-        )
+    job_factory(len(jobs), shard=lambda i: jobs[i][0], priority=lambda i: jobs[i][1])
 
 
 @pytest.fixture
 def worker():
     """Shards 0..7 held by a fresh worker id; its store; jobs deleted afterwards."""
-    ensure_shards()
-    worker = str(uuid.uuid4())
-    sql(
-        "UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1, "
-        "lease_expires = clock_timestamp() + interval '1 minute' WHERE shard < %s",
-        [worker, SHARDS],
-    )
+    worker, _ = leased_shard_factory(range(SHARDS))
     store = WorkerStore(application_name="test-claim-order")
     yield worker, store
     store.close()

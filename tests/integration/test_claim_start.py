@@ -2,21 +2,15 @@
 hand-back takes such a start back: the row reads as if never claimed."""
 
 import json
-import uuid
 
 import pytest
 from django.db import connection
 
 from shardq.db.store import WorkerStore, fields_row
 from shardq.worker.jobs import ClaimedJob
+from tests.helpers import job_factory, leased_shard_factory, sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def sql(query, params=None):
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall() if cursor.description else None
 
 
 @pytest.fixture
@@ -24,15 +18,7 @@ def shard0():
     """Shard 0 held by a fresh worker id; five READY jobs there: priorities
     50, 40, 30 (one of them ordered), 20 (delayed 0.2 s) and 10 (lost a worker
     once, last attempted an hour ago)."""
-    from shardq.db.store import ensure_shards
-
-    ensure_shards()
-    worker = str(uuid.uuid4())
-    sql(
-        "UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1, "
-        "lease_expires = clock_timestamp() + interval '1 minute' WHERE shard = 0",
-        [worker],
-    )
+    worker, _ = leased_shard_factory([0])
     ids = {}
     for name, priority, ordered, delay, losses in [
         ("p50", 50, False, 0, 0),
@@ -41,15 +27,12 @@ def shard0():
         ("p20_delayed", 20, False, 0.2, 0),
         ("p10_lost", 10, False, 0, 1),
     ]:
-        [(ids[name],)] = sql(
-            "INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, "
-            "shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, "
-            "worker_ids, enqueued_at, worker_losses, last_attempted_at) "
-            "VALUES ('tests.taskapp.tasks.noop', 'default', 'default', %s, "
-            "clock_timestamp() + make_interval(secs => %s), 0, 0, CASE WHEN %s THEN 'k' END, %s, 'READY', 0, 0, "
-            "0, 1, '[]', '{}', '[]', '[]', clock_timestamp(), %s, "
-            "CASE WHEN %s > 0 THEN clock_timestamp() - interval '1 hour' END) RETURNING id",
-            [priority, delay, ordered, ordered, losses, losses],
+        [ids[name]] = job_factory(
+            priority=priority,
+            ordered=ordered,
+            delay=delay,
+            worker_losses=losses,
+            last_attempted_ago=3600 if losses else None,
         )
     yield worker, ids
     sql("DELETE FROM shardq_job WHERE id = ANY(%s)", [list(ids.values())])

@@ -9,19 +9,12 @@ import os
 import threading
 
 import pytest
-from django.db import connection
 
 import shardq
 from shardq.db.store import ensure_shards
 from shardq.worker.runtime import Worker
-from tests.conftest import wait_until
+from tests.helpers import sql, wait_until
 from tests.taskapp import tasks
-
-
-def sql(query, params=None):
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall() if cursor.description else None
 
 
 @pytest.fixture
@@ -34,6 +27,7 @@ def paused_claim():
     worker.leaser.tick()
     assert len(worker.leaser.held) == 64
     worker.completer.start()
+    worker.handback.start()
     real_claim = worker.fetcher.store.claim_jobs
     committed, proceed = threading.Event(), threading.Event()
 
@@ -57,6 +51,7 @@ def paused_claim():
         proceed.set()
         fetch.join(timeout=30)
         worker.completer.stop(deadline=0)
+        worker.handback.stop(deadline=0)
         for store in worker.store.values():
             store.close()
 

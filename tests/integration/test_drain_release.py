@@ -10,18 +10,11 @@ the release statement, before it commits.
 
 import os
 
-from django.db import connection
-
 import shardq
 from shardq.db.store import ensure_shards
 from shardq.worker.runtime import Worker
+from tests.helpers import sql
 from tests.taskapp import tasks
-
-
-def sql(query, params=None):
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall() if cursor.description else None
 
 
 def test_a_claim_during_a_drain_release_takes_no_job_of_that_shard(transactional_db):
@@ -31,6 +24,7 @@ def test_a_claim_during_a_drain_release_takes_no_job_of_that_shard(transactional
     worker.leaser.tick()
     assert len(worker.leaser.held) == 64
     worker.completer.start()
+    worker.handback.start()
     try:
         shardq.enqueue_many(tasks.add, [((i, i), {}) for i in range(200)])
         shard = sql("SELECT shard FROM shardq_job GROUP BY shard ORDER BY count(*) DESC LIMIT 1")[0][0]
@@ -54,5 +48,6 @@ def test_a_claim_during_a_drain_release_takes_no_job_of_that_shard(transactional
         assert sql("SELECT count(*) FROM shardq_job WHERE status = 'CLAIMED'")[0][0] > 0, "other shards were claimed"
     finally:
         worker.completer.stop(deadline=0)
+        worker.handback.stop(deadline=0)
         for store in worker.store.values():
             store.close()

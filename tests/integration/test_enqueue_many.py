@@ -9,9 +9,10 @@ from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
 import shardq
+from tests.helpers import job_row
 from tests.taskapp.tasks import add, keyed
 
-from .conftest import job_count, job_row
+from .conftest import job_count
 
 pytestmark = pytest.mark.django_db
 

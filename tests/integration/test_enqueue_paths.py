@@ -19,10 +19,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import shardq
-from shardq.backend import _statement_cursor
+from shardq.db.enqueue import _statement_cursor
+from tests.helpers import job_row
 from tests.taskapp.tasks import add, echo, keyed, noop
 
-from .conftest import job_count, job_row
+from .conftest import job_count
 
 
 class Rollback(Exception):
@@ -346,10 +347,10 @@ def test_an_invalid_call_stores_nothing_and_runs_no_statement(sent):
 def corrupt_last_row(monkeypatch):
     """Every COPY's row with args [666] gets invalid JSON: the server rejects
     the COPY after taking in the rows before it."""
-    import shardq.backend
+    import shardq.db.enqueue
 
-    real = shardq.backend._copy_json
-    monkeypatch.setattr(shardq.backend, "_copy_json", lambda text: "[666" if text == "[666]" else real(text))
+    real = shardq.db.enqueue.copy_json
+    monkeypatch.setattr(shardq.db.enqueue, "copy_json", lambda text: "[666" if text == "[666]" else real(text))
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,9 +13,8 @@ from django.db import connection
 import shardq
 from shardq import shard_task
 from shardq.core.hashing import shard_key_hash
+from tests.helpers import job_row
 from tests.taskapp.tasks import keyed, noop
-
-from .conftest import job_row
 
 pytestmark = pytest.mark.django_db
 

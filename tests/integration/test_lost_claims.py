@@ -3,42 +3,23 @@ connection died in between) leaves jobs CLAIMED (or, for the jobs the claim
 started, RUNNING) under the worker's current fence; after a failed claim the
 fetcher finds and hands back such jobs."""
 
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 import shardq
-from shardq.worker.runtime import Worker
-from tests.conftest import wait_until
+from tests.helpers import in_process_worker, sql, wait_until
 from tests.taskapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def sql(query, params=None):
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall() if cursor.description else None
-
-
 @pytest.fixture
 def worker():
     """A worker running in this process, holding all 64 shards."""
-    from shardq.db.store import ensure_shards
-
-    ensure_shards()
-    worker = Worker(concurrency=2)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        wait_until(lambda: len(worker.leaser.held) == 64, timeout=30)
+    with in_process_worker(concurrency=2) as worker:
         yield worker
-    finally:
-        worker.request_stop()
-        thread.join(timeout=60)
 
 
 def lost_claim(worker, args, **columns):

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 import shardq
 from shardq import metrics
 from shardq.db.store import WorkerStore
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.taskapp import tasks
 from tests.workers import ROOT
 

@@ -9,7 +9,7 @@ import shardq
 from shardq.conf import get_config
 from shardq.db.queries import QUERIES
 from shardq.worker.fetcher import parse_notify
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.taskapp.tasks import add, unique_report
 
 from .conftest import execute

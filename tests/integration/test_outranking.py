@@ -8,42 +8,24 @@ while jobs pile up started ahead of it, so the order is decided while
 nothing runs: no timing in the assertions.
 """
 
-import threading
-
 import pytest
-from django.db import connection
 
 import shardq
-from shardq.worker.runtime import Worker
-from tests.conftest import wait_until
+from tests.helpers import in_process_worker, sql, wait_until
 from tests.taskapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def sql(query, params=None):
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall() if cursor.description else None
-
-
 @pytest.fixture
 def worker():
     """One thread, all 64 shards; the gate is open again afterwards."""
-    from shardq.db.store import ensure_shards
-
-    ensure_shards()
     tasks.GATE.clear()
-    worker = Worker(concurrency=1)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        wait_until(lambda: len(worker.leaser.held) == 64, timeout=30)
-        yield worker
-    finally:
-        tasks.GATE.set()
-        worker.request_stop()
-        thread.join(timeout=60)
+    with in_process_worker(concurrency=1) as worker:
+        try:
+            yield worker
+        finally:
+            tasks.GATE.set()  # before the worker stops: a gated task would hold it
 
 
 def status(result) -> str:

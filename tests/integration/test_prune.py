@@ -4,18 +4,12 @@ import io
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
 
 import shardq
+from tests.helpers import sql
 from tests.taskapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def sql(query, params=None):
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall() if cursor.description else None
 
 
 def jobs_in(status: str, finished_hours_ago: float | None, n: int = 1) -> set[int]:

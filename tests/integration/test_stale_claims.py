@@ -4,18 +4,12 @@ owner's sweep puts them back (the claim takes no lock on shard rows)."""
 import uuid
 
 import pytest
-from django.db import connection
 
 import shardq
 from shardq.db.store import WorkerStore
 from shardq.worker.jobs import Outcome
+from tests.helpers import leased_shard_factory, sql
 from tests.taskapp import tasks
-
-
-def sql(query, params=None):
-    with connection.cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall() if cursor.description else None
 
 
 @pytest.mark.django_db(transaction=True)
@@ -30,12 +24,8 @@ def test_a_late_claim_under_a_superseded_version_is_never_acked_and_is_swept_bac
             store_a.register_worker(worker, "test", 1, [])
         [result] = shardq.enqueue_many(tasks.ledger, [((), {"n": 7})])  # max_attempts=5
         shard = sql("SELECT shard FROM shardq_job WHERE id = %s", [int(result.id)])[0][0]
-        sql(
-            "UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1, "
-            "lease_expires = clock_timestamp() + interval '30 seconds' WHERE shard = %s",
-            [a, shard],
-        )
-        old_version = sql("SELECT claim_version FROM shardq_shard WHERE shard = %s", [shard])[0][0]
+        _, versions = leased_shard_factory([shard], worker=a, lease_seconds=30)
+        old_version = versions[shard]
         # A's lease expires and B takes the shard over (a new version, from the sequence) ...
         sql("UPDATE shardq_shard SET lease_expires = clock_timestamp() - interval '1 second' WHERE shard = %s", [shard])
         taken = {row["shard"]: row["claim_version"] for row in store_b.claim_shards(b, 64, 30.0, 64, 3)}

@@ -12,8 +12,7 @@ from django.tasks.signals import task_finished, task_started
 
 import shardq
 from shardq.backend import ShardqBackend
-from shardq.worker.runtime import Worker
-from tests.conftest import wait_until
+from tests.helpers import in_process_worker, wait_until
 from tests.taskapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,18 +21,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def worker():
     """A worker running in this process, holding all 64 shards."""
-    from shardq.db.store import ensure_shards
-
-    ensure_shards()
-    worker = Worker(concurrency=2)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        wait_until(lambda: len(worker.leaser.held) == 64, timeout=30)
+    with in_process_worker(concurrency=2) as worker:
         yield worker
-    finally:
-        worker.request_stop()
-        thread.join(timeout=60)
 
 
 class Received:

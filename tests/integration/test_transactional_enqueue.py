@@ -4,9 +4,10 @@ import pytest
 from django.db import transaction
 
 import shardq
+from tests.helpers import job_row
 from tests.taskapp.tasks import add, keyed
 
-from .conftest import job_count, job_row
+from .conftest import job_count
 
 
 class Rollback(Exception):

@@ -23,7 +23,7 @@ import shardq
 from shardq import shard_task
 from shardq.backend import UNIQUE_CACHE_MARGIN_SECONDS, ShardqBackend
 from shardq.tasks import compute_unique_key
-from tests.conftest import wait_until
+from tests.helpers import job_row, wait_until
 from tests.taskapp.tasks import (
     unique_brief,
     unique_invoice,
@@ -32,7 +32,7 @@ from tests.taskapp.tasks import (
     unique_report,
 )
 
-from .conftest import execute, job_row, reset_task_backends
+from .conftest import execute, reset_task_backends
 
 
 class Rollback(Exception):

@@ -17,7 +17,8 @@ from shardq import Workflow, WorkflowError, cancel
 from shardq.conf import get_config
 from shardq.db import operations
 from shardq.db.store import WorkerStore
-from tests.integration.conftest import execute, job_count, job_row
+from tests.helpers import job_row, wait_until
+from tests.integration.conftest import execute, job_count
 from tests.taskapp.tasks import wf_fan_in, wf_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -264,7 +265,6 @@ def test_a_resolver_that_dies_midway_leaves_its_parents_for_the_next_pass(second
     thread = threading.Thread(target=run)
     thread.start()
     pid = store.conn.info.backend_pid if store.conn else None
-    from tests.conftest import wait_until
 
     pid = wait_until(lambda: store.conn and store.conn.info.backend_pid)
     wait_until(

@@ -17,11 +17,10 @@ from shardq.backend import MAX_ARGUMENT_DEPTH
 from shardq.db.store import connect, listen_statement
 from shardq.exceptions import ArgumentNotJSON
 from shardq.tasks import compute_unique_key
-from tests.conftest import wait_until
+from tests.helpers import job_row, wait_until
 from tests.integration.conftest import (
     execute,
     job_count,
-    job_row,
     reset_task_backends,
     shardq_settings,  # noqa: F401 (a fixture)
 )
@@ -403,7 +402,7 @@ def test_the_fast_signature_check_never_accepts_a_call_bind_refuses():
     import inspect
     import itertools
 
-    from shardq.tasks import _Shape
+    from shardq.tasks.keys import _Shape
 
     def f1(a, b=1): ...
     def f2(a, *args, c, d=2, **kw): ...

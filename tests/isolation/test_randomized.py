@@ -14,8 +14,8 @@ import pytest
 from django.tasks.exceptions import InvalidTask
 
 import shardq
-from tests.conftest import wait_until
 from tests.faults.harness import figures, size
+from tests.helpers import wait_until
 from tests.taskapp import fault_tasks
 from tests.taskapp import isolation_tasks as t
 from tests.workers import query, scalar

@@ -17,7 +17,7 @@ import time
 import pytest
 
 import shardq
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.taskapp import isolation_tasks as t
 from tests.workers import alive, query, scalar
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import shardq
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.taskapp import isolation_tasks as t
 from tests.workers import query, scalar, status_counts, wait_drained, worker_id_of, worker_stats
 
@@ -231,11 +231,13 @@ def test_spoofed_notifies_neither_deafen_nor_flood_a_worker(workers):
     me = worker_id_of(w.pid)
     wait_until(lambda: scalar("SELECT count(*) FROM shardq_shard WHERE owner::text = %s", [me]) == 64, timeout=30)
     # The Listener connects on its own thread: send nothing before it listens
-    # on both channels (its last statement is the second LISTEN).
+    # on both channels (its last statement is the second LISTEN, done: a
+    # LISTEN still running takes effect at its commit, and a NOTIFY sent
+    # before that is not delivered to it).
     wait_until(
         lambda: scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardq-listener' "
-            "AND query LIKE 'LISTEN%%shardq_lease%%'"
+            "AND query LIKE 'LISTEN%%shardq_lease%%' AND state = 'idle'"
         ),
         timeout=30,
         message="the worker's Listener to listen",

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.packaging.wheels import (
     REPO,
     admin_connection,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.helpers import wait_until
 from tests.packaging.wheels import (
     admin_connection,
     dependency_closure,

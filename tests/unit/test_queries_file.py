@@ -28,3 +28,23 @@ def test_worker_liveness_is_one_definition_shared_by_the_status_statements():
     assert definition in QUERIES["status_workers"] and definition in QUERIES["status_pools"]
     text, params = positional("worker_liveness", {"ttl": 30.0})
     assert "%(" not in text and params == [30.0]
+
+
+def test_every_block_says_what_it_does_in_lines_a_reader_can_read():
+    from pathlib import Path
+
+    import shardq.db.queries
+
+    text = Path(shardq.db.queries.__file__).with_name("queries.sql").read_text().splitlines()
+    blocks = [i for i, line in enumerate(text) if line.startswith("-- name:")]
+    assert len(blocks) == len(QUERIES)
+    for i in blocks:
+        assert text[i + 1].startswith("-- ") and len(text[i + 1]) > 10, f"{text[i]} has no description"
+    too_long = [(n + 1, len(line)) for n, line in enumerate(text) if line.startswith("--") and len(line) > 120]
+    assert too_long == [], f"comment lines over 120 characters (line, length): {too_long}"
+
+
+def test_a_description_over_several_lines_is_not_part_of_the_statement(tmp_path):
+    path = tmp_path / "q.sql"
+    path.write_text("-- name: a\n-- Says what it does,\n-- over two lines.\nSELECT 1;\n")
+    assert load(path)["a"] == "SELECT 1"

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from shardq.core.rwlock import RWLock
-from tests.conftest import wait_until as shared_wait_until
+from tests.helpers import wait_until as shared_wait_until
 
 
 def wait_until(predicate, timeout=5.0, interval=0.001):

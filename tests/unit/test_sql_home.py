@@ -3,12 +3,8 @@ run by shardq/db/store.py (the worker's connections) or
 shardq/db/operations.py (a Django connection). This test fails when a module
 elsewhere in the package runs SQL itself.
 
-Two places still do, each named with the reason (issue 11 says what is left):
-the enqueue path, which runs its prepared INSERT, the unique-key INSERT and
-the bulk COPY on a cursor it keeps on the caller's raw psycopg connection
-(the hot path of ``task.enqueue()``, measured in benchmarks.md), and the
-listener, which runs the LISTEN statements that shardq/db builds
-(``store.listen_statement``, identifiers quoted) on its own connection.
+None does: the enqueue path's prepared INSERT and bulk COPY run through
+shardq/db/enqueue.py, the listener's LISTEN through store.listen.
 """
 
 import re
@@ -23,11 +19,6 @@ PACKAGE = Path(shardq.__file__).resolve().parent
 RUNS_SQL = re.compile(
     r"QUERIES\[|cursor\.execute\(|conn\.execute\(|cursor\.copy\(|connection\.cursor\(|\]\.cursor\(|\.raw\(|\.extra\("
 )
-
-STILL_ALLOWED = {
-    "backend.py": {"QUERIES[", "cursor.execute(", "cursor.copy("},
-    "worker/fetcher.py": {"conn.execute("},
-}
 
 
 def offenders() -> dict[str, set[str]]:
@@ -44,26 +35,11 @@ def offenders() -> dict[str, set[str]]:
 
 
 def test_no_module_outside_shardq_db_runs_sql():
-    extra = {
-        module: sorted(kinds - STILL_ALLOWED.get(module, set()))
-        for module, kinds in offenders().items()
-        if kinds - STILL_ALLOWED.get(module, set())
-    }
+    extra = {module: sorted(kinds) for module, kinds in offenders().items()}
     assert extra == {}, (
         f"SQL run outside shardq/db: {extra}. Add a named block to shardq/db/queries.sql and run it "
         "through shardq.db.operations.run (a Django connection) or WorkerStore (a worker's)."
     )
-
-
-def test_the_allowances_are_still_needed():
-    # An allowance nobody uses any more must go, so this list only shrinks.
-    found = offenders()
-    unused = {
-        module: sorted(kinds - found.get(module, set()))
-        for module, kinds in STILL_ALLOWED.items()
-        if kinds - found.get(module, set())
-    }
-    assert unused == {}, f"remove these from STILL_ALLOWED: {unused}"
 
 
 def test_the_pattern_sees_sql_run_the_usual_ways(tmp_path):

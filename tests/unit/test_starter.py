@@ -71,7 +71,7 @@ def starter():
         worker_id="w",
         buffer=buffer,
         leaser=everything,  # type: ignore[arg-type]
-        completer=everything,  # type: ignore[arg-type]
+        handback=everything,  # type: ignore[arg-type]
         fetcher=everything,  # type: ignore[arg-type]
         concurrency=1,
         task_seconds=lambda: 0.001,

@@ -1,0 +1,676 @@
+"""Jobs: lists and filters, arguments shown redacted, and the two
+dead-letter actions (Retry, Discard), each one compare-and-set statement."""
+
+import json
+
+from django.contrib import admin, messages
+from django.contrib.admin import ActionLocation, helpers
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import (
+    Case,
+    F,
+    JSONField,
+    Q,
+    When,
+)
+from django.db.models.constants import LOOKUP_SEP
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Coalesce
+from django.http import Http404, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, path, reverse
+from django.utils.html import format_html, format_html_join
+
+from .. import charts
+from ..conf import get_config
+from ..db import operations
+from ..models import Job
+from .common import (
+    ARGUMENTS_MAX_BYTES,
+    ERRORS_SHOWN_EACH_END,
+    EXCERPT_CHARS,
+    ClockTimestamp,
+    ShardqModelAdmin,
+    _pre,
+    configured_queues,
+    excerpt,
+    is_dead_lettered,
+    known_task_paths,
+    pretty_json,
+    seconds_between,
+    seconds_html,
+    short_json,
+    shown_key_task_paths,
+    task_of,
+    time_column,
+    truncate,
+    with_safe_times,
+)
+from .redaction import REDACTED, redact_arguments, shard_key_is_sensitive
+
+# Jobs drawn at most in a workflow graph (the ones with the lowest ids).
+WORKFLOW_GRAPH_LIMIT = 200
+
+# -- jobs --------------------------------------------------------------------
+
+
+class DeadLetterFilter(admin.SimpleListFilter):
+    """The dead-letter queue: FAILED with every attempt used."""
+
+    title = "dead-letter queue"
+    parameter_name = "dead_letter"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "dead-lettered (FAILED, out of attempts)"), ("no", "not dead-lettered")]
+
+    def queryset(self, request, queryset):
+        dead = Q(status="FAILED", attempts__gte=F("max_attempts"))
+        if self.value() == "yes":
+            return queryset.filter(dead)
+        if self.value() == "no":
+            return queryset.exclude(dead)
+        return queryset
+
+
+class QueueFilter(admin.SimpleListFilter):
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request, model_admin):
+        return [(q, q) for q in configured_queues()]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(queue_name=self.value()) if self.value() else queryset
+
+
+class TaskPathFilter(admin.SimpleListFilter):
+    title = "task"
+    parameter_name = "task"
+
+    def lookups(self, request, model_admin):
+        # From the task registry, not SELECT DISTINCT over the whole table.
+        return [(p, p) for p in known_task_paths()]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(task_path=self.value()) if self.value() else queryset
+
+
+BOTH_LOCATIONS = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
+
+# The job's timestamp columns, read through with_safe_times.
+TIMES = ("enqueued_at", "run_after", "started_at", "last_attempted_at", "finished_at")
+# Loaded only as bounded excerpts on the job's page (get_object).
+OUTCOME_FIELDS = ("return_value", "errors", "worker_ids")
+# No URL lookup on these (JobAdmin.lookup_allowed): arguments and outcomes
+# are redacted or bounded, a shard key (and its hash) may be sensitive.
+UNFILTERABLE_FIELDS = frozenset({"args", "kwargs", "return_value", "errors", "shard_key", "key_hash"})
+
+
+def bounded_json(column: str) -> RawSQL:
+    """``{"bytes": size of the value as JSON text, "value": the value when
+    that is at most ARGUMENTS_MAX_BYTES, else null}``: a large value is
+    never sent to the web process."""
+    return RawSQL(
+        f"(SELECT jsonb_build_object('bytes', octet_length(b.t), 'value', "
+        f"CASE WHEN octet_length(b.t) <= %s THEN b.v END) "
+        f"FROM (SELECT shardq_job.{column} AS v, shardq_job.{column}::text AS t) AS b)",
+        [ARGUMENTS_MAX_BYTES],
+        output_field=JSONField(),
+    )
+
+
+def json_excerpt(column: str) -> RawSQL:
+    """``{"text": the first EXCERPT_CHARS characters of the value as JSON
+    text, "chars": its length, "bytes": its size}``, or NULL for SQL NULL."""
+    return RawSQL(
+        f"(SELECT CASE WHEN b.t IS NOT NULL THEN jsonb_build_object('text', left(b.t, %s), "
+        f"'chars', char_length(b.t), 'bytes', octet_length(b.t)) END "
+        f"FROM (SELECT shardq_job.{column}::text AS t) AS b)",
+        [EXCERPT_CHARS],
+        output_field=JSONField(),
+    )
+
+
+def errors_excerpt() -> RawSQL:
+    """``{"count": N, "errors": [...]}``: the oldest and the newest
+    ERRORS_SHOWN_EACH_END errors, each with its class path and the first
+    EXCERPT_CHARS characters of its traceback (and the traceback's size);
+    an element that is not an object (an odd row) as its raw JSON text. A
+    value that is not an array counts as one error."""
+    return RawSQL(
+        """(WITH e AS (
+               SELECT x.e, x.n, count(*) OVER () AS total
+               FROM jsonb_array_elements(CASE WHEN jsonb_typeof(shardq_job.errors) = 'array'
+                                              THEN shardq_job.errors
+                                              ELSE jsonb_build_array(shardq_job.errors) END)
+                    WITH ORDINALITY AS x(e, n)
+           )
+           SELECT jsonb_build_object(
+               'count', COALESCE(max(e.total), 0),
+               'errors', COALESCE(jsonb_agg(
+                   CASE WHEN jsonb_typeof(e.e) = 'object' THEN jsonb_build_object(
+                       'n', e.n,
+                       'exception_class_path', left(e.e ->> 'exception_class_path', 300),
+                       'traceback', left(e.e ->> 'traceback', %s),
+                       'traceback_bytes', octet_length(e.e ->> 'traceback'))
+                   ELSE jsonb_build_object('n', e.n, 'raw', left(e.e::text, %s),
+                                           'raw_bytes', octet_length(e.e::text)) END
+                   ORDER BY e.n) FILTER (WHERE e.n <= %s OR e.n > e.total - %s), '[]'::jsonb))
+           FROM e)""",
+        [EXCERPT_CHARS, EXCERPT_CHARS, ERRORS_SHOWN_EACH_END, ERRORS_SHOWN_EACH_END],
+        output_field=JSONField(),
+    )
+
+
+NOT_PARSED = object()
+
+
+def parsed_excerpt(shown: dict):
+    """The value of a ``json_excerpt`` when the excerpt is all of it, else NOT_PARSED."""
+    if not isinstance(shown, dict) or shown.get("chars", 0) > EXCERPT_CHARS:
+        return NOT_PARSED
+    try:
+        return json.loads(shown.get("text") or "")
+    except ValueError:
+        return NOT_PARSED
+
+
+def excerpt_of_json(shown: dict) -> str:
+    """A ``json_excerpt`` for people: pretty-printed when it is whole, else
+    the first EXCERPT_CHARS characters and "… (N bytes)"."""
+    value = parsed_excerpt(shown)
+    if value is not NOT_PARSED:
+        return excerpt(pretty_json(value))
+    text = shown.get("text") or "" if isinstance(shown, dict) else ""
+    return f"{text}… ({shown.get('bytes')} bytes)"
+
+
+def worker_link_bare(worker_id):
+    """A worker id (one attempt's) linking to the worker's page; an odd value
+    (not a string, empty) shown as it is."""
+    if isinstance(worker_id, str) and worker_id:
+        try:
+            url = reverse("admin:shardq_worker_change", args=[worker_id])
+        except NoReverseMatch:
+            pass
+        else:
+            return format_html('<a href="{}">{}</a>', url, truncate(worker_id, 80))
+    return format_html('<span class="shardq-odd">{}</span>', truncate(short_json(worker_id), 80))
+
+
+@admin.register(Job)
+class JobAdmin(ShardqModelAdmin):
+    """Jobs: filters, search, redacted arguments, readable tracebacks, and the
+    dead-letter actions (Retry, Discard), each behind its own permission."""
+
+    list_display = (
+        "id",
+        "task_path",
+        "queue_name",
+        "status_display",
+        "attempts_display",
+        "shard",
+        "shard_key_display",
+        "arguments_display",
+        "enqueued_at_display",
+        "waited_display",
+        "ran_display",
+        "finished_at_display",
+    )
+    list_filter = ("status", DeadLetterFilter, QueueFilter, TaskPathFilter)
+    # The exact shard key is searched too (get_search_results), among the
+    # jobs whose key the admin shows only.
+    search_fields = ("=id", "task_path")
+    search_help_text = "A job id, part of a task path, or an exact shard key."
+    ordering = ("-id",)
+    actions = ["retry_failed", "discard_failed"]
+    fieldsets = (
+        (
+            None,
+            {"fields": ("id", "task_path", "status_display", "queue_name", "priority", "backend", "workflow_display")},
+        ),
+        ("Arguments", {"fields": ("args_display", "kwargs_display", "redaction")}),
+        ("Outcome", {"fields": ("return_value_display", "errors_display", "worker_ids_display")}),
+        (
+            "Shard and attempts",
+            {
+                "fields": (
+                    "shard",
+                    "shard_key_display",
+                    "key_hash_display",
+                    "ordered",
+                    "attempts",
+                    "max_attempts",
+                    "status_rank",
+                    "fence",
+                )
+            },
+        ),
+        (
+            "Times",
+            {
+                "fields": (
+                    "enqueued_at_display",
+                    "run_after_display",
+                    "started_at_display",
+                    "last_attempted_at_display",
+                    "finished_at_display",
+                    "waited_display",
+                    "ran_display",
+                    "total_display",
+                )
+            },
+        ),
+    )
+    readonly_fields = (
+        "status_display",
+        "workflow_display",
+        "args_display",
+        "kwargs_display",
+        "redaction",
+        "return_value_display",
+        "errors_display",
+        "worker_ids_display",
+        "shard_key_display",
+        "key_hash_display",
+        *(f"{name}_display" for name in TIMES),
+        "waited_display",
+        "ran_display",
+        "total_display",
+    )
+
+    def get_queryset(self, request):
+        # The stored values that may be large or odd are never loaded as
+        # they are: arguments only up to ARGUMENTS_MAX_BYTES (as JSON
+        # text), outcomes only as bounded excerpts (get_object), timestamps
+        # through with_safe_times (an infinite one cannot be loaded).
+        queryset = super().get_queryset(request).defer("args", "kwargs", *OUTCOME_FIELDS)
+        now = ClockTimestamp()
+        waiting = Q(status__in=["READY", "CLAIMED"])
+        return with_safe_times(queryset, TIMES).annotate(
+            args_bounded=bounded_json("args"),
+            kwargs_bounded=bounded_json("kwargs"),
+            # The pickup latency of the dashboard: from due (run_after) to
+            # the start of the final attempt; a job not started yet, so far.
+            waited_seconds=Case(
+                When(waiting & Q(run_after__lte=now), then=seconds_between(F("run_after"), now)),
+                When(waiting, then=None),
+                default=seconds_between(F("run_after"), Coalesce(F("last_attempted_at"), F("finished_at"))),
+            ),
+            # The final attempt's run: from its start to the outcome; a
+            # running job, so far.
+            ran_seconds=Case(
+                When(
+                    status__in=["SUCCESSFUL", "FAILED"], then=seconds_between(F("last_attempted_at"), F("finished_at"))
+                ),
+                When(status="RUNNING", then=seconds_between(F("last_attempted_at"), now)),
+                default=None,
+            ),
+            total_seconds=seconds_between(F("enqueued_at"), F("finished_at")),
+        )
+
+    def get_object(self, request, object_id, from_field=None):
+        """The job of the change page, with its outcome as bounded excerpts."""
+        queryset = self.get_queryset(request).annotate(
+            return_value_excerpt=json_excerpt("return_value"),
+            worker_ids_excerpt=json_excerpt("worker_ids"),
+            errors_excerpt=errors_excerpt(),
+        )
+        field = Job._meta.pk if from_field is None else Job._meta.get_field(from_field)
+        try:
+            return queryset.get(**{field.name: field.to_python(object_id)})
+        except (Job.DoesNotExist, ValidationError, ValueError):
+            return None
+
+    def lookup_allowed(self, lookup, value, request=None):
+        """No URL filter on what the admin hides or bounds: a lookup such as
+        ``?kwargs__password__startswith=a`` would tell a sensitive value
+        one guess at a time. Refused lookups are Django's
+        DisallowedModelAdminLookup (400)."""
+        if lookup.split(LOOKUP_SEP, 1)[0] in UNFILTERABLE_FIELDS:
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+    def get_search_results(self, request, queryset, search_term):
+        """Job id, part of a task path, or an exact shard key — the key only
+        of jobs whose key is shown (a registered task whose key is not
+        sensitive): a match would confirm a guessed hidden value."""
+        found, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        if term:
+            found = found | queryset.filter(shard_key=term, task_path__in=shown_key_task_paths())
+        return found, may_have_duplicates
+
+    def has_retry_permission(self, request):
+        return request.user.has_perm(f"{self.opts.app_label}.retry_job")
+
+    def has_discard_permission(self, request):
+        return request.user.has_perm(f"{self.opts.app_label}.discard_job")
+
+    # -- the workflow graph (issue 16) --
+
+    def get_urls(self):
+        info = self.opts.app_label, self.opts.model_name
+        graph = path(
+            "<path:object_id>/workflow/",
+            self.admin_site.admin_view(self.workflow_view),
+            name="{}_{}_workflow".format(*info),
+        )
+        return [graph, *super().get_urls()]
+
+    @admin.display(description="workflow")
+    def workflow_display(self, obj):
+        """A link to the graph of the workflow the job belongs to (— for a job with no edges)."""
+        if not operations.run("has_edges", {"id": obj.pk}, fetch="one")[0]:
+            return "—"
+        url = reverse("admin:shardq_job_workflow", args=[obj.pk])
+        return format_html('<a href="{}" class="shardq-workflow-link">{} graph</a>', url, obj.workflow or "workflow")
+
+    def workflow_view(self, request, object_id):
+        """The jobs connected to this one by edges, as a server-drawn SVG:
+        each job's status and task, each edge an arrow from parent to child."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        job = self.get_object(request, object_id)
+        if job is None:
+            raise Http404(f"No job with the id {object_id!r}.")
+        rows = operations.run("workflow_graph", {"id": job.pk, "limit": WORKFLOW_GRAPH_LIMIT})
+        nodes = []
+        edges = []
+        names = {}
+        for kind, first, child, status, task_path, _workflow, name in rows:
+            if kind == "node":
+                nodes.append(
+                    {
+                        "id": first,
+                        "status": status,
+                        "css": f"shardq-node-{str(status).lower()}",
+                        "task": truncate(str(task_path).rsplit(".", 1)[-1], 22),
+                        "url": reverse("admin:shardq_job_change", args=[first]),
+                        "current": first == job.pk,
+                    }
+                )
+            else:
+                edges.append((first, child))
+                names[(first, child)] = name
+        graph = charts.graph_layout(nodes, edges)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Workflow {job.workflow or ''} of job {job.pk}".replace("  ", " "),
+            "opts": self.opts,
+            "job": job,
+            "graph": graph,
+            "truncated": len(nodes) >= WORKFLOW_GRAPH_LIMIT,
+            "limit": WORKFLOW_GRAPH_LIMIT,
+            "statuses": sorted({n["status"] for n in nodes}),
+        }
+        return TemplateResponse(request, "admin/shardq/workflow.html", context)
+
+    # -- columns and fields --
+
+    @admin.display(description="status", ordering="status")
+    def status_display(self, obj):
+        if is_dead_lettered(obj):
+            return format_html(
+                '<span class="shardq-badge shardq-dead" data-status="{}">{}</span>', "FAILED", "FAILED · dead-letter"
+            )
+        return format_html(
+            '<span class="shardq-badge shardq-{}" data-status="{}">{}</span>',
+            obj.status.lower(),
+            obj.status,
+            obj.status,
+        )
+
+    enqueued_at_display = time_column("enqueued_at", "enqueued at")
+    run_after_display = time_column("run_after", "run after")
+    started_at_display = time_column("started_at", "started at")
+    last_attempted_at_display = time_column("last_attempted_at", "last attempted at")
+    finished_at_display = time_column("finished_at", "finished at")
+
+    @admin.display(description="waited")
+    def waited_display(self, obj):
+        """How long it waited once due for its final attempt to start (so far, when it has not started)."""
+        if obj.waited_seconds is None:
+            return "—"
+        if obj.status in ("READY", "CLAIMED"):
+            return format_html(
+                '{}<span class="shardq-so-far" title="not started yet: so far">…</span>',
+                seconds_html(obj.waited_seconds),
+            )
+        return seconds_html(obj.waited_seconds)
+
+    @admin.display(description="ran")
+    def ran_display(self, obj):
+        """How long its final attempt ran (so far, while it runs)."""
+        if obj.ran_seconds is None:
+            return "—"
+        if obj.status == "RUNNING":
+            return format_html(
+                '{}<span class="shardq-so-far" title="running: so far">…</span>', seconds_html(obj.ran_seconds)
+            )
+        return seconds_html(obj.ran_seconds)
+
+    @admin.display(description="enqueued → finished")
+    def total_display(self, obj):
+        return seconds_html(obj.total_seconds)
+
+    @admin.display(description="attempts")
+    def attempts_display(self, obj):
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="shard key")
+    def shard_key_display(self, obj):
+        if obj.shard_key is None:
+            return "—"
+        if shard_key_is_sensitive(task_of(obj.task_path)):
+            return REDACTED
+        return truncate(obj.shard_key, 60)
+
+    @admin.display(description="key hash")
+    def key_hash_display(self, obj):
+        # The 32-bit hash of a sensitive key would let a guess be checked.
+        if obj.shard_key is not None and shard_key_is_sensitive(task_of(obj.task_path)):
+            return REDACTED
+        return obj.key_hash
+
+    def _shown_arguments(self, obj):
+        """(args, kwargs) redacted, or None when they are too large to load."""
+        args, kwargs = obj.args_bounded, obj.kwargs_bounded
+        if not isinstance(args, dict) or not isinstance(kwargs, dict):
+            return None
+        if args.get("bytes", 0) > ARGUMENTS_MAX_BYTES or kwargs.get("bytes", 0) > ARGUMENTS_MAX_BYTES:
+            return None
+        return redact_arguments(task_of(obj.task_path), args.get("value"), kwargs.get("value"))
+
+    def _too_large(self, obj) -> str:
+        sizes = [(obj.args_bounded or {}).get("bytes"), (obj.kwargs_bounded or {}).get("bytes")]
+        return (
+            f"(arguments too large to show: {sizes[0]} bytes of args, {sizes[1]} bytes of kwargs; "
+            f"at most {ARGUMENTS_MAX_BYTES} bytes each are shown)"
+        )
+
+    @admin.display(description="arguments")
+    def arguments_display(self, obj):
+        shown = self._shown_arguments(obj)
+        if shown is None:
+            return self._too_large(obj)
+        args, kwargs = shown
+        parts = []
+        parts += [short_json(a) for a in args] if isinstance(args, list) else [short_json(args)]
+        if isinstance(kwargs, dict):
+            parts += [f"{k}={short_json(v)}" for k, v in kwargs.items()]
+        else:
+            parts.append(short_json(kwargs))
+        return format_html('<code class="shardq-args">{}</code>', truncate(", ".join(parts)))
+
+    @admin.display(description="args")
+    def args_display(self, obj):
+        shown = self._shown_arguments(obj)
+        return self._too_large(obj) if shown is None else _pre(excerpt(pretty_json(shown[0])))
+
+    @admin.display(description="kwargs")
+    def kwargs_display(self, obj):
+        shown = self._shown_arguments(obj)
+        return self._too_large(obj) if shown is None else _pre(excerpt(pretty_json(shown[1])))
+
+    @admin.display(description="redaction")
+    def redaction(self, obj):
+        task = task_of(obj.task_path)
+        if task is None:
+            return (
+                f"The task {obj.task_path} is not defined in this process, so which arguments "
+                "are sensitive is unknown: every argument is hidden."
+            )
+        marked = getattr(task, "sensitive", ())
+        if marked is True:
+            return "Every argument is marked sensitive (sensitive=True)."
+        if marked:
+            return "Marked sensitive: " + ", ".join(marked) + "."
+        return "No argument is marked sensitive."
+
+    @admin.display(description="return value")
+    def return_value_display(self, obj):
+        shown = getattr(obj, "return_value_excerpt", None)
+        if shown is None:  # SQL NULL: no return value (yet)
+            return "—"
+        return _pre(excerpt_of_json(shown))
+
+    @admin.display(description="errors (oldest first)")
+    def errors_display(self, obj):
+        shown = getattr(obj, "errors_excerpt", None) or {}
+        errors, count = shown.get("errors") or [], shown.get("count") or 0
+        if not errors:
+            return "none"
+        items = []
+        for error in errors:
+            if "raw" in error:  # not an object: the raw JSON
+                path, text = "?", excerpt(error["raw"] or "", error.get("raw_bytes"))
+            else:
+                path = truncate(str(error.get("exception_class_path") or "?"), 300)
+                text = excerpt(error.get("traceback") or "", error.get("traceback_bytes"))
+            items.append((error.get("n"), path, text))
+        html = format_html_join(
+            "",
+            '<div class="shardq-error"><strong>#{} {}</strong><pre class="shardq-pre shardq-traceback">{}</pre></div>',
+            items,
+        )
+        if count > len(errors):
+            html = format_html(
+                "{}<p>{} errors in all: the oldest and the newest {} are shown.</p>", html, count, ERRORS_SHOWN_EACH_END
+            )
+        return html
+
+    @admin.display(description="worker ids (one per attempt)")
+    def worker_ids_display(self, obj):
+        shown = getattr(obj, "worker_ids_excerpt", None)
+        if not shown:
+            return "none"
+        ids = parsed_excerpt(shown)
+        if ids is NOT_PARSED or not isinstance(ids, list):
+            return _pre(excerpt_of_json(shown))  # an odd row: the raw value, bounded
+        if not ids:
+            return "none"
+        return format_html_join(", ", "{}", ((worker_link_bare(w),) for w in ids))
+
+    # -- dead-letter actions --
+
+    @admin.action(
+        description="Retry selected FAILED jobs (READY now, fresh attempts)",
+        permissions=["retry"],
+        location=BOTH_LOCATIONS,
+    )
+    def retry_failed(self, request, queryset):
+        if not self.has_retry_permission(request):  # the action list already hides it
+            raise PermissionDenied
+        ids, requested = self._selection(request, queryset)
+        config = get_config()
+        done = []
+        if ids:
+            with transaction.atomic():
+                # One compare-and-set UPDATE (status = 'FAILED'); workers are
+                # woken through the shard's NOTIFY when this commits.
+                rows = operations.run(
+                    "admin_retry_failed_jobs", {"ids": ids, "notify": config.notify, "channel": config.channel}
+                )
+                done = [(row[0], row[1]) for row in rows]
+                # Workflow children these jobs cancelled (ParentFailed), and
+                # theirs, wait again (shardq/workflows.py).
+                revived = operations.run("revive_children", {"ids": [job_id for job_id, _ in done]})
+                self._log(request, done, CHANGE, "Retried from the admin: READY with a fresh attempt budget.")
+                if revived:
+                    messages.info(
+                        request,
+                        f"{len(revived)} workflow job(s) these had cancelled wait for them again: "
+                        + ", ".join(str(row[0]) for row in sorted(revived)[:20]),
+                    )
+        self._report(request, "Retried", "now READY with a fresh attempt budget", requested, done)
+
+    @admin.action(
+        description="Discard (delete) selected FAILED jobs",
+        permissions=["discard"],
+        location=BOTH_LOCATIONS,
+    )
+    def discard_failed(self, request, queryset):
+        if not self.has_discard_permission(request):
+            raise PermissionDenied
+        ids, requested = self._selection(request, queryset)
+        done = []
+        if ids:
+            with transaction.atomic():
+                # One compare-and-set DELETE (status = 'FAILED').
+                done = [(row[0], row[1]) for row in operations.run("admin_discard_failed_jobs", {"ids": ids})]
+                self._log(request, done, DELETION, "Discarded from the admin.")
+        self._report(request, "Discarded", "deleted", requested, done)
+        match = request.resolver_match
+        if done and match is not None and match.url_name == "shardq_job_change":
+            # Run from the job's own page, which is gone now: back to the list.
+            return HttpResponseRedirect(reverse("admin:shardq_job_changelist"))
+
+    @staticmethod
+    def _selection(request, queryset) -> tuple[list[int], set[int]]:
+        """The ids to act on (the selection within the page's filters, as
+        Django hands it over) and the ids the operator asked for: a job
+        ticked while FAILED may have left the filtered list by now (another
+        operator retried it), and is reported as skipped rather than
+        silently dropped."""
+        ids = list(queryset.values_list("id", flat=True))
+        requested = set(ids)
+        if request.POST.get("select_across") != "1":
+            requested.update(int(v) for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME) if v.isdigit())
+        return ids, requested
+
+    def _log(self, request, rows, flag, message):
+        """One admin history entry a job written (in the action's transaction)."""
+        if not rows:
+            return
+        content_type = ContentType.objects.get_for_model(Job)
+        LogEntry.objects.bulk_create(
+            LogEntry(
+                user_id=request.user.pk,
+                content_type_id=content_type.pk,
+                object_id=str(job_id),
+                object_repr=f"{task_path}#{job_id}"[:200],
+                action_flag=flag,
+                change_message=message,
+            )
+            for job_id, task_path in rows
+        )
+
+    def _report(self, request, verb, outcome, selected, done):
+        done_ids = {job_id for job_id, _ in done}
+        skipped = sorted(set(selected) - done_ids)
+        if done_ids:
+            noun = "job" if len(done_ids) == 1 else "jobs"
+            self.message_user(request, f"{verb} {len(done_ids)} {noun}: {outcome}.", messages.SUCCESS)
+        if skipped:
+            shown = ", ".join(f"#{i}" for i in skipped[:20]) + (" …" if len(skipped) > 20 else "")
+            noun = "job" if len(skipped) == 1 else "jobs"
+            self.message_user(
+                request,
+                f"Skipped {len(skipped)} {noun} not FAILED (any more): {shown}. Only FAILED jobs "
+                "can be retried or discarded; a job that changed meanwhile is left as it is.",
+                messages.WARNING,
+            )

@@ -1,0 +1,295 @@
+"""``@shard_task`` and its Task subclass: the options a task carries (keys,
+retries, order, uniqueness, salting, redaction marks), validated at definition."""
+
+import inspect
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Task
+from django.tasks.base import DEFAULT_TASK_PRIORITY
+from django.tasks.exceptions import InvalidTask
+
+from .. import conf
+from .keys import key_to_str
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Delay before retry ``n`` (1-based): ``min(cap, base ** n)`` seconds,
+    times a random factor in ``[1 - jitter, 1]`` so retries do not stampede."""
+
+    base: float = 2.0
+    cap: float = 600.0
+    jitter: float = 0.25
+
+    def delay(self, attempt: int) -> float:
+        raw = min(self.cap, self.base**attempt)
+        return raw * (1.0 - self.jitter * random.random())
+
+
+def exponential(base: float = 2.0, cap: float = 600.0, jitter: float = 0.25) -> Backoff:
+    if base < 1 or cap < 0 or not 0 <= jitter <= 1:
+        raise ValueError("exponential() needs base >= 1, cap >= 0 and 0 <= jitter <= 1")
+    return Backoff(base=base, cap=cap, jitter=jitter)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardTask(Task):
+    """A Django ``Task`` with a shard key, retries and per-key order.
+
+    ``key`` is the name of one of the function's arguments or a callable over
+    ``(args, kwargs)``; jobs with the same key land on the same shard (and, for
+    ``ordered=True``, run one after another). ``.using(shard_key=...)`` sets
+    the key of one call explicitly.
+
+    ``unique_for`` (seconds, or a ``timedelta``) makes the task unique: while
+    a job with the same unique key was enqueued less than ``unique_for`` ago,
+    ``enqueue`` stores nothing and returns that job's result. ``unique_key``
+    says what "the same" means: None (every argument), the name of one
+    argument, or a callable over ``(args, kwargs)``; see
+    ``compute_unique_key``.
+
+    ``salt=N`` spreads one hot key over N sub-keys (each job picks one at
+    random), so its jobs can run on up to N shards at once; it gives up the
+    key's order, so it cannot be combined with ``ordered=True``.
+
+    ``sensitive`` marks arguments the admin must not show: a tuple of
+    argument names, or True for every argument. Their values are stored as
+    usual (the task needs them) and shown as ``"[redacted]"``; see
+    ``redact_arguments``.
+    """
+
+    key: str | Callable[[tuple, dict], Any] | None = None
+    shard_key: str | None = None
+    max_attempts: int = 1
+    backoff: Backoff | None = None
+    ordered: bool = False
+    unique_for: float | timedelta | None = None
+    unique_key: str | Callable[[tuple, dict], Any] | None = None
+    sensitive: bool | tuple[str, ...] = ()
+    salt: int | None = None
+    # "retry": an attempt interrupted by a lost worker runs again
+    # (at-least-once, up to SHARDQ["MAX_WORKER_LOSSES"]); "fail": the job ends
+    # FAILED with WorkerLost instead (at-most-once, for tasks that must never
+    # run twice).
+    on_worker_lost: str = "retry"
+    # Seconds an attempt may run (a number or timedelta); None: the default,
+    # SHARDQ["TASK_TIMEOUT"]; math.inf: no limit whatever the default.
+    timeout: float | timedelta | None = None
+    # Workflows (shardq/workflows.py): jobs (TaskResults or their ids) this
+    # call waits for, and what to do when one of them ends FAILED: "cancel"
+    # (this job ends FAILED with ParentFailed) or "run" (it runs anyway and
+    # reads the failure in context.parent_results). Set with .using(after=...).
+    after: tuple[str, ...] = ()
+    on_parent_failure: str = "cancel"
+
+    @property
+    def timeout_seconds(self) -> float | None:
+        """The attempt's time limit in seconds (None: no limit), this task's
+        ``timeout`` or else ``SHARDQ["TASK_TIMEOUT"]``."""
+        if self.timeout is None:
+            return conf.get_config().task_timeout_seconds
+        return conf.timeout_seconds(self.timeout, "timeout")
+
+    @property
+    def unique_for_seconds(self) -> float | None:
+        """``unique_for`` in seconds (None: the task is not unique)."""
+        if self.unique_for is None:
+            return None
+        if isinstance(self.unique_for, timedelta):
+            return self.unique_for.total_seconds()
+        return float(self.unique_for)
+
+    def using(self, *, shard_key=None, timeout=None, after=None, on_parent_failure=None, **changes):
+        task = Task.using(self, **changes)
+        if shard_key is not None:
+            task = replace(task, shard_key=key_to_str(shard_key, "shard_key"))
+        if timeout is not None:
+            task = replace(task, timeout=timeout)  # validated by the backend, as at definition
+        if after is not None:
+            from ..workflows import parent_ids
+
+            task = replace(task, after=tuple(str(i) for i in parent_ids(after, "using(after=...)")))
+        if on_parent_failure is not None:
+            from ..workflows import check_on_parent_failure
+
+            task = replace(task, on_parent_failure=check_on_parent_failure(on_parent_failure))
+        return task
+
+
+def shard_task(
+    function=None,
+    *,
+    key=None,
+    priority=DEFAULT_TASK_PRIORITY,
+    queue_name=DEFAULT_TASK_QUEUE_NAME,
+    backend=DEFAULT_TASK_BACKEND_ALIAS,
+    takes_context=False,
+    max_attempts=1,
+    backoff=None,
+    ordered=False,
+    unique_for=None,
+    unique_key=None,
+    sensitive=(),
+    salt=None,
+    on_worker_lost="retry",
+    timeout=None,
+):
+    """Decorate a module-level function as a shardq task (see ``ShardTask``)."""
+    if isinstance(sensitive, (list, set, frozenset)):
+        sensitive = tuple(sensitive)
+
+    def wrapper(func):
+        return ShardTask(
+            func=func,
+            key=key,
+            priority=priority,
+            queue_name=queue_name,
+            backend=backend,
+            takes_context=takes_context,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            ordered=ordered,
+            unique_for=unique_for,
+            unique_key=unique_key,
+            sensitive=sensitive,
+            salt=salt,
+            on_worker_lost=on_worker_lost,
+            timeout=timeout,
+        )
+
+    if function is not None:
+        return wrapper(function)
+    return wrapper
+
+
+def validate_shard_options(task: Task) -> None:
+    """Definition-time checks of shardq's extra options (raises InvalidTask)."""
+    if not isinstance(task, ShardTask):
+        return
+    name = task.module_path
+    if task.key is not None:
+        if isinstance(task.key, str):
+            _check_argument_name(task, "key", task.key)
+        elif not callable(task.key):
+            raise InvalidTask(f"{name}: key must be an argument name or a callable, not {task.key!r}.")
+    if not isinstance(task.max_attempts, int) or isinstance(task.max_attempts, bool) or task.max_attempts < 1:
+        raise InvalidTask(f"{name}: max_attempts must be an int >= 1, not {task.max_attempts!r}.")
+    if task.backoff is not None and not isinstance(task.backoff, Backoff):
+        raise InvalidTask(f"{name}: backoff must come from shardq.exponential(...), not {task.backoff!r}.")
+    _check_unique_options(task)
+    _check_sensitive(task)
+    _check_salt(task)
+    if task.on_worker_lost not in ("retry", "fail"):
+        raise InvalidTask(
+            f"{name}: on_worker_lost must be 'retry' (run again, at-least-once) or 'fail' "
+            f"(at-most-once), not {task.on_worker_lost!r}."
+        )
+    _check_timeout(task)
+
+
+def _check_timeout(task: "ShardTask") -> None:
+    if task.timeout is None:
+        # The default applies: a bad SHARDQ["TASK_TIMEOUT"] fails here, at
+        # import, with ShardqConfigurationError, not in the worker.
+        from django.conf import settings
+
+        conf.default_timeout_seconds(getattr(settings, "SHARDQ", {}).get("TASK_TIMEOUT"))
+        return
+    try:
+        conf.timeout_seconds(task.timeout, "timeout")
+    except ValueError as exc:
+        raise InvalidTask(f"{task.module_path}: {exc}") from None
+
+
+# Sub-keys beyond the largest sensible shard count spread nothing further.
+SALT_MAX = 16384
+
+
+def _check_salt(task: "ShardTask") -> None:
+    salt = task.salt
+    if salt is None:
+        return
+    if not isinstance(salt, int) or isinstance(salt, bool) or not 2 <= salt <= SALT_MAX:
+        raise InvalidTask(
+            f"{task.module_path}: salt must be a whole number of sub-keys from 2 to {SALT_MAX} "
+            f"(e.g. salt=8), not {salt!r}; leave it out for a key that is not hot."
+        )
+    if task.ordered:
+        raise InvalidTask(
+            f"{task.module_path}: salt={salt} spreads a key's jobs over several shards, so they "
+            "cannot run in the key's order: drop ordered=True, or drop salt."
+        )
+
+
+def _check_argument_name(task: "ShardTask", option: str, value: str) -> None:
+    params = inspect.signature(task.func).parameters
+    if value not in params or (task.takes_context and value == "context"):
+        raise InvalidTask(
+            f"{task.module_path}: {option}={value!r} is not an argument of the function "
+            f"(its arguments: {', '.join(params) or 'none'}). Name one of them, "
+            f"or pass a callable {option}=lambda args, kwargs: ..."
+        )
+
+
+# The database adds unique_for to a timestamp: keep far from interval's range.
+UNIQUE_FOR_MAX_SECONDS = 100 * 365 * 86400
+
+
+def _check_unique_options(task: "ShardTask") -> None:
+    name = task.module_path
+    unique_for = task.unique_for
+    if unique_for is None:
+        if task.unique_key is not None:
+            raise InvalidTask(
+                f"{name}: unique_key={task.unique_key!r} has no effect without unique_for. "
+                "Add unique_for=<seconds or timedelta> (how long a key stays taken), or drop unique_key."
+            )
+        return
+    if isinstance(unique_for, timedelta):
+        seconds = unique_for.total_seconds()
+    elif isinstance(unique_for, (int, float)) and not isinstance(unique_for, bool):
+        seconds = float(unique_for)
+    else:
+        raise InvalidTask(
+            f"{name}: unique_for must be a number of seconds or a datetime.timedelta, not "
+            f"{unique_for!r}. E.g. unique_for=300 or unique_for=timedelta(minutes=5)."
+        )
+    if not math.isfinite(seconds) or not 0 < seconds <= UNIQUE_FOR_MAX_SECONDS:
+        raise InvalidTask(
+            f"{name}: unique_for must be a positive duration of at most 100 years, not "
+            f"{unique_for!r}. It is how long a job's unique key stays taken after enqueue, e.g. "
+            "unique_for=300; leave it out (None) for a task that is not unique."
+        )
+    if isinstance(task.unique_key, str):
+        _check_argument_name(task, "unique_key", task.unique_key)
+    elif task.unique_key is not None and not callable(task.unique_key):
+        raise InvalidTask(
+            f"{name}: unique_key must be None (every argument), the name of an argument, or a "
+            f"callable over (args, kwargs), not {task.unique_key!r}."
+        )
+
+
+def _check_sensitive(task: "ShardTask") -> None:
+    name = task.module_path
+    value = task.sensitive
+    if value is None or isinstance(value, bool):  # True: every argument; False/None: none
+        return
+    if not isinstance(value, tuple) or not all(isinstance(n, str) for n in value):
+        raise InvalidTask(
+            f"{name}: sensitive must be True (every argument) or a tuple of argument names, "
+            f"e.g. sensitive=('password',), not {value!r}."
+        )
+    params = inspect.signature(task.func).parameters
+    named = [n for n in params if not (task.takes_context and n == "context")]
+    for arg in value:
+        if arg not in named:
+            raise InvalidTask(
+                f"{name}: sensitive names {arg!r}, which is not an argument of the function "
+                f"(its arguments: {', '.join(named) or 'none'}). Name its arguments, e.g. "
+                f"sensitive=({(named or ['password'])[0]!r},), or sensitive=True for all of them."
+            )
