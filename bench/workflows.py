@@ -120,9 +120,14 @@ def drain(bench, args) -> None:
             runs[label].append(result)
             print(
                 f"drain round {round_ + 1} {label:8} wall {result['wall_rate']:8,.0f} jobs/s"
-                f"  steady {result['steady_rate'] or 0:8,.0f} jobs/s",
+                f"  steady {result['steady_rate'] or 0:8,.0f} jobs/s"
+                f"  worker CPU {result['cpu_us_per_job'] or 0:6,.0f} µs/job",
                 flush=True,
             )
+    for label, results in runs.items():
+        cpu = [r["cpu_us_per_job"] for r in results if r["cpu_us_per_job"]]
+        if cpu:
+            print(f"worker CPU per job beside {label}: median {statistics.median(cpu):,.0f} µs")
     for key in ("wall_rate", "steady_rate"):
         for other in ("none", "finished"):
             ratios = [w[key] / n[key] for w, n in zip(runs["waiting"], runs[other], strict=True)]
