@@ -144,7 +144,8 @@ def test_a_chain_child_starts_soon_after_its_parent_finishes(workers):
         f"\n[workflows] chain of {CHAIN} over 3 workers: finish->start p50 {percentile(latencies, 50):.1f} ms, "
         f"p99 {percentile(latencies, 99):.1f} ms, max {latencies[-1]:.1f} ms; load {os.getloadavg()[0]:.1f}"
     )
-    assert percentile(latencies, 50) < 1000
+    # Woken by the ack: a poll alone (every second) would make this about 500 ms.
+    assert percentile(latencies, 50) < 250
 
 
 CHAIN = 60
