@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench bench-cancel soak faults scale clean chromium lint
+.PHONY: demo test venv bench bench-cancel soak faults scale clean chromium lint workflows
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -54,6 +54,15 @@ faults: $(STAMP)
 # each test's figures line. `make test` runs the CI sizes.
 scale: $(STAMP)
 	SHARDQ_FULL_SCALE=1 $(PY) -m pytest -q -s tests/scale
+
+# Workflows at the issue's sizes (docs/workflows.md): the EXPLAIN test with
+# 1M WAITING rows, the 1 -> 9,998 -> 1 fan-out/fan-in over 3 workers, the
+# SIGKILL churn; then bench/workflows.py (graph enqueue against enqueue_many,
+# a drain beside 1M WAITING rows against none).
+workflows: $(STAMP)
+	SHARDQ_FULL_WORKFLOWS=1 SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q -s tests/integration/test_claim_plan.py \
+		tests/acceptance/test_workflows.py tests/faults/test_workflow_churn.py
+	$(PY) bench/workflows.py
 
 # bench/run.py --help for its flags (--only, --rounds, --no-docs, ...).
 bench: $(STAMP)

@@ -11,11 +11,16 @@ __all__ = [
     "Cancelled",
     "DatabaseUnavailable",
     "FenceLost",
+    "ParentFailed",
+    "RankedModel",
     "ShardTask",
     "ShardqError",
     "TaskTimeout",
     "UnknownTask",
     "WorkerLost",
+    "Workflow",
+    "WorkflowError",
+    "advance",
     "cancel",
     "complete_in_transaction",
     "enqueue_many",
@@ -40,6 +45,11 @@ _LAZY = {
     "complete_in_transaction": "shardq.completion",
     "fenced": "shardq.completion",
     "periodic": "shardq.cron",
+    "Workflow": "shardq.workflows",
+    "WorkflowError": "shardq.exceptions",
+    "ParentFailed": "shardq.exceptions",
+    "advance": "shardq.ranks",
+    "RankedModel": "shardq.ranks",
 }
 
 

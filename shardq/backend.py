@@ -189,6 +189,13 @@ class ShardqBackend(BaseTaskBackend):
 
     def enqueue(self, task, args, kwargs):
         params = self._validate_once(task)
+        if isinstance(task, ShardTask) and task.after:
+            # task.using(after=[...]): a graph of one job, WAITING on jobs that exist.
+            from .workflows import Workflow
+
+            workflow = Workflow()
+            workflow.add(task, *args, after=list(task.after), on_parent_failure=task.on_parent_failure, **kwargs)
+            return workflow.enqueue()[0]
         if isinstance(task, ShardTask) and task.unique_for is not None:
             return self._enqueue_unique(task, args, kwargs)
         params.update(self.job_row(task, args, kwargs))
@@ -325,6 +332,14 @@ class ShardqBackend(BaseTaskBackend):
         calls = [(tuple(args), dict(kwargs)) for args, kwargs in calls]
         if not calls:
             return []
+        if isinstance(task, ShardTask) and task.after:
+            # task.using(after=[...]): every call waits for the same parents.
+            from .workflows import Workflow
+
+            workflow = Workflow()
+            for args, kwargs in calls:
+                workflow.add(task, *args, after=list(task.after), on_parent_failure=task.on_parent_failure, **kwargs)
+            return workflow.enqueue()
         if isinstance(task, ShardTask) and task.unique_for is not None:
             return self._enqueue_many_unique(task, calls)
         rows = [self.job_row(task, args, kwargs) for args, kwargs in calls]
@@ -348,6 +363,77 @@ class ShardqBackend(BaseTaskBackend):
         )
         for result in results:
             if self._enqueued_gate.needed(logging.DEBUG):
+                task_enqueued.send(type(self), task_result=result)
+        return results
+
+    def enqueue_graph(self, steps, workflow: str | None = None) -> list[TaskResult]:
+        """Enqueue a workflow's steps (``shardq.workflows.Step``) in one atomic
+        block: existing parents marked (``link_parents``; a missing one raises
+        WorkflowError and stores nothing), ids reserved, the jobs and their
+        edges COPYed, the shards of the jobs that can run at once NOTIFYed."""
+        from .workflows import WorkflowError
+
+        nodes = []
+        for step in steps:
+            task = step.task
+            params = self._validate_once(task)
+            if isinstance(task, ShardTask) and task.unique_for is not None:
+                raise WorkflowError(
+                    f"step {step.name!r}: {task.module_path} is a unique task (unique_for), which a "
+                    "workflow cannot hold yet (a duplicate would stand for an existing job); enqueue it "
+                    "on its own and give its TaskResult in after=."
+                )
+            params.update(self.job_row(task, step.args, step.kwargs))
+            nodes.append(params)
+        edges = []
+        for step in steps:
+            node = nodes[step.index]
+            node["waiting"] = len(step.parents) + len(step.external)
+            node.setdefault("has_children", False)
+            for parent in step.parents:
+                nodes[parent.index]["has_children"] = True
+                edges.append((parent.index, step.index, parent.name, step.run_on_failure))
+            # An existing parent: its id, negated (shardq/db/enqueue.py names it).
+            edges.extend((-job_id, step.index, "", step.run_on_failure) for job_id in step.external)
+        external = sorted({i for step in steps for i in step.external})
+
+        def name_external(found: dict[int, str]) -> dict[int, str]:
+            """Each existing parent's name in parent_results: its task's name
+            (with [2], [3]... for repeats); refuses an id that does not exist."""
+            missing = [i for i in external if i not in found]
+            if missing:
+                raise WorkflowError(
+                    f"after names job(s) {', '.join(map(str, missing))}, which do not exist (never "
+                    "enqueued, pruned or discarded): nothing was enqueued."
+                )
+            names: dict[int, str] = {}
+            taken: set[str] = set()
+            for job_id in external:
+                base = name = found[job_id].rsplit(".", 1)[-1]
+                n = 1
+                while name in taken:
+                    n += 1
+                    name = f"{base}[{n}]"
+                taken.add(name)
+                names[job_id] = name
+            return names
+
+        ids, enqueued_at = enqueue_statements.copy_graph(
+            self.database_alias,
+            nodes,
+            edges,
+            external,
+            workflow=workflow,
+            notify=self.config.notify,
+            channel=self.config.channel,
+            name_external=name_external,
+        )
+        results = [
+            self._new_result(step.task, job_id, enqueued_at, row["run_after"], step.args, step.kwargs)
+            for job_id, step, row in zip(ids, steps, nodes, strict=True)
+        ]
+        if self._enqueued_gate.needed(logging.DEBUG):
+            for result in results:
                 task_enqueued.send(type(self), task_result=result)
         return results
 
@@ -470,7 +556,9 @@ class ShardqBackend(BaseTaskBackend):
             except InvalidTask:  # a stored priority or queue this task could not be given
                 pass
         task_errors = [_task_error(e) for e in _json_list(errors)]
-        if status == "CLAIMED":  # in a worker's buffer, not started: READY to Django
+        if status in ("CLAIMED", "WAITING"):
+            # In a worker's buffer, or waiting for a workflow's parents: not
+            # started, READY to Django (which has no such status).
             status = TaskResultStatus.READY
         elif status not in _STATUSES:
             task_errors.append(

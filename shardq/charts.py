@@ -171,3 +171,74 @@ def line_chart(
     chart["lines"] = lines
     chart["legend"] = [{"name": s.name, "css": s.css} for s in series]
     return chart
+
+
+# -- workflow graphs (issue 16) ----------------------------------------------------
+
+NODE_W, NODE_H, GAP_X, GAP_Y, MARGIN = 170, 40, 56, 14, 12
+
+
+def graph_layout(nodes: Sequence[dict], edges: Sequence[tuple[int, int]]) -> dict:
+    """A workflow drawn left to right: each job in the column of its longest
+    path from a root (so every edge points right), in id order within a
+    column. ``nodes``: dicts with at least ``id``; ``edges``: (parent, child)
+    among them. Returns the SVG size, each node's box (its dict plus x, y,
+    w, h) and each edge's line (from the parent's right side to the child's
+    left side)."""
+    ids = [n["id"] for n in nodes]
+    known = set(ids)
+    parents: dict[int, list[int]] = {i: [] for i in ids}
+    for parent, child in edges:
+        if parent in known and child in known:
+            parents[child].append(parent)
+    column: dict[int, int] = {}
+
+    def depth(job: int) -> int:
+        # Iterative: a chain of thousands must not exhaust the stack.
+        stack = [job]
+        while stack:
+            top = stack[-1]
+            missing = [p for p in parents[top] if p not in column]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            column[top] = 1 + max((column[p] for p in parents[top]), default=-1)
+        return column[job]
+
+    for job in sorted(ids):
+        depth(job)
+    rows: dict[int, int] = {}
+    per_column: dict[int, int] = {}
+    for job in sorted(ids):
+        rows[job] = per_column.get(column[job], 0)
+        per_column[column[job]] = rows[job] + 1
+    boxes = []
+    where = {}
+    for node in nodes:
+        x = MARGIN + column[node["id"]] * (NODE_W + GAP_X)
+        y = MARGIN + rows[node["id"]] * (NODE_H + GAP_Y)
+        where[node["id"]] = (x, y)
+        boxes.append({**node, "x": x, "y": y, "w": NODE_W, "h": NODE_H, "cx": x + 8, "ty": y + 16, "sy": y + 32})
+    lines = []
+    for parent, child in edges:
+        if parent in where and child in where:
+            (px, py), (cx, cy) = where[parent], where[child]
+            lines.append(
+                {
+                    "parent": parent,
+                    "child": child,
+                    "x1": px + NODE_W,
+                    "y1": py + NODE_H / 2,
+                    "x2": cx,
+                    "y2": cy + NODE_H / 2,
+                }
+            )
+    columns = max(column.values(), default=0) + 1
+    tallest = max(per_column.values(), default=1)
+    return {
+        "width": 2 * MARGIN + columns * NODE_W + (columns - 1) * GAP_X,
+        "height": 2 * MARGIN + tallest * NODE_H + (tallest - 1) * GAP_Y,
+        "nodes": boxes,
+        "edges": lines,
+    }

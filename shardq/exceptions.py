@@ -92,3 +92,17 @@ class ArgumentNotJSON(InvalidTask, TypeError):
     Both Django's ``InvalidTask`` and a ``TypeError``: Django's own backends
     let ``json`` raise ``TypeError("Object of type datetime is not JSON
     serializable")``, and code written against them catches that."""
+
+
+# -- workflows (issue 16) ----------------------------------------------------------
+
+
+class ParentFailed(ShardqError):
+    """Recorded on a workflow job that will not run because a parent ended
+    FAILED (dead-lettered or cancelled) and the job kept the default
+    ``on_parent_failure="cancel"``; its traceback names the parent job."""
+
+
+class WorkflowError(InvalidTask, ValueError):
+    """A workflow graph that cannot be enqueued: a cycle, an unknown parent,
+    a step of another workflow, a bad ``on_parent_failure``. Nothing is stored."""

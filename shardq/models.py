@@ -8,7 +8,9 @@ from django.tasks import TaskResultStatus
 # Django's four statuses plus CLAIMED: taken into a worker's memory but not
 # started. Django's API shows a CLAIMED job as READY (it has not begun
 # execution); the start write makes it RUNNING and counts the attempt.
-JOB_STATUSES = [*TaskResultStatus.choices, ("CLAIMED", "Claimed")]
+# WAITING: a workflow job whose parents have not all finished (never
+# claimable, not in the claim index); Django's API shows it as READY too.
+JOB_STATUSES = [*TaskResultStatus.choices, ("CLAIMED", "Claimed"), ("WAITING", "Waiting")]
 
 
 class Job(models.Model):
@@ -47,6 +49,12 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
+    # Workflows (shardq/workflows.py): the parents a WAITING job still waits
+    # for (its unresolved edges), whether this job has children the resolver
+    # has not moved on yet, and the name of the workflow it was enqueued in.
+    waiting_on = models.IntegerField(default=0, db_default=0)
+    children_pending = models.BooleanField(default=False, db_default=False)
+    workflow = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "shardq_job"
@@ -73,6 +81,16 @@ class Job(models.Model):
                 condition=Q(ordered=True, status__in=["READY", "CLAIMED", "RUNNING"]),
                 name="shardq_job_ordered_idx",
             ),
+            # The resolver finds its shards' finished parents whose children
+            # it has not moved on yet (empty when no workflow is running).
+            models.Index(
+                fields=["shard", "id"],
+                condition=Q(children_pending=True, status__in=["SUCCESSFUL", "FAILED"]),
+                name="shardq_job_resolve_idx",
+            ),
+            # WAITING jobs are counted (gauges, shardq_status) through this
+            # one; they are in no index the claim walks.
+            models.Index(fields=["shard"], condition=Q(status="WAITING"), name="shardq_job_waiting_idx"),
         ]
         # The admin's dead-letter actions, each behind its own permission.
         permissions = [
@@ -229,3 +247,28 @@ class Cluster(models.Model):
 
     def __str__(self):
         return f"{self.shard_count} shards (version {self.version})"
+
+
+class Edge(models.Model):
+    """One workflow edge: ``child`` waits for ``parent`` (shardq/workflows.py).
+
+    ``name`` is the key of the parent's result in the child's
+    ``context.parent_results``; ``run_on_failure`` is the child's
+    ``on_parent_failure="run"``; ``resolved`` says the resolver has counted
+    this edge (the child's ``waiting_on`` is its unresolved edges). No
+    foreign keys, as ``shardq_unique``: ``TRUNCATE shardq_job`` keeps working.
+    """
+
+    pk = models.CompositePrimaryKey("parent", "child")
+    parent = models.BigIntegerField()
+    child = models.BigIntegerField()
+    name = models.TextField()
+    run_on_failure = models.BooleanField(default=False)
+    resolved = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "shardq_edge"
+        indexes = [models.Index(fields=["child"], name="shardq_edge_child_idx")]
+
+    def __str__(self):
+        return f"job {self.child} after job {self.parent}"

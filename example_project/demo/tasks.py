@@ -1,6 +1,6 @@
 from django.tasks import TaskContext, task
 
-from shardq import exponential, shard_task
+from shardq import Workflow, advance, exponential, shard_task
 
 from .models import Order, Receipt
 
@@ -20,3 +20,47 @@ def send_receipt(context: TaskContext, customer_id: int, order_id: int) -> int:
 @task(queue_name="reports", timeout=5)
 def add(a: int, b: int) -> int:
     return a + b
+
+
+# The order workflow (docs/workflows.md): charge, then pack and send the
+# receipt side by side, then close. Each step moves the order's status
+# forward with shardq.advance, so a late or repeated step never moves it back.
+
+
+def set_status(order_id: int, status: str) -> bool:
+    return advance(Order.objects.filter(pk=order_id), to=Order.RANKS[status], status=status)
+
+
+@shard_task(key="order_id")
+def charge_card(order_id: int) -> int:
+    set_status(order_id, "charged")
+    return Order.objects.get(pk=order_id).total_cents
+
+
+@shard_task(key="order_id", takes_context=True)
+def pack_items(context: TaskContext, order_id: int) -> str:
+    charged = context.parent_results["charge_card"].return_value
+    set_status(order_id, "packed")
+    return f"packed order {order_id} ({charged} cents charged)"
+
+
+@shard_task(key="order_id")
+def ship_order(order_id: int) -> bool:
+    """Sets "shipped"; a late run after the order closed changes nothing (returns False)."""
+    return set_status(order_id, "shipped")
+
+
+@shard_task(key="order_id", takes_context=True)
+def close_order(context: TaskContext, order_id: int) -> dict:
+    set_status(order_id, "closed")
+    return {name: result.status for name, result in sorted(context.parent_results.items())}
+
+
+def order_workflow(order: Order) -> Workflow:
+    wf = Workflow(name=f"order-{order.pk}")
+    charge = wf.add(charge_card, order_id=order.pk)
+    pack = wf.add(pack_items, order_id=order.pk, after=[charge])
+    mail = wf.add(send_receipt, customer_id=order.customer_id, order_id=order.pk, after=[charge])
+    ship = wf.add(ship_order, order_id=order.pk, after=[pack])
+    wf.add(close_order, order_id=order.pk, after=[ship, mail], on_parent_failure="run")
+    return wf

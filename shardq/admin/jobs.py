@@ -19,10 +19,12 @@ from django.db.models import (
 from django.db.models.constants import LOOKUP_SEP
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
-from django.http import HttpResponseRedirect
-from django.urls import NoReverseMatch, reverse
+from django.http import Http404, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html, format_html_join
 
+from .. import charts
 from ..conf import get_config
 from ..db import operations
 from ..models import Job
@@ -48,6 +50,9 @@ from .common import (
     with_safe_times,
 )
 from .redaction import REDACTED, redact_arguments, shard_key_is_sensitive
+
+# Jobs drawn at most in a workflow graph (the ones with the lowest ids).
+WORKFLOW_GRAPH_LIMIT = 200
 
 # -- jobs --------------------------------------------------------------------
 
@@ -223,7 +228,10 @@ class JobAdmin(ShardqModelAdmin):
     ordering = ("-id",)
     actions = ["retry_failed", "discard_failed"]
     fieldsets = (
-        (None, {"fields": ("id", "task_path", "status_display", "queue_name", "priority", "backend")}),
+        (
+            None,
+            {"fields": ("id", "task_path", "status_display", "queue_name", "priority", "backend", "workflow_display")},
+        ),
         ("Arguments", {"fields": ("args_display", "kwargs_display", "redaction")}),
         ("Outcome", {"fields": ("return_value_display", "errors_display", "worker_ids_display")}),
         (
@@ -259,6 +267,7 @@ class JobAdmin(ShardqModelAdmin):
     )
     readonly_fields = (
         "status_display",
+        "workflow_display",
         "args_display",
         "kwargs_display",
         "redaction",
@@ -340,6 +349,65 @@ class JobAdmin(ShardqModelAdmin):
 
     def has_discard_permission(self, request):
         return request.user.has_perm(f"{self.opts.app_label}.discard_job")
+
+    # -- the workflow graph (issue 16) --
+
+    def get_urls(self):
+        info = self.opts.app_label, self.opts.model_name
+        graph = path(
+            "<path:object_id>/workflow/",
+            self.admin_site.admin_view(self.workflow_view),
+            name="{}_{}_workflow".format(*info),
+        )
+        return [graph, *super().get_urls()]
+
+    @admin.display(description="workflow")
+    def workflow_display(self, obj):
+        """A link to the graph of the workflow the job belongs to (— for a job with no edges)."""
+        if not operations.run("has_edges", {"id": obj.pk}, fetch="one")[0]:
+            return "—"
+        url = reverse("admin:shardq_job_workflow", args=[obj.pk])
+        return format_html('<a href="{}" class="shardq-workflow-link">{} graph</a>', url, obj.workflow or "workflow")
+
+    def workflow_view(self, request, object_id):
+        """The jobs connected to this one by edges, as a server-drawn SVG:
+        each job's status and task, each edge an arrow from parent to child."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        job = self.get_object(request, object_id)
+        if job is None:
+            raise Http404(f"No job with the id {object_id!r}.")
+        rows = operations.run("workflow_graph", {"id": job.pk, "limit": WORKFLOW_GRAPH_LIMIT})
+        nodes = []
+        edges = []
+        names = {}
+        for kind, first, child, status, task_path, _workflow, name in rows:
+            if kind == "node":
+                nodes.append(
+                    {
+                        "id": first,
+                        "status": status,
+                        "css": f"shardq-node-{str(status).lower()}",
+                        "task": truncate(str(task_path).rsplit(".", 1)[-1], 22),
+                        "url": reverse("admin:shardq_job_change", args=[first]),
+                        "current": first == job.pk,
+                    }
+                )
+            else:
+                edges.append((first, child))
+                names[(first, child)] = name
+        graph = charts.graph_layout(nodes, edges)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Workflow {job.workflow or ''} of job {job.pk}".replace("  ", " "),
+            "opts": self.opts,
+            "job": job,
+            "graph": graph,
+            "truncated": len(nodes) >= WORKFLOW_GRAPH_LIMIT,
+            "limit": WORKFLOW_GRAPH_LIMIT,
+            "statuses": sorted({n["status"] for n in nodes}),
+        }
+        return TemplateResponse(request, "admin/shardq/workflow.html", context)
 
     # -- columns and fields --
 
@@ -528,7 +596,16 @@ class JobAdmin(ShardqModelAdmin):
                     "admin_retry_failed_jobs", {"ids": ids, "notify": config.notify, "channel": config.channel}
                 )
                 done = [(row[0], row[1]) for row in rows]
+                # Workflow children these jobs cancelled (ParentFailed), and
+                # theirs, wait again (shardq/workflows.py).
+                revived = operations.run("revive_children", {"ids": [job_id for job_id, _ in done]})
                 self._log(request, done, CHANGE, "Retried from the admin: READY with a fresh attempt budget.")
+                if revived:
+                    messages.info(
+                        request,
+                        f"{len(revived)} workflow job(s) these had cancelled wait for them again: "
+                        + ", ".join(str(row[0]) for row in sorted(revived)[:20]),
+                    )
         self._report(request, "Retried", "now READY with a fresh attempt budget", requested, done)
 
     @admin.action(

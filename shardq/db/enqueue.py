@@ -204,3 +204,92 @@ def copy_json(text: str) -> str:
     """JSON from the backend's dumps as a COPY text field: it escapes every
     control character and non-ASCII one, so only backslashes need doubling."""
     return text.replace("\\", "\\\\") if "\\" in text else text
+
+
+# copy_workflow_jobs writes job_columns, then these (checked at import).
+_WORKFLOW_COLUMNS = ("waiting_on", "children_pending", "workflow")
+_copy_workflow = QUERIES["copy_workflow_jobs"]
+_WORKFLOW_COPY_COLUMNS = tuple(
+    name.strip() for name in _copy_workflow[_copy_workflow.index("(") + 1 : _copy_workflow.index(")")].split(",")
+)
+if (*JOB_COLUMNS, *_WORKFLOW_COLUMNS) != _WORKFLOW_COPY_COLUMNS:
+    raise ImportError(
+        f"queries.sql's copy_workflow_jobs names {_WORKFLOW_COPY_COLUMNS}: it must name job_columns, then "
+        + ", ".join(_WORKFLOW_COLUMNS)
+    )
+
+
+def copy_graph(
+    alias: str,
+    rows: Sequence[dict[str, Any]],
+    edges: Sequence[tuple[int, int, str, bool]],
+    external: Sequence[int],
+    *,
+    workflow: str | None,
+    notify: bool,
+    channel: str,
+    name_external: Callable[[dict[int, str]], dict[int, str]],
+) -> tuple[list[int], datetime]:
+    """Insert a workflow in one atomic block: the jobs that already exist and
+    are named as parents (``external``) marked ``children_pending``
+    (``link_parents``), then one job per row with one COPY (its own params:
+    ``task_path`` ... ``max_attempts``, the job_row fields, ``waiting`` the
+    number of its parents, ``has_children``), then the edges with another.
+    An edge is (parent, child index, name, run_on_failure), the parent a row
+    index when >= 0, else the existing job ``-parent``; its name, for an
+    existing parent, comes from ``name_external({id: task_path})``, which
+    raises to refuse (an id that does not exist is missing from its
+    argument). NOTIFYs the shards of the rows with no parent. Returns the
+    ids (in row order) and the enqueue time."""
+    conn = connections[alias]
+    with transaction.atomic(using=alias), conn.cursor() as cursor:
+        names: dict[int, str] = {}
+        if external:
+            cursor.execute(QUERIES["link_parents"], {"ids": list(external)})
+            names = name_external({job_id: path for job_id, path in cursor.fetchall()})
+        cursor.execute(QUERIES["reserve_job_ids"], {"n": len(rows)})
+        ids, enqueued_at = cursor.fetchone()
+        ids.sort()
+        stamp = enqueued_at.isoformat()
+        name_field = _COPY_NULL if workflow is None else copy_text(workflow)
+        lines: list[str] = []
+        with conn.wrap_database_errors, cursor.copy(_copy_workflow) as copy:
+            for job_id, row in zip(ids, rows, strict=True):
+                key = row["shard_key"]
+                run_after = row["run_after"]
+                lines.append(
+                    f"{job_id}\t{copy_text(row['task_path'])}\t{copy_text(row['backend'])}\t"
+                    f"{copy_text(row['queue_name'])}\t{row['priority']}\t"
+                    f"{stamp if run_after is None else run_after.isoformat()}\t{row['shard']}\t"
+                    f"{row['key_hash']}\t{_COPY_NULL if key is None else copy_text(key)}\t"
+                    f"{'t' if row['ordered'] else 'f'}\t{'WAITING' if row['waiting'] else 'READY'}\t0\t0\t0\t"
+                    f"{row['max_attempts']}\t{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t"
+                    f"[]\t[]\t{stamp}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
+                )
+                if len(lines) == COPY_CHUNK:
+                    copy.write("".join(lines))
+                    lines.clear()
+            if lines:
+                copy.write("".join(lines))
+        lines = []
+        with conn.wrap_database_errors, cursor.copy(QUERIES["copy_edges"]) as copy:
+            for parent, child, name, run_on_failure in edges:
+                parent_id = ids[parent] if parent >= 0 else -parent
+                if parent < 0:
+                    name = names[parent_id]
+                lines.append(f"{parent_id}\t{ids[child]}\t{copy_text(name)}\t{'t' if run_on_failure else 'f'}\tf\n")
+                if len(lines) == COPY_CHUNK:
+                    copy.write("".join(lines))
+                    lines.clear()
+            if lines:
+                copy.write("".join(lines))
+        if notify:
+            by_priority: dict[int, set[int]] = {}
+            for row in rows:
+                if not row["waiting"]:
+                    by_priority.setdefault(row["priority"], set()).add(row["shard"])
+            for priority, shards in sorted(by_priority.items()):
+                cursor.execute(
+                    QUERIES["notify_shards"], {"channel": channel, "shards": sorted(shards), "priority": priority}
+                )
+    return ids, enqueued_at

@@ -637,6 +637,19 @@ class WorkerStore:
         rows, rejected = self.run_split(jobs, batch)
         return {row["id"]: row for row in rows}, rejected
 
+    def resolve_children(
+        self, shards: list[int], batch: int, channel: str, notify: bool = True
+    ) -> tuple[int, list[NamedRow]]:
+        """One pass of the workflow resolver over ``shards`` (see
+        ``resolve_children`` in queries.sql): (parents resolved, children moved)."""
+        rows = self.run(
+            "resolve_children",
+            {"shards": shards, "batch": batch, "channel": channel, "notify": notify},
+            named=True,
+        )
+        parents = int(rows[0]["parents"]) if rows else 0
+        return parents, [row for row in rows if row["id"] is not None]
+
     def my_claimed_jobs(self, worker: str, shards: list[int]) -> list[NamedRow]:
         return self.run("my_claimed_jobs", {"worker": worker, "shards": shards}, named=True)
 

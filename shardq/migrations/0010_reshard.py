@@ -20,7 +20,7 @@ def create_row(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("shardq", "0007_pools"),
+        ("shardq", "0009_workflows"),
     ]
 
     operations = [

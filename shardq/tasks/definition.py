@@ -80,6 +80,12 @@ class ShardTask(Task):
     # Seconds an attempt may run (a number or timedelta); None: the default,
     # SHARDQ["TASK_TIMEOUT"]; math.inf: no limit whatever the default.
     timeout: float | timedelta | None = None
+    # Workflows (shardq/workflows.py): jobs (TaskResults or their ids) this
+    # call waits for, and what to do when one of them ends FAILED: "cancel"
+    # (this job ends FAILED with ParentFailed) or "run" (it runs anyway and
+    # reads the failure in context.parent_results). Set with .using(after=...).
+    after: tuple[str, ...] = ()
+    on_parent_failure: str = "cancel"
 
     @property
     def timeout_seconds(self) -> float | None:
@@ -98,12 +104,20 @@ class ShardTask(Task):
             return self.unique_for.total_seconds()
         return float(self.unique_for)
 
-    def using(self, *, shard_key=None, timeout=None, **changes):
+    def using(self, *, shard_key=None, timeout=None, after=None, on_parent_failure=None, **changes):
         task = Task.using(self, **changes)
         if shard_key is not None:
             task = replace(task, shard_key=key_to_str(shard_key, "shard_key"))
         if timeout is not None:
             task = replace(task, timeout=timeout)  # validated by the backend, as at definition
+        if after is not None:
+            from ..workflows import parent_ids
+
+            task = replace(task, after=tuple(str(i) for i in parent_ids(after, "using(after=...)")))
+        if on_parent_failure is not None:
+            from ..workflows import check_on_parent_failure
+
+            task = replace(task, on_parent_failure=check_on_parent_failure(on_parent_failure))
         return task
 
 

@@ -68,6 +68,9 @@ class Completer(Service):
         self._pending_ids: dict[int, int] = {}
         self._pending_lock = threading.Lock()
         self._idle = threading.Event()
+        # Called after outcomes landed (the workflow resolver's wake-up: a
+        # parent that just finished has its children moved on at once).
+        self.on_written: Callable[[], None] | None = None
 
     # -- from executors ----------------------------------------------------------
 
@@ -167,6 +170,8 @@ class Completer(Service):
         if applied:
             # Landed: the job is final (or retrying), never claimed back.
             self.remembered.forget(job_id for job_id, _rank in applied)
+            if self.on_written is not None:
+                self.on_written()
         if self.metrics is not None:
             self.metrics.outcomes_written(outcomes, applied)
         counts = dict.fromkeys(("succeeded", "failed", "retried", "fence_rejections"), 0)

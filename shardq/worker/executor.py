@@ -89,6 +89,25 @@ class ShardqTaskContext(TaskContext):
         and return."""
         return self.control is not None and self.control.cancelled
 
+    @property
+    def parent_results(self) -> dict[str, TaskResult]:
+        """A workflow job's parents: each parent's step name (or, for
+        ``using(after=...)``, its task's name) -> its ``TaskResult``, read
+        from the table now. Empty for a job with no parents. A parent that
+        failed (``on_parent_failure="run"``) shows FAILED with its errors."""
+        from django.tasks import task_backends
+
+        from ..db import operations
+
+        backend = task_backends[self.task_result.backend]
+        rows = operations.run(
+            "parent_results",
+            {"id": int(self.task_result.id)},
+            using=getattr(backend, "database_alias", "default"),
+            named=True,
+        )
+        return {row["step_name"]: backend.result_from_row(row) for row in rows}
+
 
 # A traceback longer than this is stored as its head and tail.
 MAX_ERROR_CHARS = 64 * 1024

@@ -32,6 +32,7 @@ from .fetcher import Fetcher, Listener, OutrankingClaim
 from .gauges import Gauges
 from .handback import HandBack
 from .leaser import Leaser
+from .resolver import Resolver
 from .runcontrol import EXIT_RECYCLE
 from .scheduler import Scheduler
 from .shutdown import signal_name
@@ -103,7 +104,7 @@ class Worker:
             # worker's buffer (Fetcher.outrank); connects on first use.
             # handback: claimed jobs that will not run here go back to READY.
             # control: run control's cancel checks (runcontrol.py), on first use.
-            for name in ("leaser", "fetcher", "completer", "starter", "outrank", "handback", "control")
+            for name in ("leaser", "fetcher", "completer", "starter", "outrank", "handback", "control", "resolver")
         }
         self.handback = HandBack(self.store["handback"], self.stats)
         self.completer = Completer(
@@ -160,6 +161,15 @@ class Worker:
             if self.config.notify
             else None
         )
+        # Moves workflow children on once their parents finished (shardq/workflows.py).
+        self.resolver = Resolver(
+            self.store["resolver"],
+            lambda: sorted(self.leaser.held),
+            self.stats,
+            channel=self.config.channel,
+            notify=self.config.notify,
+        )
+        self.completer.on_written = self.resolver.wake
         self.scheduler: Scheduler | None = None  # built in run(), once the task modules are imported
         self.executor = Executor(
             self.buffer,
@@ -395,6 +405,7 @@ class Worker:
         # Running workers recompute their share now, not at their next heartbeat.
         self.leaser.announce()
         self.fetcher.start()
+        self.resolver.start()
         if schedules():
             self.scheduler = Scheduler(schedules(), self.stats)
             self.scheduler.start()
@@ -443,6 +454,7 @@ class Worker:
             self.executor.starter,
             self.executor.control,
             self.scheduler,
+            self.resolver,
             self.listener,
             self.gauges,
         ]
@@ -458,6 +470,7 @@ class Worker:
         deadline = time.monotonic() + self.grace
         if self.scheduler:
             self.scheduler.stop(time.monotonic() + 10.0)
+        self.resolver.stop(time.monotonic() + 10.0)
         self.leaser.begin_stop()
         self.fetcher.stop(time.monotonic() + 10.0)
         if self.listener:

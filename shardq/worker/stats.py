@@ -35,6 +35,11 @@ COUNTERS = (
     "cancels_seen",  # running attempts told of their cancel (is_cancelled(), CancelledError)
     "zombies",  # now: threads stuck in a task past its timeout (a gauge, not a counter)
     "shard_count_changes",  # a reshard raised the cluster's shard count (shardq_reshard)
+    # The workflow resolver: children moved on (READY or FAILED), of them
+    # cancelled with ParentFailed, and passes PostgreSQL refused.
+    "children_moved",
+    "children_cancelled",
+    "resolver_errors",
 )
 
 

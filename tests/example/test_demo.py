@@ -74,3 +74,13 @@ def test_demo_exit_stops_after_the_summary(transactional_db, tmp_path):
     text = out.read_text()
     assert "who did what" in text and "DEMO_EXIT is set: stopping now" in text
     assert "login:" not in text
+    # The order workflow, step by step: every step succeeded, the order closed.
+    steps = re.findall(
+        r"^\s+(charge_card|pack_items|send_receipt|ship_order|close_order)\s+(\w+)\s+started", text, re.M
+    )
+    assert sorted(steps) == sorted(
+        (name, "SUCCESSFUL") for name in ("charge_card", "pack_items", "send_receipt", "ship_order", "close_order")
+    ), text
+    order = [name for name, _ in steps]
+    assert order[0] == "charge_card" and order[-1] == "close_order"
+    assert re.search(r"status 'closed' \(rank 4\)", text), text

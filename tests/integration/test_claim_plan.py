@@ -1,9 +1,11 @@
 """The per-shard claim walks the partial index and never sorts the backlog."""
 
+import json
+import os
 import uuid
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from shardq.db.queries import ANY_PRIORITY, QUERIES
 
@@ -160,3 +162,104 @@ def test_the_claim_takes_nothing_from_shards_the_worker_does_not_hold(backlog):
         shards = {row[shard_column] for row in cursor.fetchall()}
 
     assert shards == set(range(1, 32))
+
+
+# Issue 16: WAITING workflow jobs cost the claim nothing. make test inserts
+# 200k of them; SHARDQ_FULL_WORKFLOWS=1 (make workflows) the issue's million.
+WAITING_ROWS = 1_000_000 if os.environ.get("SHARDQ_FULL_WORKFLOWS") else 200_000
+
+
+def claim_cost(params: dict) -> tuple[list, int]:
+    """The claim's plan shape (node type, index of each scan of shardq_job)
+    and the buffers it touched, run for real with EXPLAIN ANALYZE and rolled
+    back (a savepoint)."""
+
+    class Undo(Exception):
+        pass
+
+    found = {}
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim_jobs"], params)
+                document = cursor.fetchone()[0]
+            found["plan"] = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
+            raise Undo
+    except Undo:
+        pass
+    plan = found["plan"]
+    scans = [n for n in plan_nodes(plan) if n.get("Relation Name") == "shardq_job" and "Scan" in n["Node Type"]]
+    shape = [(n["Node Type"], n.get("Index Name"), n.get("Actual Rows"), n.get("Actual Loops")) for n in scans]
+    # Pages the walk reads: the scans of the claim's partial indexes and the
+    # heap pages they fetch. Not counted: the UPDATE's probe of each picked
+    # id in the primary key (its loops are in the shape), which goes one
+    # level deeper once the table is big enough, whatever its rows' statuses
+    # (1M finished rows cost it the same), nor the UPDATE's writes.
+    walk = [n for n in scans if n.get("Index Name") != "shardq_job_pkey"]
+    return shape, sum(n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0) for n in walk)
+
+
+def test_waiting_jobs_cost_the_claim_nothing(backlog):
+    params = claim_params(backlog)
+    claim_cost(params)  # the first run sets the new rows' hint bits
+    shape_before, buffers_before = claim_cost(params)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT max(id) FROM shardq_job")
+        last_ready = cursor.fetchone()[0]
+        # Waiting children on every held shard, at every priority, due long ago:
+        # were they in the claim's index they would be claimed first.
+        cursor.execute(
+            """
+            INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard,
+                key_hash, shard_key, ordered, status, status_rank, fence, attempts, max_attempts,
+                args, kwargs, errors, worker_ids, enqueued_at, waiting_on)
+            SELECT 'tests.taskapp.tasks.noop', 'default', 'default', 100,
+                   clock_timestamp() - interval '1 day', g %% 64, g, NULL, false, 'WAITING', 0, 0, 0, 1,
+                   '[]'::jsonb, '{}'::jsonb, '[]'::jsonb, '[]'::jsonb, clock_timestamp(), 1
+            FROM generate_series(1, %s) AS g
+            """,
+            [WAITING_ROWS],
+        )
+        cursor.execute("ANALYZE shardq_job")
+        cursor.execute("SELECT pg_relation_size('shardq_job_ready_idx'), count(*) FROM shardq_job")
+        ready_index_bytes, rows = cursor.fetchone()
+    assert rows == BACKLOG + WAITING_ROWS
+    claim_cost(params)
+    shape_after, buffers_after = claim_cost(params)
+    # The same plan, over the same index entries, reading the same rows...
+    assert shape_after == shape_before
+    assert "shardq_job_ready_idx" in {row[1] for row in shape_after}
+    # ... and no more pages (not one a WAITING row is on), give or take the catalog's.
+    assert buffers_after <= 1.05 * buffers_before + 10, (buffers_before, buffers_after)
+    print(
+        f"\n[workflows] claim with {WAITING_ROWS} WAITING rows: its walk read {buffers_after} pages, without them {buffers_before}"
+    )
+    # The claim takes none of them, though they outrank every READY job.
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["claim_jobs"], params)
+        ids = [row[0] for row in cursor.fetchall()]
+        assert ids and max(ids) <= last_ready
+    del ready_index_bytes
+
+
+def test_the_cost_check_sees_jobs_that_are_in_the_claims_index(backlog):
+    # The same rows READY instead: the claim's plan and pages change (so the
+    # test above can fail).
+    params = claim_params(backlog)
+    shape_before, _ = claim_cost(params)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard,
+                key_hash, shard_key, ordered, status, status_rank, fence, attempts, max_attempts,
+                args, kwargs, errors, worker_ids, enqueued_at)
+            SELECT 'tests.taskapp.tasks.noop', 'default', 'default', 100,
+                   clock_timestamp() - interval '1 day', g %% 64, g, NULL, false, 'READY', 0, 0, 0, 1,
+                   '[]'::jsonb, '{}'::jsonb, '[]'::jsonb, '[]'::jsonb, clock_timestamp()
+            FROM generate_series(1, %s) AS g
+            """,
+            [20000],
+        )
+        cursor.execute("ANALYZE shardq_job")
+    shape_after, _ = claim_cost(params)
+    assert shape_after != shape_before

@@ -184,3 +184,43 @@ def ordered_step(user_id: int, n: int, sleep: float = 0.0) -> int:
     finally:
         os.close(fd)
     return n
+
+
+@shard_task(takes_context=True)
+def wf_node(context: TaskContext, tag: str, fail: bool = False, read_parents: bool = True) -> dict:
+    """A workflow step (tests/integration/test_workflows.py): writes one ledger
+    row, returns its tag and what it saw of its parents, or fails."""
+    with transaction.atomic():
+        Ledger.objects.create(
+            job_id=int(context.task_result.id),
+            attempt=context.attempt,
+            fence=getattr(context, "fence", 0),
+            worker=context.task_result.worker_ids[-1],
+        )
+    if fail:
+        raise RuntimeError(f"{tag} fails on purpose")
+    parents = {}
+    if read_parents:
+        parents = {
+            name: [result.status, result.return_value["tag"] if result.status == "SUCCESSFUL" else None]
+            for name, result in context.parent_results.items()
+        }
+    return {"tag": tag, "parents": parents}
+
+
+@shard_task(takes_context=True)
+def wf_fan_in(context: TaskContext) -> int:
+    """A fan-in step: how many of its parents had written their ledger row
+    when it started (all of them, or an edge was not respected)."""
+    from shardq.models import Edge
+
+    parents = Edge.objects.filter(child=int(context.task_result.id)).values("parent")
+    seen = Ledger.objects.filter(job_id__in=parents).count()
+    with transaction.atomic():
+        Ledger.objects.create(
+            job_id=int(context.task_result.id),
+            attempt=context.attempt,
+            fence=getattr(context, "fence", 0),
+            worker=context.task_result.worker_ids[-1],
+        )
+    return seen

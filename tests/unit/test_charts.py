@@ -40,3 +40,25 @@ def test_a_line_breaks_where_a_value_is_missing_and_infinity_is_drawn_at_the_top
     assert [p["label"] for p in line["points"]] == ["a", "c", "d"]
     assert line["path"].count("M") == 2  # the gap at "b" lifts the pen
     assert line["points"][2]["y"] == chart["top"]
+
+
+def test_a_workflow_graph_puts_each_child_right_of_its_parents():
+    from shardq.charts import graph_layout
+
+    nodes = [{"id": i} for i in range(1, 6)]
+    # 1 -> 2 -> 4, 1 -> 3 -> 4, and 5 waits for 1 and 4 (its longest path is 3 long).
+    edges = [(1, 2), (1, 3), (2, 4), (3, 4), (1, 5), (4, 5)]
+    graph = graph_layout(nodes, edges)
+    x = {n["id"]: n["x"] for n in graph["nodes"]}
+    assert x[1] < x[2] == x[3] < x[4] < x[5]
+    assert all(e["x2"] > e["x1"] for e in graph["edges"]) and len(graph["edges"]) == 6
+    assert graph["width"] >= max(n["x"] + n["w"] for n in graph["nodes"])
+    assert graph["height"] >= max(n["y"] + n["h"] for n in graph["nodes"])
+
+
+def test_a_long_chain_is_laid_out_without_recursion():
+    from shardq.charts import graph_layout
+
+    n = 5000
+    graph = graph_layout([{"id": i} for i in range(n)], [(i, i + 1) for i in range(n - 1)])
+    assert len({node["x"] for node in graph["nodes"]}) == n

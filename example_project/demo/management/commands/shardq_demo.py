@@ -5,6 +5,9 @@ and rich (``pip install -e '.[example]'``).
 Starts the example project under gunicorn and a 2-process shardq worker,
 drives orders through HTTP (each view enqueues a ``send_receipt`` task in the
 order's transaction), waits for the queue to drain and prints who did what.
+Then it runs one order through the order workflow (``demo.tasks.order_workflow``:
+charge, then pack and receipt side by side, then ship, then close) and prints
+when each step started and finished, with the link to its graph in the admin.
 Then it creates (or resets) the superuser ``admin``, prints the admin's URL
 and that login, and keeps serving until Ctrl-C or SIGTERM; with
 ``DEMO_EXIT=1`` in the environment (CI) it stops at once instead. Either way
@@ -27,9 +30,13 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection
+from django.db import connection, transaction
 
 DEMO_TASKS = ("example_project.demo.tasks.send_receipt",)
+# The order workflow's steps (send_receipt is one of them too).
+WORKFLOW_TASKS = tuple(
+    f"example_project.demo.tasks.{name}" for name in ("charge_card", "pack_items", "ship_order", "close_order")
+)
 
 
 def free_port(preferred: int = 8000) -> int:
@@ -149,6 +156,7 @@ class Command(BaseCommand):
                     time.sleep(0.1)
                 drain_seconds = time.monotonic() - t0
             self._report(console, Table, n, post_seconds, drain_seconds)
+            self._run_workflow(console, port, workers)
             if os.environ.get("DEMO_EXIT"):
                 console.print("DEMO_EXIT is set: stopping now")
             else:
@@ -196,7 +204,11 @@ class Command(BaseCommand):
         from example_project.demo.models import Order
 
         with connection.cursor() as cursor:
-            cursor.execute("DELETE FROM shardq_job WHERE task_path = ANY(%s)", [list(DEMO_TASKS)])
+            cursor.execute(
+                "DELETE FROM shardq_edge WHERE child IN (SELECT id FROM shardq_job WHERE task_path = ANY(%s))",
+                [list(WORKFLOW_TASKS)],
+            )
+            cursor.execute("DELETE FROM shardq_job WHERE task_path = ANY(%s)", [list(DEMO_TASKS + WORKFLOW_TASKS)])
         Order.objects.all().delete()
 
     def _wait_http(self, port, web):
@@ -232,6 +244,43 @@ class Command(BaseCommand):
         with ThreadPoolExecutor(4) as pool:
             for future in [pool.submit(post_range, start) for start in range(4)]:
                 future.result()
+
+    def _run_workflow(self, console, port, workers) -> None:
+        """One order through the order workflow (docs/workflows.md): charge,
+        then pack and mail side by side, then ship, then close; printed step
+        by step as the ledger of the jobs shows it."""
+        from example_project.demo.models import Order
+        from example_project.demo.tasks import order_workflow
+
+        order = Order.objects.create(customer_id=7, total_cents=4200)
+        with transaction.atomic():
+            results = order_workflow(order).enqueue()
+        ids = [int(r.id) for r in results]
+        deadline = time.monotonic() + 60
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT id, task_path, status, started_at, finished_at FROM shardq_job WHERE id = ANY(%s) ORDER BY id",
+                    [ids],
+                )
+                rows = cursor.fetchall()
+            if all(row[2] in ("SUCCESSFUL", "FAILED") for row in rows):
+                break
+            if time.monotonic() > deadline or workers.poll() is not None:
+                raise CommandError(f"the order workflow did not finish: {[(r[1], r[2]) for r in rows]}")
+            time.sleep(0.05)
+        order.refresh_from_db()
+        first = min(row[3] for row in rows)
+        console.rule(f"workflow order-{order.pk}")
+        for _job_id, path, status, started, finished in sorted(rows, key=lambda r: r[3]):
+            console.print(
+                f"  {path.rsplit('.', 1)[-1]:<13} {status:<10} started +{(started - first).total_seconds() * 1000:6.0f} ms,"
+                f" finished +{(finished - first).total_seconds() * 1000:6.0f} ms"
+            )
+        console.print(
+            f"order {order.pk}: status {order.status!r} (rank {order.status_rank}); each step began after its "
+            f"parents finished. Graph: http://127.0.0.1:{port}/admin/shardq/job/{ids[-1]}/workflow/"
+        )
 
     def _finished(self) -> int:
         with connection.cursor() as cursor:
