@@ -247,8 +247,14 @@ def copy_graph(
         if external:
             cursor.execute(QUERIES["link_parents"], {"ids": list(external)})
             names = name_external({job_id: path for job_id, path in cursor.fetchall()})
-        cursor.execute(QUERIES["reserve_job_ids"], {"n": len(rows)})
-        ids, enqueued_at = cursor.fetchone()
+        from ..conf import get_config
+
+        cursor.execute(QUERIES["reserve_job_ids"], {"n": len(rows), "shard_count": get_config().shard_count})
+        ids, enqueued_at, shard_count = cursor.fetchone()
+        # The cluster's count now (a reshard may have raised it): each row's shard.
+        mask = shard_count - 1
+        for row in rows:
+            row["shard"] = row["key_hash"] & mask
         ids.sort()
         stamp = enqueued_at.isoformat()
         name_field = _COPY_NULL if workflow is None else copy_text(workflow)

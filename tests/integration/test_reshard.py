@@ -202,3 +202,21 @@ def test_an_enqueue_inside_an_atomic_block_sees_the_count_of_its_statement():
     h = shard_key_hash("1")
     # The earlier job was READY: moved with the reshard, both sit in the new shard.
     assert rows[int(first.id)] == rows[int(second.id)] == h & 127
+
+
+def test_waiting_workflow_children_move_with_the_ready_jobs():
+    from shardq import Workflow
+
+    # Children of a parent that has not run: WAITING, so never claimed, but
+    # they become READY later in whatever shard they sit in; a reshard must
+    # move them too, or a key's jobs would end in two shards after it.
+    wf = Workflow(name="reshard-waiting")
+    parents = [wf.add(tasks.keyed, n) for n in range(40)]
+    for n, parent in enumerate(parents):
+        wf.add(tasks.keyed, 1000 + n, after=[parent])
+    wf.enqueue()
+    waiting_before = sql("SELECT count(*) FROM shardq_job WHERE status = 'WAITING' AND shard <> key_hash & 127")
+    assert waiting_before[0][0] > 0  # some children belong to a new shard
+    reshard("--to", "128")
+    assert sql("SELECT count(*) FROM shardq_job WHERE shard <> key_hash & 127") == [(0,)]
+    assert sql("SELECT count(*) FROM shardq_job WHERE status = 'WAITING'") == [(40,)]
