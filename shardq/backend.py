@@ -83,6 +83,7 @@ from .db import operations
 from .db.queries import QUERIES
 from .dispatch import SignalGate
 from .exceptions import ArgumentNotJSON
+from .limits import limit_keys, queue_limits, static_keys
 from .tasks import (
     ShardTask,
     bind_arguments,
@@ -117,6 +118,8 @@ class ShardqBackend(BaseTaskBackend):
         self.database_alias = self.options.get("DATABASE", DEFAULT_DB_ALIAS)
         self.prepared_statements = bool(self.options.get("PREPARED_STATEMENTS", True))
         self.config = get_config()
+        # SHARDQ["QUEUES"]' limits (validated at start by the app's ready()).
+        self.queue_limits = queue_limits()
         # get_result keeps no cache of its own: a SUCCESSFUL result does not
         # change, but its row can go (shardq_prune, a DELETE), and Django's
         # contract is TaskResultDoesNotExist then, in every process.
@@ -173,13 +176,18 @@ class ShardqBackend(BaseTaskBackend):
             except UnicodeEncodeError:  # key_to_str refuses these; a key set some other way
                 check_text(key, f"{task.module_path}: the shard key")
                 raise
-        return {
+        row = {
             "shard": key_hash & (self.config.shard_count - 1),
             "key_hash": key_hash,
             "shard_key": key,
             "args": args_json,
             "kwargs": kwargs_json,
         }
+        if getattr(task, "limit_by", None) is not None:
+            # A partitioned limit: its key depends on this call's value.
+            keys = limit_keys(task, args, kwargs, self.queue_limits)
+            row["limit_keys"] = None if keys is None else json.dumps(keys)
+        return row
 
     def task_params(self, task) -> dict:
         is_shard_task = isinstance(task, ShardTask)
@@ -192,6 +200,9 @@ class ShardqBackend(BaseTaskBackend):
             "ordered": is_shard_task and task.ordered,
             "max_attempts": task.max_attempts if is_shard_task else 1,
             "channel": self.config.channel,
+            # The limits every call of the task counts against (docs/limits.md);
+            # job_row replaces it for a task limited per argument value.
+            "limit_keys": _json_or_none(static_keys(task, self.queue_limits)),
         }
 
     def enqueue(self, task, args, kwargs):
@@ -367,7 +378,8 @@ class ShardqBackend(BaseTaskBackend):
                 )
             )
             middle = f"{'t' if params['ordered'] else 'f'}\tREADY\t0\t0\t0\t{params['max_attempts']}"
-            tail = f"[]\t[]\t{enqueued_at.isoformat()}\n"
+            tail = f"[]\t[]\t{enqueued_at.isoformat()}\t"
+            static_limits = _COPY_NULL if params["limit_keys"] is None else _copy_json(params["limit_keys"])
             new_result = self._new_result
             results = []
             lines = []
@@ -378,6 +390,7 @@ class ShardqBackend(BaseTaskBackend):
                         f"{job_id}\t{head}\t{row['shard']}\t{row['key_hash']}\t"
                         f"{_COPY_NULL if key is None else _copy_text(key)}\t{middle}\t"
                         f"{_copy_json(row['args'])}\t{_copy_json(row['kwargs'])}\t{tail}"
+                        f"{_limits_copy_text(row, static_limits)}\n"
                     )
                     # Built while the server takes in the rows; an error here
                     # rolls the COPY back with the rest.
@@ -702,6 +715,17 @@ def _copy_text(value: str) -> str:
     if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
         value = value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
     return value
+
+
+def _json_or_none(value: object) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def _limits_copy_text(row: dict, static: str) -> str:
+    """The COPY text of a row's limit_keys: its own (a task limited per value) or the task's."""
+    if "limit_keys" not in row:
+        return static
+    return _COPY_NULL if row["limit_keys"] is None else _copy_json(row["limit_keys"])
 
 
 def _copy_json(text: str) -> str:

@@ -47,6 +47,12 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
+    # The limits this job counts against (shardq/limits.py), sorted; NULL for
+    # a job no limit applies to. Limited jobs are claimed by their own
+    # statement (claim_limited_candidates), never by claim_jobs.
+    # A JSON array of text (jsonb: ``?|`` tests it against a list of keys,
+    # with no need for django.contrib.postgres in INSTALLED_APPS).
+    limit_keys = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "shardq_job"
@@ -56,6 +62,13 @@ class Job(models.Model):
                 fields=["shard", "-priority", "run_after", "id"],
                 condition=Q(status="READY"),
                 name="shardq_job_ready_idx",
+            ),
+            # The claim of limited jobs walks this one (a shard's READY
+            # limited jobs in claim order); it is empty when no limit is used.
+            models.Index(
+                fields=["shard", "-priority", "run_after", "id"],
+                condition=Q(status="READY", limit_keys__isnull=False),
+                name="shardq_job_limited_idx",
             ),
             # An idle fetcher finds when the next deferred job falls due.
             models.Index(fields=["run_after"], condition=Q(status="READY"), name="shardq_job_due_idx"),
@@ -200,3 +213,37 @@ class UniqueKey(models.Model):
 
     def __str__(self):
         return f"{self.key} -> job {self.job_id} until {self.expires_at}"
+
+
+class LimitSlot(models.Model):
+    """One unit of a concurrency limit (docs/limits.md): free when ``job_id``
+    is NULL or ``expires_at`` has passed. A worker takes slots in the claim
+    transaction (SKIP LOCKED), renews the ones its jobs hold at every
+    heartbeat and frees each when the job's thread ends; a dead worker's
+    slots come back when their lease expires."""
+
+    id = models.BigAutoField(primary_key=True)
+    limit_key = models.TextField()
+    slot = models.IntegerField()
+    worker_id = models.UUIDField(null=True, blank=True)
+    job_id = models.BigIntegerField(null=True, blank=True)
+    taken_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "shardq_limit_slot"
+        constraints = [models.UniqueConstraint(fields=["limit_key", "slot"], name="shardq_limit_slot_key_uniq")]
+        indexes = [models.Index(fields=["worker_id"], name="shardq_limit_slot_worker_idx")]
+        verbose_name = "limit slot"
+
+
+class LimitRate(models.Model):
+    """One rate limit's GCRA state: ``tat``, the theoretical arrival time of
+    the next token (shardq/core/limits.py), moved on by every grant."""
+
+    limit_key = models.TextField(primary_key=True)
+    tat = models.DateTimeField()
+
+    class Meta:
+        db_table = "shardq_limit_rate"
+        verbose_name = "rate limit"

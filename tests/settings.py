@@ -12,6 +12,7 @@ SHARDQ = {
         "tests.taskapp.tasks",
         "tests.taskapp.fault_tasks",
         "tests.taskapp.isolation_tasks",
+        "tests.taskapp.limit_tasks",
     ],
 }
 # Workers started by the periodic-task test import its schedules; no other

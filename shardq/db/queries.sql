@@ -9,11 +9,11 @@
 WITH job AS (
     INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
         shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
-        errors, worker_ids, enqueued_at)
+        errors, worker_ids, enqueued_at, limit_keys)
     VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
-        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
+        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb)
     RETURNING id, shard, priority, enqueued_at, run_after
 )
 SELECT id, enqueued_at, run_after, pg_notify(%(channel)s, shard || ':' || priority) FROM job;
@@ -22,11 +22,11 @@ SELECT id, enqueued_at, run_after, pg_notify(%(channel)s, shard || ':' || priori
 -- Insert one READY job without a NOTIFY (SHARDQ["NOTIFY"] = False: workers poll).
 INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash,
     shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
-    errors, worker_ids, enqueued_at)
+    errors, worker_ids, enqueued_at, limit_keys)
 VALUES (%(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
     COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
     %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
-    %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
+    %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb)
 RETURNING id, enqueued_at, run_after, NULL;
 
 -- name: insert_unique_job
@@ -57,11 +57,11 @@ WITH live AS MATERIALIZED (
 ), job AS (
     INSERT INTO shardq_job (id, task_path, backend, queue_name, priority, run_after, shard, key_hash,
         shard_key, ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs,
-        errors, worker_ids, enqueued_at)
+        errors, worker_ids, enqueued_at, limit_keys)
     SELECT new_job.id, %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(shard)s, %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
-        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp()
+        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb
     FROM new_job JOIN claim ON claim.job_id = new_job.id
     RETURNING id, shard, priority, enqueued_at, run_after
 )
@@ -165,6 +165,7 @@ WHERE id = %(worker)s;
 
 -- name: claim_jobs
 -- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds, the highest priorities first across them: one index probe per shard finds its best due priority (no lock); the floor is the second-best of those. Taken are only jobs at or above the floor: first from the one shard above it, if any (its walk may fill the batch), then :per_shard from each shard at the floor, in the given order (a shard alone with work: :per_shard); :limit in all (index range walks, SKIP LOCKED), under each shard's current claim version. So no job left outranks a job taken. Jobs below :min_priority are left alone (the fetcher's claim for jobs that outrank its buffer).
+-- Jobs with limit_keys (concurrency and rate limits) are left to claim_limited_candidates / claim_limited_jobs.
 -- Only jobs of the worker's queues (:queues, or every queue but :exclude_queues when :all_queues) and of its backend alias (:backend, or any when :any_backend); these are filters on the walk, not index columns.
 -- The first :start jobs (priority order) that are due, unordered and never lost a worker are started at once (RUNNING, the attempt counted, started_at, last_attempted_at, worker_ids: as start_jobs does): they are what this worker's threads run next, so a separate start write would only add a statement per job. The rest are CLAIMED; nothing is counted for them until start_jobs.
 -- A row whose values cannot be read (problem IS NOT NULL) is quarantined: FAILED with an UnreadableJob error naming the value, no arithmetic on it.
@@ -196,6 +197,9 @@ WITH held AS MATERIALIZED (
         SELECT priority FROM shardq_job
         WHERE shard = held.shard AND status = 'READY' AND priority >= %(min_priority)s
           AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
+          -- Limited jobs (docs/limits.md) are claimed by claim_limited_jobs,
+          -- which takes their slots and tokens: never here.
+          AND limit_keys IS NULL
           AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
           AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
           AND (backend = %(backend)s OR %(any_backend)s)
@@ -240,6 +244,7 @@ WITH held AS MATERIALIZED (
         FROM shardq_job
         WHERE shard = held.shard AND status = 'READY' AND priority >= held.floor
           AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
+          AND limit_keys IS NULL  -- limited jobs: claim_limited_jobs (as above)
           AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
           AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
           AND (backend = %(backend)s OR %(any_backend)s)
@@ -452,7 +457,7 @@ FROM s, generate_series(1, %(n)s) AS g(i);
 -- COPY jobs with the ids reserve_job_ids gave (bulk enqueue; one row a job, columns in this order).
 COPY shardq_job (id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key,
     ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids,
-    enqueued_at) FROM STDIN;
+    enqueued_at, limit_keys) FROM STDIN;
 
 -- name: notify_shards
 -- NOTIFY each of these shards once with the jobs' :priority, 'shard:priority' (delivered at commit): the wake-up after a bulk COPY.
@@ -730,3 +735,153 @@ WHERE s.shard < %(shard_count)s AND (s.owner IS NULL OR s.lease_expires <= clock
   AND EXISTS (SELECT 1 FROM shardq_worker AS w
               WHERE w.pool = s.pool AND w.state = 'RUNNING'
                 AND w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s));
+
+-- Concurrency and rate limits (docs/limits.md). A limited claim is one
+-- transaction on the fetcher's connection: claim_limited_candidates locks
+-- the candidate jobs, take_limit_slots and lock_limit_rates lock what the
+-- limits have left (slots SKIP LOCKED, rate rows in sorted key order), the
+-- worker picks the jobs every limit has room for, and claim_limited_jobs
+-- writes slots, rates and claims at once.
+
+-- name: claim_limited_candidates
+-- Lock up to :per_shard due READY limited jobs (limit_keys set) of each shard this worker holds in pool :pool, in claim order (priority, run_after, id) over shardq_job_limited_idx, :scan in all, FOR UPDATE SKIP LOCKED; jobs with a key in :full (limits known to be full) are passed over without a lock, so they keep their place and do not hold back other jobs of the shard. Same queue and backend filters as claim_jobs.
+SELECT j.id, j.shard, j.task_path, j.limit_keys
+FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
+JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
+CROSS JOIN LATERAL (
+    SELECT id, shard, task_path, limit_keys, priority, run_after FROM shardq_job
+    WHERE shard = h.shard AND status = 'READY' AND limit_keys IS NOT NULL
+      -- Due now, no look-ahead: a rate token is spent when the job is claimed.
+      AND run_after <= clock_timestamp()
+      AND NOT (limit_keys ?| %(full)s::text[])
+      AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
+      AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
+      AND (backend = %(backend)s OR %(any_backend)s)
+    ORDER BY priority DESC, run_after, id
+    LIMIT %(per_shard)s
+    FOR UPDATE SKIP LOCKED
+) AS j
+WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
+ORDER BY j.priority DESC, j.run_after, j.id
+LIMIT %(scan)s;
+
+-- name: ensure_limit_slots
+-- Create the slot rows 0 .. cap-1 of each concurrency limit key that do not exist yet (a lowered cap leaves the rows above it unused: take_limit_slots reads slot < cap).
+INSERT INTO shardq_limit_slot (limit_key, slot)
+SELECT k.key, g.slot
+FROM unnest(%(keys)s::text[], %(caps)s::int[]) AS k(key, cap)
+CROSS JOIN LATERAL generate_series(0, k.cap - 1) AS g(slot)
+ON CONFLICT ON CONSTRAINT shardq_limit_slot_key_uniq DO NOTHING;
+
+-- name: take_limit_slots
+-- Lock up to :wanted free slots of each concurrency limit key below its :cap (free: no job, or a lease that expired: its worker died), SKIP LOCKED so concurrent claimers take different slots and never wait on each other. Returns key, slot row id.
+SELECT k.key, t.id
+FROM unnest(%(keys)s::text[], %(caps)s::int[], %(wanted)s::int[]) WITH ORDINALITY AS k(key, cap, wanted, ord)
+CROSS JOIN LATERAL (
+    SELECT id, slot FROM shardq_limit_slot
+    WHERE limit_key = k.key AND slot < k.cap AND (job_id IS NULL OR expires_at < clock_timestamp())
+    ORDER BY slot
+    LIMIT k.wanted
+    FOR UPDATE SKIP LOCKED
+) AS t
+ORDER BY k.ord, t.slot;
+
+-- name: ensure_limit_rates
+-- Create the GCRA row of each rate limit key that does not exist yet (tat: now, a full burst).
+INSERT INTO shardq_limit_rate (limit_key, tat)
+SELECT k, clock_timestamp() FROM unnest(%(keys)s::text[]) AS k
+ON CONFLICT (limit_key) DO NOTHING;
+
+-- name: lock_limit_rates
+-- Lock the GCRA rows of these rate limit keys in sorted key order (every claimer locks in this order: no deadlock); returns key, tat and the database's now, as epoch seconds.
+SELECT limit_key, extract(epoch FROM tat)::float8 AS tat, extract(epoch FROM clock_timestamp())::float8 AS now
+FROM shardq_limit_rate
+WHERE limit_key = ANY(%(keys)s::text[])
+ORDER BY limit_key
+FOR UPDATE;
+
+-- name: claim_limited_jobs
+-- The limited claim's writes, in its transaction: give the slot rows :slot_ids to the jobs :slot_jobs under this worker with a lease of :ttl seconds, move each rate key's tat to :rate_tats, and claim the jobs :ids (CLAIMED under the shard's current version, only on shards this worker holds). Returns claim_jobs' columns (none started by the claim; the starter starts them).
+WITH slots AS (
+    UPDATE shardq_limit_slot AS s
+    SET job_id = a.job_id, worker_id = %(worker)s::uuid, taken_at = clock_timestamp(),
+        expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+    FROM unnest(%(slot_ids)s::bigint[], %(slot_jobs)s::bigint[]) AS a(id, job_id)
+    WHERE s.id = a.id
+    RETURNING s.id
+), rates AS (
+    UPDATE shardq_limit_rate AS r SET tat = to_timestamp(a.tat)
+    FROM unnest(%(rate_keys)s::text[], %(rate_tats)s::float8[]) AS a(key, tat)
+    WHERE r.limit_key = a.key
+    RETURNING r.limit_key
+), picked AS (
+    SELECT job.id, s.claim_version
+    FROM shardq_job AS job
+    JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = job.shard
+    WHERE job.id = ANY(%(ids)s::bigint[]) AND job.status = 'READY'
+      AND s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
+)
+UPDATE shardq_job AS job
+SET status = 'CLAIMED', status_rank = LEAST(job.status_rank, 2147483646) + 1, fence = picked.claim_version
+FROM picked
+-- slots and rates are written whatever this returns (a data-modifying CTE
+-- always runs to completion).
+WHERE job.id = picked.id
+-- claim_jobs' columns, in ClaimedJob's order.
+RETURNING job.id, job.task_path, job.queue_name, job.priority,
+          extract(epoch FROM job.run_after)::float8 AS run_after,
+          job.shard, job.shard_key, job.ordered,
+          job.args::text AS args_json, job.kwargs::text AS kwargs_json, job.attempts, job.max_attempts,
+          job.fence, job.status_rank, job.enqueued_at, job.started_at, job.last_attempted_at,
+          job.worker_ids::text AS worker_ids_json, job.errors::text AS errors_json,
+          CASE WHEN jsonb_typeof(job.errors) = 'array' THEN jsonb_array_length(job.errors) ELSE 0 END AS error_count,
+          job.backend,
+          octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes,
+          job.worker_losses, NULL::text AS problem, false AS started,
+          NULL::timestamptz AS previous_attempt_at;
+
+-- name: release_limit_slots
+-- Free the slots this worker holds for the jobs :jobs (their threads ended, or they went back unrun) and NOTIFY :channel with each freed key once, so a worker whose limited jobs wait claims them now rather than at its next poll.
+WITH freed AS (
+    UPDATE shardq_limit_slot
+    SET job_id = NULL, worker_id = NULL, taken_at = NULL, expires_at = NULL
+    WHERE worker_id = %(worker)s::uuid AND job_id = ANY(%(jobs)s::bigint[])
+    RETURNING limit_key
+)
+SELECT pg_notify(%(channel)s, key) FROM (SELECT DISTINCT limit_key AS key FROM freed) AS k;
+
+-- name: renew_limit_slots
+-- Heartbeat of this worker's slots: extend the lease of those whose job is still in its memory (:jobs, a zombie thread's included) by :ttl seconds, and free the rest (jobs it no longer holds). Returns the jobs whose slots it kept.
+UPDATE shardq_limit_slot
+SET expires_at = CASE WHEN job_id = ANY(%(jobs)s::bigint[]) THEN clock_timestamp() + make_interval(secs => %(ttl)s) END,
+    taken_at = CASE WHEN job_id = ANY(%(jobs)s::bigint[]) THEN taken_at END,
+    worker_id = CASE WHEN job_id = ANY(%(jobs)s::bigint[]) THEN worker_id END,
+    job_id = CASE WHEN job_id = ANY(%(jobs)s::bigint[]) THEN job_id END
+WHERE worker_id = %(worker)s::uuid
+RETURNING job_id;
+
+-- name: limit_usage
+-- Operator view of every limit key in use or waited on: key, slots in use (lease not expired), holders as a JSON object of worker (name or id) -> slots, READY limited jobs waiting on the key, and the rate row's tat (epoch seconds, NULL without one) and the database's now.
+WITH waiting AS (
+    SELECT k.key, count(*) AS waiting
+    FROM shardq_job AS j CROSS JOIN LATERAL jsonb_array_elements_text(j.limit_keys) AS k(key)
+    WHERE j.status = 'READY' AND j.limit_keys IS NOT NULL
+    GROUP BY k.key
+), held AS (
+    SELECT s.limit_key AS key, COALESCE(NULLIF(w.name, ''), s.worker_id::text) AS holder, count(*) AS n
+    FROM shardq_limit_slot AS s LEFT JOIN shardq_worker AS w ON w.id = s.worker_id
+    WHERE s.job_id IS NOT NULL AND s.expires_at > clock_timestamp()
+    GROUP BY 1, 2
+), keys AS (
+    SELECT key FROM waiting UNION SELECT key FROM held
+    UNION SELECT limit_key FROM shardq_limit_rate
+    UNION SELECT DISTINCT limit_key FROM shardq_limit_slot
+)
+SELECT keys.key,
+       COALESCE((SELECT sum(n) FROM held WHERE held.key = keys.key), 0)::int AS in_use,
+       COALESCE((SELECT jsonb_object_agg(holder, n) FROM held WHERE held.key = keys.key), '{}'::jsonb) AS holders,
+       COALESCE((SELECT waiting FROM waiting WHERE waiting.key = keys.key), 0)::int AS waiting,
+       (SELECT extract(epoch FROM tat)::float8 FROM shardq_limit_rate AS r WHERE r.limit_key = keys.key) AS tat,
+       extract(epoch FROM clock_timestamp())::float8 AS now
+FROM keys
+ORDER BY keys.key;

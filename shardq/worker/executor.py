@@ -220,6 +220,13 @@ class Executor:
                         self.completer.put(outcome)
                 finally:
                     self.buffer.done(job)
+                    # The thread has left the job: its limit slots go back
+                    # (docs/limits.md). Tied to the thread, not to the
+                    # outcome, so a thread still running past its outcome
+                    # keeps its slot.
+                    limiter = self.fetcher.limiter
+                    if limiter is not None and limiter.finished(job.id):
+                        self.fetcher.wake()
                     self.fetcher.slot_freed()
         except BaseException as exc:
             self.failure = exc
