@@ -14,9 +14,10 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.tasks import Task
+from django.tasks.exceptions import InvalidTask
 
 from .core.limits import MAX_KEY_CHARS, LimitError, LimitSpec, check_concurrency, parse_rate
-from .tasks import ShardTask, _bind, key_to_str
+from .tasks import ShardTask, _bind, _short_repr, key_to_str
 
 TASK_PREFIX = "t:"
 QUEUE_PREFIX = "q:"
@@ -84,15 +85,14 @@ def task_spec(task: Task) -> LimitSpec | None:
 
 
 def static_keys(task: Task, queues: dict[str, LimitSpec]) -> list[str] | None:
-    """The limit keys every call of ``task`` has (None: none), or ``[]``
-    placeholder-free: a task limited ``limit_by`` gets its partition key per
-    call (``limit_keys``)."""
+    """The limit keys every call of ``task`` has, sorted (None: none); a
+    task limited ``limit_by`` adds its partition's key per call (``limit_keys``)."""
     keys = []
     if task_spec(task) is not None and not getattr(task, "limit_by", None):
         keys.append(TASK_PREFIX + task.module_path)
     if task.queue_name in queues:
         keys.append(QUEUE_PREFIX + task.queue_name)
-    return keys or None
+    return sorted(keys) or None
 
 
 def limit_keys(task: Task, args: tuple, kwargs: dict, queues: dict[str, LimitSpec]) -> list[str] | None:
@@ -113,7 +113,14 @@ def partition_value(task: Task, by: str | Callable[[tuple, dict], Any], args: tu
         value, what = kwargs[by], f"(argument {by!r} of limit_by)"
     else:
         value, what = _bind(task, args, kwargs, apply_defaults=True)[by], f"(argument {by!r} of limit_by)"
-    text = key_to_str(value, what)
+    try:
+        text = key_to_str(value, what)
+    except InvalidTask as exc:
+        raise InvalidTask(
+            f"{task.module_path}: the limit_by value {what} = {_short_repr(value)} cannot be a limit "
+            "key (a str, int or JSON value without NUL characters): make limit_by name such an "
+            f"argument or return such a value. ({exc})"
+        ) from None
     if len(text) > MAX_KEY_CHARS:
         text = "#sha256:" + hashlib.sha256(text.encode()).hexdigest()
     return text

@@ -64,3 +64,13 @@ def generous_noop() -> None:
 def unlimited_sleep(context: TaskContext, n: int = 0, sleep: float = 0.01) -> int:
     time.sleep(sleep)
     return n
+
+
+def _region(args: tuple, kwargs: dict) -> object:
+    region = kwargs.get("region")
+    return object() if region == "broken" else region
+
+
+@shard_task(max_concurrency=1, limit_by=_region)
+def by_region(region: str = "eu") -> str:
+    return region
