@@ -62,7 +62,8 @@ from .conf import get_config
 from .db import operations
 from .db.queries import positional
 from .exceptions import UnknownTask
-from .models import Dashboard, Job, Shard, ShardEvent, Worker
+from .limits import limit_report
+from .models import Dashboard, Job, LimitSlot, Shard, ShardEvent, Worker
 from .tasks import REDACTED, autodiscover, redact_arguments, resolve, shard_key_is_sensitive
 
 # -- database-clock expressions ---------------------------------------------
@@ -1512,3 +1513,37 @@ class DashboardAdmin(admin.ModelAdmin):  # not a list: no ShardqModelAdmin
             "lease_ttl": get_config().lease_ttl_seconds,
         }
         return TemplateResponse(request, "admin/shardq/dashboard.html", context)
+
+
+@admin.register(LimitSlot)
+class LimitsAdmin(admin.ModelAdmin):  # a report, not a list of rows
+    """The limits page (docs/limits.md): every concurrency and rate limit in
+    use or waited on, its capacity, slots in use, who holds them, waiting
+    jobs and a rate's tokens now (``shardq.limits.limit_report``; the same
+    figures as ``shardq_status``). Read-only."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_urls(self):
+        info = self.opts.app_label, self.opts.model_name
+        return [path("", self.admin_site.admin_view(self.limits_view), name="{}_{}_changelist".format(*info))]
+
+    def limits_view(self, request):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Limits",
+            "opts": self.opts,
+            "limits": limit_report(),
+            "job_url": reverse("admin:shardq_job_changelist"),
+            "lease_ttl": get_config().lease_ttl_seconds,
+        }
+        return TemplateResponse(request, "admin/shardq/limits.html", context)

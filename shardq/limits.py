@@ -8,6 +8,7 @@ settings, never in the row, so changing a limit needs no data migration.
 """
 
 import hashlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ QUEUE_PREFIX = "q:"
 # Between the task path and a partition's value ("t:app.tasks.send=42"): a
 # task path (a dotted Python name) never holds "=".
 PARTITION = "="
+_UNITS = {1.0: "s", 60.0: "m", 3600.0: "h"}
 
 
 def queue_limits() -> dict[str, LimitSpec]:
@@ -148,3 +150,50 @@ def configured_queue_limits() -> dict[str, LimitSpec]:
         raise
     except Exception as exc:  # an odd object in settings: still a settings error
         raise ImproperlyConfigured(f'SHARDQ["QUEUES"] cannot be read: {exc}') from exc
+
+
+def limit_report(using: str = "default") -> list[dict[str, Any]]:
+    """Every limit in use or waited on, for ``shardq_status`` and the admin:
+    key, what it is, capacity (from this process's tasks and settings; None
+    when it does not know the limit), slots in use, holders (worker -> slots),
+    waiting READY jobs, and a rate limit's tokens available now."""
+    from .core.limits import grant
+    from .db import operations
+    from .tasks import resolve
+
+    queues = queue_limits()
+
+    def find(path: str) -> Task | None:
+        try:
+            return resolve(path)
+        except Exception:  # an unknown or broken task: its capacity is unknown
+            return None
+
+    report = []
+    for key, in_use, holders, waiting, tat, now in operations.run("limit_usage", using=using):
+        spec = spec_for_key(key, find, queues)
+        if key.startswith(QUEUE_PREFIX):
+            kind = "queue"
+        elif PARTITION in key:
+            kind = "partition"
+        else:
+            kind = "task"
+        tokens = None
+        if spec is not None and spec.rate is not None:
+            tokens = grant(tat if tat is not None else now, now, spec.rate, spec.rate.burst)[0]
+        report.append(
+            {
+                "key": key,
+                "kind": kind,
+                "max_concurrency": None if spec is None else spec.max_concurrency,
+                "rate_limit": None
+                if spec is None or spec.rate is None
+                else f"{spec.rate.count}/{_UNITS[spec.rate.period]}",
+                "burst": None if spec is None or spec.rate is None else spec.rate.burst,
+                "in_use": in_use,
+                "holders": holders if isinstance(holders, dict) else json.loads(holders),
+                "waiting": waiting,
+                "tokens_now": tokens,
+            }
+        )
+    return report

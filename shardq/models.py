@@ -234,7 +234,9 @@ class LimitSlot(models.Model):
         db_table = "shardq_limit_slot"
         constraints = [models.UniqueConstraint(fields=["limit_key", "slot"], name="shardq_limit_slot_key_uniq")]
         indexes = [models.Index(fields=["worker_id"], name="shardq_limit_slot_worker_idx")]
-        verbose_name = "limit slot"
+        # The admin's "Limits" page (every limit, not only slots) is this model's.
+        verbose_name = "limit"
+        verbose_name_plural = "limits"
 
 
 class LimitRate(models.Model):

@@ -26,6 +26,8 @@ PERIODS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute"
 # The default burst: this many seconds of the rate, at least one token.
 BURST_SECONDS = 0.1
 MAX_CONCURRENCY = 100_000
+# Of an interval: rounding of epoch-second times must not cost a token.
+EPSILON = 1e-4
 # Partition values longer than this (characters) are shortened by the caller
 # (a digest): limit keys are primary-key text.
 MAX_KEY_CHARS = 200
@@ -97,12 +99,14 @@ def grant(tat: float, now: float, rate: Rate, wanted: int) -> tuple[int, float]:
     """GCRA: how many of ``wanted`` tokens may be taken at ``now`` (seconds),
     and the new ``tat``. ``tat`` in the past counts as ``now`` (an idle
     limit does not save up more than its burst)."""
-    start = max(tat, now)
-    room = now + rate.tolerance - start
-    if room < -1e-9 or wanted <= 0:
+    # Differences first: times are epoch seconds (~1.8e9), where a double
+    # resolves only ~2e-7 s, so now + tolerance - tat would lose a token.
+    ahead = max(0.0, tat - now)
+    room = rate.tolerance - ahead
+    if room < -EPSILON * rate.interval or wanted <= 0:
         return 0, tat
-    granted = min(wanted, math.floor(room / rate.interval + 1e-9) + 1)
-    return granted, start + granted * rate.interval
+    granted = min(wanted, math.floor(room / rate.interval + EPSILON) + 1)
+    return granted, now + ahead + granted * rate.interval
 
 
 def next_token_in(tat: float, now: float, rate: Rate) -> float:

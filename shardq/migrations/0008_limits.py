@@ -33,7 +33,7 @@ class Migration(migrations.Migration):
                 ('expires_at', models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'verbose_name': 'limit slot',
+                'verbose_name': 'limit', 'verbose_name_plural': 'limits',
                 'db_table': 'shardq_limit_slot',
             },
         ),

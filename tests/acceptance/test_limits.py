@@ -7,6 +7,7 @@ intervals, not on shardq's own bookkeeping. CI-sized runs; ``make
 limits-full`` (SHARDQ_LIMITS_FULL=1) runs the 30-second rate figure.
 """
 
+import itertools
 import os
 import signal
 import time
@@ -58,7 +59,7 @@ def running_profile(rows, part=None) -> list[tuple[float, int]]:
 def time_at_least(profile, level: int) -> tuple[float, float]:
     """(seconds with >= level running, span from the first start to the last end)."""
     covered = 0.0
-    for (at, running), (next_at, _) in zip(profile, profile[1:], strict=False):
+    for (at, running), (next_at, _) in itertools.pairwise(profile):
         if running >= level:
             covered += next_at - at
     return covered, profile[-1][0] - profile[0][0]
@@ -73,10 +74,12 @@ def start_three(workers, ledger: Path):
         worker_id_of(proc.pid)
     # Every worker holds its share of the shards before the jobs come.
     wait_until(
-        lambda: scalar(
-            "SELECT count(DISTINCT owner) FROM shardq_shard WHERE pool = '*' AND lease_expires > clock_timestamp()"
-        )
-        == 3,
+        lambda: (
+            scalar(
+                "SELECT count(DISTINCT owner) FROM shardq_shard WHERE pool = '*' AND lease_expires > clock_timestamp()"
+            )
+            == 3
+        ),
         message="three workers sharing the shards",
     )
     return procs
@@ -156,3 +159,31 @@ def test_a_sigkilled_workers_slots_come_back_within_ttl_and_a_heartbeat(workers,
     b_id = worker_id_of(b.pid)
     wait_until(lambda: scalar(held, [b_id]) == 3, timeout=TTL * 3 + 10, message="B takes the 3 slots")
     assert query("SELECT count(*) FROM shardq_limit_slot WHERE job_id IS NOT NULL")[0][0] == 3
+
+
+def test_jobs_held_back_by_a_limit_keep_their_place_and_do_not_block_their_shard(workers, tmp_path):
+    ledger = tmp_path / "ledger"
+    workers.start("--concurrency", "8", env={"SHARDQ_LIMIT_LEDGER": str(ledger)})
+    # One shard: 30 jobs of a task limited to 3 at once, then an unlimited
+    # job and another limited task's jobs, all behind them in claim order.
+    held = [
+        int(r.id)
+        for r in shardq.enqueue_many(
+            limit_tasks.three_at_once.using(shard_key="one"), [((i, 0.5), {}) for i in range(30)]
+        )
+    ]
+    later = limit_tasks.unlimited_sleep.using(shard_key="one").enqueue(sleep=0.0)
+    other = [int(limit_tasks.two_per_customer.using(shard_key="one").enqueue(customer="c").id) for _ in range(2)]
+    wait_until(lambda: finished([int(later.id), *other]), timeout=5, message="the jobs behind the limited backlog")
+    rows = read_ledger(ledger)
+    started = [job for event, job, *_ in rows if event == "start" and job in held]
+    assert len(started) < 30  # the backlog was still waiting
+    assert scalar("SELECT count(*) FROM shardq_job WHERE id = ANY(%s) AND status = 'READY'", [held]) > 0
+    assert sorted(started[:3]) == held[:3]  # the oldest ran first
+    wait_until(lambda: finished(held), timeout=60)
+    started = [job for event, job, *_ in read_ledger(ledger) if event == "start" and job in held]
+    # Held back, not reordered: each start is among the three oldest not yet started.
+    for i, job in enumerate(started):
+        assert job in sorted(set(held) - set(started[:i]))[:3], f"job {job} overtook older jobs"
+    limited = [r for r in read_ledger(ledger) if r[1] in held]
+    assert max(n for _, n in running_profile(limited)) == 3

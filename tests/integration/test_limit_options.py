@@ -134,7 +134,10 @@ def test_a_queue_limit_applies_to_every_task_of_the_queue(settings):
 def test_a_limit_by_callable_gives_the_partition_and_a_value_that_is_not_json_is_refused_at_enqueue():
     job = limit_tasks.by_region.enqueue(region="eu")
     assert limit_keys_of([int(job.id)]) == [[f"t:{limit_tasks.by_region.module_path}=eu"]]
-    with pytest.raises(InvalidTask, match=r"by_region: the limit_by value returned by limit_by=_region = <object object .*> cannot be a limit key"):
+    with pytest.raises(
+        InvalidTask,
+        match=r"by_region: the limit_by value returned by limit_by=_region = <object object .*> cannot be a limit key",
+    ):
         limit_tasks.by_region.enqueue(region="broken")
     assert limit_keys_of([int(job.id) + 1]) == []  # nothing stored
 
