@@ -216,17 +216,17 @@ class UniqueKey(models.Model):
 
 
 class LimitSlot(models.Model):
-    """One unit of a concurrency limit (docs/limits.md): free when ``job_id``
-    is NULL or ``expires_at`` has passed. A worker takes slots in the claim
-    transaction (SKIP LOCKED), renews the ones its jobs hold at every
-    heartbeat and frees each when the job's thread ends; a dead worker's
-    slots come back when their lease expires."""
+    """One unit of a concurrency limit (docs/limits.md): free when
+    ``worker_id`` is NULL or ``expires_at`` has passed. A worker takes slots
+    in a limited claim's transaction (SKIP LOCKED), lends them to its
+    threads, renews them every half heartbeat and gives them back when no
+    job of the limit waits there; a dead worker's come back when their lease
+    expires."""
 
     id = models.BigAutoField(primary_key=True)
     limit_key = models.TextField()
     slot = models.IntegerField()
     worker_id = models.UUIDField(null=True, blank=True)
-    job_id = models.BigIntegerField(null=True, blank=True)
     taken_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
 

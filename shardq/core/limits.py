@@ -117,15 +117,18 @@ def next_token_in(tat: float, now: float, rate: Rate) -> float:
 def assign(
     jobs: Sequence[tuple[int, Sequence[str]]],
     room: Mapping[str, int],
+    limit: int | None = None,
 ) -> tuple[list[int], dict[str, int]]:
     """Pick jobs in the given (claim) order that every one of their limits
-    has room for: a job is taken only when all its keys have room, which it
-    then uses up one unit of each. Keys missing from ``room`` are unlimited.
-    Returns the ids taken and how much each key used."""
+    has room for, at most ``limit``: a job is taken only when all its keys
+    have room, which it then uses up one unit of each. Keys missing from
+    ``room`` are unlimited. Returns the ids taken and how much each key used."""
     left = dict(room)
     used: dict[str, int] = {}
-    taken = []
+    taken: list[int] = []
     for job_id, keys in jobs:
+        if limit is not None and len(taken) >= limit:
+            break
         if all(left.get(k, 1) > 0 for k in keys):
             for k in keys:
                 if k in left:

@@ -774,12 +774,12 @@ CROSS JOIN LATERAL generate_series(0, k.cap - 1) AS g(slot)
 ON CONFLICT ON CONSTRAINT shardq_limit_slot_key_uniq DO NOTHING;
 
 -- name: take_limit_slots
--- Lock up to :wanted free slots of each concurrency limit key below its :cap (free: no job, or a lease that expired: its worker died), SKIP LOCKED so concurrent claimers take different slots and never wait on each other. Returns key, slot row id.
+-- Lock up to :wanted free slots of each concurrency limit key below its :cap (free: no owner, or an owner's lease that expired: it died), SKIP LOCKED so concurrent claimers take different slots and never wait on each other. Returns key, slot row id.
 SELECT k.key, t.id
 FROM unnest(%(keys)s::text[], %(caps)s::int[], %(wanted)s::int[]) WITH ORDINALITY AS k(key, cap, wanted, ord)
 CROSS JOIN LATERAL (
     SELECT id, slot FROM shardq_limit_slot
-    WHERE limit_key = k.key AND slot < k.cap AND (job_id IS NULL OR expires_at < clock_timestamp())
+    WHERE limit_key = k.key AND slot < k.cap AND (worker_id IS NULL OR expires_at < clock_timestamp())
     ORDER BY slot
     LIMIT k.wanted
     FOR UPDATE SKIP LOCKED
@@ -801,31 +801,38 @@ ORDER BY limit_key
 FOR UPDATE;
 
 -- name: claim_limited_jobs
--- The limited claim's writes, in its transaction: give the slot rows :slot_ids to the jobs :slot_jobs under this worker with a lease of :ttl seconds, move each rate key's tat to :rate_tats, and claim the jobs :ids (CLAIMED under the shard's current version, only on shards this worker holds). Returns claim_jobs' columns (none started by the claim; the starter starts them).
+-- The limited claim's writes, in its transaction: make this worker the owner of the slot rows :slot_ids with a lease of :ttl seconds, move each rate key's tat to :rate_tats, and claim the jobs :ids (in claim order) under the shard's current version, only on shards this worker holds. The first :start of them that are unordered and never lost a worker are started at once, as claim_jobs starts them (RUNNING, the attempt counted, started_at, last_attempted_at, worker_ids); the rest are CLAIMED. Returns claim_jobs' columns.
 WITH slots AS (
     UPDATE shardq_limit_slot AS s
-    SET job_id = a.job_id, worker_id = %(worker)s::uuid, taken_at = clock_timestamp(),
+    SET worker_id = %(worker)s::uuid, taken_at = clock_timestamp(),
         expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
-    FROM unnest(%(slot_ids)s::bigint[], %(slot_jobs)s::bigint[]) AS a(id, job_id)
-    WHERE s.id = a.id
+    WHERE s.id = ANY(%(slot_ids)s::bigint[])
     RETURNING s.id
 ), rates AS (
     UPDATE shardq_limit_rate AS r SET tat = to_timestamp(a.tat)
     FROM unnest(%(rate_keys)s::text[], %(rate_tats)s::float8[]) AS a(key, tat)
     WHERE r.limit_key = a.key
     RETURNING r.limit_key
-), picked AS (
-    SELECT job.id, s.claim_version
-    FROM shardq_job AS job
+), picked AS MATERIALIZED (
+    SELECT job.id, s.claim_version, job.last_attempted_at AS previous_attempt_at,
+           a.ord <= %(start)s AND NOT job.ordered AND job.worker_losses = 0 AS start_now
+    FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS a(id, ord)
+    JOIN shardq_job AS job ON job.id = a.id
     JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = job.shard
-    WHERE job.id = ANY(%(ids)s::bigint[]) AND job.status = 'READY'
-      AND s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
+    WHERE job.status = 'READY' AND s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
 )
 UPDATE shardq_job AS job
-SET status = 'CLAIMED', status_rank = LEAST(job.status_rank, 2147483646) + 1, fence = picked.claim_version
-FROM picked
+SET status = CASE WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
+    status_rank = LEAST(job.status_rank, 2147483646) + 1,
+    fence = picked.claim_version,
+    attempts = job.attempts + picked.start_now::int,
+    started_at = CASE WHEN picked.start_now THEN COALESCE(job.started_at, clock_timestamp()) ELSE job.started_at END,
+    last_attempted_at = CASE WHEN picked.start_now THEN clock_timestamp() ELSE job.last_attempted_at END,
+    worker_ids = CASE WHEN picked.start_now THEN job.worker_ids || jsonb_build_array(%(worker)s::text)
+                      ELSE job.worker_ids END
 -- slots and rates are written whatever this returns (a data-modifying CTE
 -- always runs to completion).
+FROM picked
 WHERE job.id = picked.id
 -- claim_jobs' columns, in ClaimedJob's order.
 RETURNING job.id, job.task_path, job.queue_name, job.priority,
@@ -837,31 +844,30 @@ RETURNING job.id, job.task_path, job.queue_name, job.priority,
           CASE WHEN jsonb_typeof(job.errors) = 'array' THEN jsonb_array_length(job.errors) ELSE 0 END AS error_count,
           job.backend,
           octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes,
-          job.worker_losses, NULL::text AS problem, false AS started,
-          NULL::timestamptz AS previous_attempt_at;
+          job.worker_losses, NULL::text AS problem, picked.start_now AS started,
+          picked.previous_attempt_at;
 
 -- name: release_limit_slots
--- Free the slots this worker holds for the jobs :jobs (their threads ended, or they went back unrun) and NOTIFY :channel with each freed key once, so a worker whose limited jobs wait claims them now rather than at its next poll.
+-- Give back the slots :slots this worker owns (nothing here needs them) and NOTIFY :channel with each freed key once, so a worker whose limited jobs wait claims them now rather than at its next poll.
 WITH freed AS (
     UPDATE shardq_limit_slot
-    SET job_id = NULL, worker_id = NULL, taken_at = NULL, expires_at = NULL
-    WHERE worker_id = %(worker)s::uuid AND job_id = ANY(%(jobs)s::bigint[])
+    SET worker_id = NULL, taken_at = NULL, expires_at = NULL
+    WHERE worker_id = %(worker)s::uuid AND id = ANY(%(slots)s::bigint[])
     RETURNING limit_key
 )
 SELECT pg_notify(%(channel)s, key) FROM (SELECT DISTINCT limit_key AS key FROM freed) AS k;
 
 -- name: renew_limit_slots
--- Heartbeat of this worker's slots: extend the lease of those whose job is still in its memory (:jobs, a zombie thread's included) by :ttl seconds, and free the rest (jobs it no longer holds). Returns the jobs whose slots it kept.
+-- Heartbeat of this worker's slots: extend the lease of those it still owns (:slots, a zombie thread's included) by :ttl seconds, and give back the rest. Returns the slots kept.
 UPDATE shardq_limit_slot
-SET expires_at = CASE WHEN job_id = ANY(%(jobs)s::bigint[]) THEN clock_timestamp() + make_interval(secs => %(ttl)s) END,
-    taken_at = CASE WHEN job_id = ANY(%(jobs)s::bigint[]) THEN taken_at END,
-    worker_id = CASE WHEN job_id = ANY(%(jobs)s::bigint[]) THEN worker_id END,
-    job_id = CASE WHEN job_id = ANY(%(jobs)s::bigint[]) THEN job_id END
+SET expires_at = CASE WHEN id = ANY(%(slots)s::bigint[]) THEN clock_timestamp() + make_interval(secs => %(ttl)s) END,
+    taken_at = CASE WHEN id = ANY(%(slots)s::bigint[]) THEN taken_at END,
+    worker_id = CASE WHEN id = ANY(%(slots)s::bigint[]) THEN worker_id END
 WHERE worker_id = %(worker)s::uuid
-RETURNING job_id;
+RETURNING id;
 
 -- name: limit_usage
--- Operator view of every limit key in use or waited on: key, slots in use (lease not expired), holders as a JSON object of worker (name or id) -> slots, READY limited jobs waiting on the key, and the rate row's tat (epoch seconds, NULL without one) and the database's now.
+-- Operator view of every limit key in use or waited on: key, slots owned by workers (lease not expired), holders as a JSON object of worker (name or id) -> slots, READY limited jobs waiting on the key, and the rate row's tat (epoch seconds, NULL without one) and the database's now.
 WITH waiting AS (
     SELECT k.key, count(*) AS waiting
     FROM shardq_job AS j CROSS JOIN LATERAL jsonb_array_elements_text(j.limit_keys) AS k(key)
@@ -870,7 +876,7 @@ WITH waiting AS (
 ), held AS (
     SELECT s.limit_key AS key, COALESCE(NULLIF(w.name, ''), s.worker_id::text) AS holder, count(*) AS n
     FROM shardq_limit_slot AS s LEFT JOIN shardq_worker AS w ON w.id = s.worker_id
-    WHERE s.job_id IS NOT NULL AND s.expires_at > clock_timestamp()
+    WHERE s.worker_id IS NOT NULL AND s.expires_at > clock_timestamp()
     GROUP BY 1, 2
 ), keys AS (
     SELECT key FROM waiting UNION SELECT key FROM held

@@ -574,11 +574,14 @@ class WorkerStore:
         idle_threads: int,
         ttl: float,
         row_factory: "type[DataclassInstance]",
+        limit: int,
+        start: int = 0,
     ) -> tuple[list[Any], "LimitPlan | None"]:
         """One limited claim, one transaction: lock the candidates, the free
         slots (SKIP LOCKED) and the rate rows (sorted), let ``limiter.pick``
-        choose, then write slots, tokens and claims together. Returns the
-        claimed jobs (``row_factory`` rows) and the plan (None: no candidate)."""
+        choose (at most ``limit`` jobs), then write slots, tokens and claims
+        together, the first ``start`` jobs started. Returns the claimed jobs
+        (``row_factory`` rows) and the plan (None: no candidate)."""
         params = {
             "worker": worker,
             "shards": shards,
@@ -603,7 +606,7 @@ class WorkerStore:
                 rows = self._execute(named, "claim_limited_candidates", params, binary=True)
                 if not rows:
                     return [], None
-                slots, rates = limiter.needs(rows)
+                slots, rates = limiter.needs(rows, limit)
                 new_slots = limiter.new_slot_keys(slots)
                 new_rates = limiter.new_rate_keys(rates)
                 if new_slots:
@@ -630,8 +633,11 @@ class WorkerStore:
                 rate_rows = []
                 if rates:
                     rate_rows = self._execute(named, "lock_limit_rates", {"keys": rates})
-                plan = limiter.pick(rows, slot_rows, rate_rows, idle_threads)
+                plan = limiter.pick(rows, slot_rows, rate_rows, idle_threads, limit)
                 if not plan.ids:
+                    # Nothing to claim: the slots locked stay free (rolled back).
+                    plan.slot_ids.clear()
+                    plan.slot_keys.clear()
                     return [], plan
                 with conn.cursor(row_factory=fields_row(row_factory)) as jobs:
                     claimed = self._execute(
@@ -641,8 +647,8 @@ class WorkerStore:
                             "worker": worker,
                             "pool": pool,
                             "ids": plan.ids,
+                            "start": start,
                             "slot_ids": plan.slot_ids,
-                            "slot_jobs": plan.slot_jobs,
                             "rate_keys": plan.rate_keys,
                             "rate_tats": plan.rate_tats,
                             "ttl": ttl,
@@ -656,13 +662,13 @@ class WorkerStore:
         limiter.rates_ensured(ensured[1])
         return result
 
-    def release_limit_slots(self, worker: str, jobs: list[int], channel: str) -> None:
-        """Free this worker's slots of ``jobs`` and NOTIFY each freed key on ``channel``."""
-        self.run("release_limit_slots", {"worker": worker, "jobs": jobs, "channel": channel})
+    def release_limit_slots(self, worker: str, slots: list[int], channel: str) -> None:
+        """Give back this worker's ``slots`` and NOTIFY each freed key on ``channel``."""
+        self.run("release_limit_slots", {"worker": worker, "slots": slots, "channel": channel})
 
-    def renew_limit_slots(self, worker: str, jobs: list[int], ttl: float) -> int:
-        """Extend the slots of ``jobs`` by ``ttl``; free this worker's others. Returns how many were kept."""
-        return len(self.run("renew_limit_slots", {"worker": worker, "jobs": jobs, "ttl": ttl}))
+    def renew_limit_slots(self, worker: str, slots: list[int], ttl: float) -> int:
+        """Extend ``slots`` by ``ttl``; give back this worker's others. Returns how many were kept."""
+        return len(self.run("renew_limit_slots", {"worker": worker, "slots": slots, "ttl": ttl}))
 
     def start_jobs[J: JobRef](
         self, worker: str, jobs: list[J]

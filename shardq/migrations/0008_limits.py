@@ -28,7 +28,6 @@ class Migration(migrations.Migration):
                 ('limit_key', models.TextField()),
                 ('slot', models.IntegerField()),
                 ('worker_id', models.UUIDField(blank=True, null=True)),
-                ('job_id', models.BigIntegerField(blank=True, null=True)),
                 ('taken_at', models.DateTimeField(blank=True, null=True)),
                 ('expires_at', models.DateTimeField(blank=True, null=True)),
             ],

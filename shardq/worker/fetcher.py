@@ -320,11 +320,16 @@ class Fetcher:
                 queues=self.queues,
                 exclude_queues=self.exclude_queues,
                 backend=self.backend,
-                per_shard=wanted,
+                # A shallow walk of every shard (the outer LIMIT comes after
+                # each shard's walk has locked its rows); the fetcher goes
+                # again at once while claims bring jobs.
+                per_shard=max(1, math.ceil(SCAN_FACTOR * wanted / len(order))),
                 scan=wanted * SCAN_FACTOR,
                 idle_threads=min(wanted, self.idle_threads()),
                 ttl=self.lease_ttl,
                 row_factory=ClaimedJob,
+                limit=wanted,
+                start=min(wanted, self.start_now()),
             )
         except DatabaseUnavailable as exc:
             # Its jobs and slots committed or not together: a lost answer
@@ -340,16 +345,14 @@ class Fetcher:
             return 0
         if plan is None:
             return 0
-        orphans = limiter.claimed(plan, {job.id for job in rows})
-        if orphans:
-            self.keep_limit_slots()
+        limiter.claimed(plan, {job.id for job in rows})
         if rows:
             self.take(rows)
         return len(rows)
 
     def keep_limit_slots(self) -> None:
-        """Write the releases of slots whose jobs' threads ended, and renew
-        the rest once per half heartbeat (their lease is LEASE_TTL)."""
+        """Give back the slots nothing here needs any more, and renew the
+        rest once per half heartbeat (their lease is LEASE_TTL)."""
         limiter = self.limiter
         if limiter is None:
             return

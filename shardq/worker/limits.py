@@ -1,28 +1,46 @@
 """The worker's side of concurrency and rate limits (docs/limits.md).
 
-State model of a concurrency slot (a row of ``shardq_limit_slot``)::
+A worker *owns* slots of a concurrency limit (rows of ``shardq_limit_slot``
+under its id) and lends them to its threads: a limited job runs only while
+its thread holds one of this worker's slots of each of its limits
+(``acquire``, in sorted key order). So at every instant, cluster-wide,
 
-    free --(limited claim: SKIP LOCKED, same transaction as the job's claim)--> held(worker, job, expires)
-    held --(heartbeat: the job is still in this worker's memory)--> held, expires = now + LEASE_TTL
-    held --(the job's thread ended, or the job went back unrun)--> free   (release_limit_slots + NOTIFY)
-    held --(the worker died or stopped renewing: expires passes)--> free  (takeable by anyone)
+    jobs running under limit k  <=  slots of k owned  <=  max_concurrency of k
 
-So a dead worker's slots come back at most LEASE_TTL after its last renewal
-(renewals come every HEARTBEAT), and a thread that outlives its job's
-outcome (a zombie: a timeout wrote the outcome, the thread runs on) keeps
-its slot, because the release is the thread's own exit, not the outcome.
+because a slot row is owned by one worker at a time (taken SKIP LOCKED in
+the claim's transaction, only ``slot < cap``).
 
-Rate limits are GCRA rows debited in the same transaction, in sorted key
-order, by as many tokens as the claim takes (a batch, not one per job).
+State model of a slot row::
 
-Everything here runs on the fetcher's thread, except ``finished`` (an
-executor thread) and ``freed`` (the listener), which only touch
-lock-protected sets.
+    free --(limited claim, same transaction as its jobs' claim)--> owned(worker, expires)
+    owned --(heartbeat: renewed while this worker owns it)--> owned, expires = now + LEASE_TTL
+    owned --(this worker has no job of k waiting, or owns more than it may keep)--> free (+ NOTIFY)
+    owned --(the worker died: no renewal)--> free once expires passes (anyone may take it)
+
+Owned slots pass from a finished job to the next claimed job of the same
+limit in memory, with no statement: a worker claims up to ``owned +
+min(owned, share)`` jobs of a limit, so a job waits in its buffer for the
+slot of one that runs (look-ahead, as unlimited jobs have) instead of a
+claim round trip after every job. ``share`` = ceil(cap / live workers):
+a worker keeps at most ``max(share, --concurrency)`` slots of a limit, so a
+limit of 40 over 4 workers of 10 threads ends 10 + 10 + 10 + 10 even when
+one worker started first (River's case), and a limit of 3 can run 3 on one
+worker when the others have no jobs of it.
+
+A dead worker's slots come back at most LEASE_TTL after its last renewal
+(renewals come every HEARTBEAT / 2); a thread that outlives its job's
+outcome (a zombie) keeps its slot until it really ends, since the slot is
+the thread's, not the outcome's.
+
+Rate limits are GCRA rows debited in the claim's transaction, in sorted
+key order, by as many tokens as the claim takes; rate-limited jobs are only
+claimed for idle threads, so they start when their token is spent.
 """
 
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +57,11 @@ logger = logging.getLogger("shardq.worker.limits")
 # A limited claim locks at most this many candidates per wanted job (jobs
 # of full limits are passed over by the walk, not locked).
 SCAN_FACTOR = 4
+# Claimed jobs of a limit per slot this worker owns: one runs, one waits in
+# memory to take the slot the moment it is free (the look-ahead that hides
+# the claim's round trip). A waiting job may hold a thread while it waits
+# (acquire), so at most one thread per owned slot waits.
+QUEUED_PER_SLOT = 2
 
 
 @dataclass(slots=True)
@@ -46,12 +69,13 @@ class LimitPlan:
     """What one limited claim decided (``Limiter.pick``), for ``claim_limited_jobs``."""
 
     ids: list[int] = field(default_factory=list)
+    # Slot rows this claim takes (ids), and the key of each.
     slot_ids: list[int] = field(default_factory=list)
-    slot_jobs: list[int] = field(default_factory=list)
+    slot_keys: list[str] = field(default_factory=list)
     rate_keys: list[str] = field(default_factory=list)
     rate_tats: list[float] = field(default_factory=list)
-    # job id -> the concurrency keys whose slots it now holds
-    holds: dict[int, list[str]] = field(default_factory=dict)
+    # job id -> the concurrency keys it must hold a slot of to run
+    keys: dict[int, list[str]] = field(default_factory=dict)
 
 
 class Limiter:
@@ -66,6 +90,7 @@ class Limiter:
         lease_ttl_seconds: float,
         heartbeat_seconds: float,
         poll_interval_seconds: float,
+        concurrency: int = 1,
         live_workers: Callable[[], int] = lambda: 1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -75,11 +100,28 @@ class Limiter:
         self.ttl = lease_ttl_seconds
         self.heartbeat = heartbeat_seconds
         self.poll_interval = poll_interval_seconds
+        self.concurrency = concurrency
         self.live_workers = live_workers
         self.clock = clock
-        self._lock = threading.Lock()
-        # job id -> concurrency keys whose slots it holds (claimed here, thread not ended)
-        self.book: dict[int, list[str]] = {}
+        # One lock (a condition: threads wait on it for a slot) over all
+        # the state below.
+        self._cond = threading.Condition()
+        # key -> slot row ids this worker owns and no thread holds
+        self._free: dict[str, list[int]] = {}
+        # key -> slots of it held by threads
+        self._in_use: dict[str, int] = {}
+        # job id -> its concurrency keys (claimed here, not finished)
+        self._jobs: dict[int, list[str]] = {}
+        # job id -> the slot ids its thread holds
+        self._held: dict[int, list[tuple[str, int]]] = {}
+        # key -> claimed jobs of it not yet holding slots (waiting in memory)
+        self._waiting: dict[str, int] = {}
+        self._caps: dict[str, int] = {}
+        # key -> job ids whose threads wait for a slot of it, in arrival order
+        self._queue: dict[str, deque[int]] = {}
+        # key -> the last limited claim left jobs of it in the table (more
+        # may come: keep its slots while idle)
+        self._more: dict[str, bool] = {}
         self._released: list[int] = []
         # Limits found full, passed over by the next walks until the time
         # given (a freed slot's NOTIFY or the poll for concurrency, the next
@@ -91,7 +133,6 @@ class Limiter:
         self._renew_now = False
         self._known_paths = -1
         self._active = bool(queue_limits)
-        self.stats = {"limited_claims": 0, "limit_blocked": 0}
 
     # -- is anything limited at all? --------------------------------------------
 
@@ -116,31 +157,47 @@ class Limiter:
     def spec(self, key: str) -> LimitSpec | None:
         return spec_for_key(key, self._resolve, self.queue_limits)
 
+    def _share(self, key: str) -> int:
+        """How many slots of ``key`` this worker may keep: its fair share,
+        or its threads when that is more (it can run that many at once)."""
+        cap = self._caps.get(key, 1)
+        return max(-(-cap // max(1, self.live_workers())), self.concurrency)
+
+    def _owned(self, key: str) -> int:
+        return len(self._free.get(key, ())) + self._in_use.get(key, 0)
+
     # -- the claim ----------------------------------------------------------------
 
     def full_keys(self) -> list[str]:
         now = self.clock()
-        with self._lock:
+        with self._cond:
             for key in [k for k, until in self._full.items() if until <= now]:
                 del self._full[key]
             return sorted(self._full)
 
     def wake_in(self) -> float | None:
         """Seconds until a limit passed over may have room again (None: none is)."""
-        with self._lock:
+        with self._cond:
             if not self._full:
                 return None
             return max(0.0, min(self._full.values()) - self.clock())
 
     def freed(self, key: str) -> bool:
         """A NOTIFY said a slot of ``key`` was freed somewhere: look again.
-        True when this worker was passing that limit over."""
-        with self._lock:
-            return self._full.pop(key, None) is not None
+        True when this worker was passing that limit over, or its last claim
+        left jobs of it in the table (wake the fetcher)."""
+        with self._cond:
+            passed_over = self._full.pop(key, None) is not None
+            return passed_over or bool(self._more.get(key))
 
-    def needs(self, rows: Sequence[dict[str, Any]]) -> tuple[dict[str, tuple[int, int]], list[str]]:
-        """For candidate rows: {concurrency key: (cap, jobs wanting it)} and the rate keys, sorted."""
-        slots: dict[str, tuple[int, int]] = {}
+    def needs(
+        self, rows: Sequence[dict[str, Any]], limit: int | None = None
+    ) -> tuple[dict[str, tuple[int, int]], list[str]]:
+        """For candidate rows (a claim of at most ``limit``): {concurrency
+        key: (cap, slots to take from the table)} and the rate keys, both
+        sorted (the lock order)."""
+        counts: dict[str, int] = {}
+        caps: dict[str, int] = {}
         rates = set()
         for row in rows:
             for key in row["limit_keys"] or ():
@@ -148,11 +205,29 @@ class Limiter:
                 if spec is None:
                     continue
                 if spec.max_concurrency is not None:
-                    cap, n = slots.get(key, (spec.max_concurrency, 0))
-                    slots[key] = (cap, n + 1)
+                    caps[key] = spec.max_concurrency
+                    counts[key] = counts.get(key, 0) + 1
                 if spec.rate is not None:
                     rates.add(key)
-        return dict(sorted(slots.items())), sorted(rates)
+        slots = {}
+        with self._cond:
+            self._caps.update(caps)
+            for key in sorted(counts):
+                # Up to what it may keep, and no more than the candidates
+                # could use beyond the room it has.
+                room = self._room(key)
+                count = counts[key] if limit is None else min(limit, counts[key])
+                wanted = min(self._share(key) - self._owned(key), max(0, count - room))
+                slots[key] = (caps[key], max(0, min(wanted, caps[key])))
+        return slots, sorted(rates)
+
+    def _room(self, key: str, new: int = 0) -> int:
+        """Jobs of ``key`` this worker may still claim: up to QUEUED_PER_SLOT
+        per slot it owns, running or waiting (none without a slot: a job
+        claimed here must not wait for slots other workers hold)."""
+        owned = self._owned(key) + new
+        busy = self._in_use.get(key, 0) + self._waiting.get(key, 0)
+        return max(0, owned * QUEUED_PER_SLOT - busy)
 
     def new_slot_keys(self, slots: dict[str, tuple[int, int]]) -> dict[str, int]:
         """The (key, cap) pairs whose slot rows this process has not made sure of yet."""
@@ -173,155 +248,191 @@ class Limiter:
         slot_rows: Sequence[tuple[str, int]],
         rate_rows: Sequence[dict[str, Any]],
         idle_threads: int,
+        limit: int | None = None,
     ) -> LimitPlan:
-        """Choose, in claim order, the candidates every limit has room for.
-
-        Room of a concurrency key: the free slots the claim locked; of a
-        rate key: the tokens GCRA grants now. Beyond this worker's idle
-        threads (jobs that would wait in its memory, holding slots another
-        worker could use now), a job is taken only within this worker's
-        fair share of each of its concurrency limits, ceil(cap / live
-        workers): so a limit of 40 over 4 workers is spread 10 + 10 + 10 +
-        10 rather than filling one worker's look-ahead (River's case). Rate
-        tokens are only spent on jobs that start at once."""
-        free_slots: dict[str, list[int]] = {}
+        """Choose, in claim order, at most ``limit`` candidates every limit has room for:
+        a concurrency key's room is ``_room`` with the slots this claim
+        took; a rate key's the tokens GCRA grants now, and only for idle
+        threads (a rate token is spent on a job that starts at once)."""
+        new_slots: dict[str, list[int]] = {}
         for key, slot_id in slot_rows:
-            free_slots.setdefault(key, []).append(slot_id)
+            new_slots.setdefault(key, []).append(slot_id)
         specs = {key: self.spec(key) for row in rows for key in row["limit_keys"] or ()}
         room: dict[str, int] = {}
-        for key, spec in specs.items():
-            if spec is not None and spec.max_concurrency is not None:
-                room[key] = len(free_slots.get(key, ()))
+        with self._cond:
+            for key, spec in specs.items():
+                if spec is not None and spec.max_concurrency is not None:
+                    room[key] = self._room(key, len(new_slots.get(key, ())))
         rates = {}
         for rate_row in rate_rows:
             key = rate_row["limit_key"]
             spec = specs.get(key)
             if spec is None or spec.rate is None:
                 continue
-            wanted = sum(1 for row in rows if key in (row["limit_keys"] or ()))
+            wanted = min(max(0, idle_threads), sum(1 for row in rows if key in (row["limit_keys"] or ())))
             granted, _ = grant(rate_row["tat"], rate_row["now"], spec.rate, wanted)
             rates[key] = (rate_row["tat"], rate_row["now"], spec.rate)
             room[key] = min(room.get(key, granted), granted)
-        live = max(1, self.live_workers())
-        with self._lock:
-            held: dict[str, int] = {}
-            for keys in self.book.values():
-                for key in keys:
-                    held[key] = held.get(key, 0) + 1
-        share = {
-            key: -(-spec.max_concurrency // live) - held.get(key, 0)
-            for key, spec in specs.items()
-            if spec is not None and spec.max_concurrency is not None
-        }
-        # Keys a job may be limited by, in order, with the unknown ones left out.
         jobs = [(row["id"], [k for k in row["limit_keys"] or () if k in room]) for row in rows]
-        ahead_room = dict(room)
-        for key in room:
-            if key in rates:
-                ahead_room[key] = 0  # rate tokens: only for jobs that start now
-            elif key in share:
-                ahead_room[key] = min(room[key], max(0, share[key] - max(0, idle_threads)))
-        now_jobs, used = assign(jobs[: max(0, idle_threads)] if idle_threads > 0 else [], room)
-        left = {k: room[k] - used.get(k, 0) for k in room}
-        started = set(now_jobs)
-        rest = [j for j in jobs if j[0] not in started]
-        ahead_left = {k: min(left[k], ahead_room[k]) for k in room}
-        ahead_jobs, ahead_used = assign(
-            [j for j in rest if all(k in ahead_left for k in j[1])] if rest else [], ahead_left
-        )
-        for k, n in ahead_used.items():
-            used[k] = used.get(k, 0) + n
-        taken = set(now_jobs) | set(ahead_jobs)
+        taken, used = assign(jobs, room, limit)
         plan = LimitPlan()
-        keys_of = dict(jobs)
-        for job_id, _ in jobs:
-            if job_id not in taken:
-                continue
-            plan.ids.append(job_id)
-            held_keys = []
-            for key in keys_of[job_id]:
-                if key in free_slots:
-                    plan.slot_ids.append(free_slots[key].pop())
-                    plan.slot_jobs.append(job_id)
-                    held_keys.append(key)
-            if held_keys:
-                plan.holds[job_id] = held_keys
+        taken_set = set(taken)
+        for job_id, keys in jobs:
+            if job_id in taken_set:
+                plan.ids.append(job_id)
+                plan.keys[job_id] = [k for k in keys if k not in rates or (specs[k] or LimitSpec()).max_concurrency]
+        for key, ids in new_slots.items():
+            plan.slot_ids.extend(ids)
+            plan.slot_keys.extend([key] * len(ids))
         now_mono = self.clock()
         full: dict[str, float] = {}
+        denied = {k for job_id, keys in jobs if job_id not in taken_set for k in keys}
+        with self._cond:
+            for key in room:
+                self._more[key] = key in denied
         for key, (tat, now, rate) in sorted(rates.items()):
             n = used.get(key, 0)
             _, new_tat = grant(tat, now, rate, n) if n else (0, tat)
             if n:
                 plan.rate_keys.append(key)
                 plan.rate_tats.append(new_tat)
-            if any(key in keys_of[j] for j, _ in jobs if j not in taken):
-                full[key] = now_mono + next_token_in(new_tat, now, rate)
+            if key in denied:
+                full[key] = now_mono + max(next_token_in(new_tat, now, rate), 0.001)
         for key in room:
-            if key in rates:
-                continue
-            denied = any(key in keys_of[j] for j, _ in jobs if j not in taken)
-            if denied and room[key] - used.get(key, 0) <= 0:
+            if key not in rates and key in denied and room[key] - used.get(key, 0) <= 0:
                 # Looked at again when a NOTIFY says a slot was freed, or at the poll.
                 full[key] = now_mono + self.poll_interval
         if full:
-            self.stats["limit_blocked"] += 1
-            with self._lock:
+            with self._cond:
                 self._full.update(full)
         return plan
 
-    def claimed(self, plan: LimitPlan, claimed_ids: set[int]) -> list[int]:
-        """The claim committed: book the slots of the jobs it claimed. Slots
-        given to jobs the claim did not get (moved meanwhile) are released."""
-        self.stats["limited_claims"] += 1
-        orphans = []
-        with self._lock:
-            for job_id, keys in plan.holds.items():
-                if job_id in claimed_ids:
-                    self.book[job_id] = keys
-                else:
-                    orphans.append(job_id)
-            self._released.extend(orphans)
-        return orphans
+    def claimed(self, plan: LimitPlan, claimed_ids: set[int]) -> None:
+        """The claim committed: its slots are this worker's, its jobs wait
+        for them. (Slots taken for jobs the claim did not get stay owned
+        and serve the next claim, or go back when nothing needs them.)"""
+        with self._cond:
+            for key, slot_id in zip(plan.slot_keys, plan.slot_ids, strict=True):
+                self._free.setdefault(key, []).append(slot_id)
+            for job_id, keys in plan.keys.items():
+                if job_id in claimed_ids and keys:
+                    self._jobs[job_id] = keys
+                    for key in keys:
+                        self._waiting[key] = self._waiting.get(key, 0) + 1
+            self._release_idle()
+            self._cond.notify_all()  # threads waiting for a slot: new ones came
 
-    # -- slots held ---------------------------------------------------------------
+    def _release_idle(self) -> None:
+        """Give back free slots nothing here waits for (caller holds the lock)."""
+        for key, free in self._free.items():
+            if self._more.get(key) and self._owned(key) <= self._share(key):
+                continue  # the table has more of its jobs for this worker
+            while free and self._waiting.get(key, 0) < len(free):
+                self._released.append(free.pop())
+
+    # -- threads ------------------------------------------------------------------
+
+    def limits_of(self, job_id: int) -> bool:
+        with self._cond:
+            return job_id in self._jobs
+
+    def acquire(self, job_id: int, timeout: float) -> bool:
+        """Block this executor thread until it holds one of this worker's
+        slots of each of the job's limits (sorted order: two threads never
+        wait on each other). False after ``timeout`` (the job goes back)."""
+        deadline = self.clock() + timeout
+        with self._cond:
+            keys = self._jobs.get(job_id)
+            if not keys:
+                return True
+            # First come, first served per limit: threads take jobs in claim
+            # order (the starter's priority order), and a job keeps its
+            # place among the ones waiting for the same slots.
+            for key in keys:
+                self._queue.setdefault(key, deque()).append(job_id)
+            try:
+                while not all(self._free.get(k) and self._queue[k][0] == job_id for k in keys):
+                    left = deadline - self.clock()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(min(left, 0.5))
+            finally:
+                for key in keys:
+                    self._queue[key].remove(job_id)
+                self._cond.notify_all()
+            held = []
+            for key in keys:
+                held.append((key, self._free[key].pop()))
+                self._in_use[key] = self._in_use.get(key, 0) + 1
+                self._waiting[key] = self._waiting.get(key, 1) - 1
+            self._held[job_id] = held
+            return True
 
     def finished(self, job_id: int) -> bool:
         """An executor thread left this job (it ran, failed, or was handed
-        back): its slots go back. True when it held any (the caller wakes
-        the fetcher, which writes the release)."""
-        with self._lock:
-            if self.book.pop(job_id, None) is None:
+        back). Its slots pass to a job of the same limit waiting here, or
+        go back to the table when none waits or this worker owns more than
+        it may keep. True when some go back (the caller wakes the fetcher,
+        which writes the release)."""
+        with self._cond:
+            keys = self._jobs.pop(job_id, None)
+            held = self._held.pop(job_id, None)
+            if keys is None:
                 return False
-            self._released.append(job_id)
-            return True
+            if held is None:  # never ran here: it no longer waits
+                for key in keys:
+                    self._waiting[key] = max(0, self._waiting.get(key, 1) - 1)
+                before = len(self._released)
+                self._release_idle()
+                return len(self._released) > before
+            before = len(self._released)
+            for key, slot_id in held:
+                self._in_use[key] -= 1
+                # Kept for a job waiting for it, within what this worker
+                # may keep (_owned no longer counts this slot).
+                wanted = self._waiting.get(key, 0) > len(self._free.get(key, ())) or self._more.get(key)
+                if wanted and self._owned(key) < self._share(key):
+                    self._free.setdefault(key, []).append(slot_id)
+                else:
+                    self._released.append(slot_id)
+            self._cond.notify_all()
+            return len(self._released) > before
+
+    # -- the table ------------------------------------------------------------------
 
     def take_released(self) -> list[int]:
-        with self._lock:
+        with self._cond:
             released, self._released = self._released, []
             return released
 
     def renew_due(self) -> bool:
         if self._renew_now:
             return True
-        return bool(self.book) and self.clock() - self._last_renew >= self.heartbeat / 2
+        return self.owned() > 0 and self.clock() - self._last_renew >= self.heartbeat / 2
 
     def requeue_renewal(self) -> None:
         """A release or renewal was not written: renew at the next round,
-        which frees every slot of this worker whose job is no longer here."""
+        which frees every slot of this worker not owned here any more."""
         self._renew_now = True
 
     def to_renew(self, holds: Callable[[int], bool]) -> list[int]:
-        """The jobs whose slots to keep: those still in this worker's memory.
-        The rest (dropped with a lost shard, handed back) are forgotten here
-        and freed by the renewal."""
+        """The slot ids to keep. Jobs no longer in this worker's memory
+        (dropped with a lost shard, handed back) stop waiting here first."""
         self._last_renew = self.clock()
         self._renew_now = False
-        with self._lock:
-            gone = [job_id for job_id in self.book if not holds(job_id)]
-            for job_id in gone:
-                del self.book[job_id]
-            return list(self.book)
+        with self._cond:
+            for job_id in [j for j in self._jobs if j not in self._held and not holds(j)]:
+                for key in self._jobs.pop(job_id):
+                    self._waiting[key] = max(0, self._waiting.get(key, 1) - 1)
+            self._release_idle()
+            self._released.clear()  # the renewal frees whatever it does not keep
+            owned = [slot for free in self._free.values() for slot in free]
+            owned += [slot for held in self._held.values() for _, slot in held]
+            return owned
+
+    def owned(self) -> int:
+        with self._cond:
+            return sum(len(f) for f in self._free.values()) + sum(self._in_use.values())
 
     def holding(self) -> int:
-        with self._lock:
-            return len(self.book)
+        return self.owned()

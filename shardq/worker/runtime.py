@@ -150,6 +150,7 @@ class Worker:
                 lease_ttl_seconds=self.config.lease_ttl_seconds,
                 heartbeat_seconds=self.config.heartbeat_seconds,
                 poll_interval_seconds=self.config.poll_interval_seconds,
+                concurrency=concurrency,
                 live_workers=lambda: self.leaser.live_workers,
             ),
             idle_threads=self.idle_threads,

@@ -19,7 +19,7 @@ import shardq
 from shardq.core.limits import parse_rate
 from tests.conftest import wait_until
 from tests.taskapp import limit_tasks
-from tests.workers import FAST_LEASES, WorkerPool, query, scalar, worker_id_of
+from tests.workers import FAST_LEASES, WorkerPool, scalar, worker_id_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -103,8 +103,9 @@ def test_max_concurrency_3_holds_across_three_workers_and_keeps_3_running(worker
     pids = {r[3] for r in rows}
     print(f"[limits] max_concurrency=3: 3 running {covered / span:.0%} of {span:.1f}s, {len(pids)} workers ran jobs")
     assert covered >= 0.8 * span, f"3 running only {covered:.2f}s of {span:.2f}s"
-    # Nothing holds a slot once everything finished.
-    wait_until(lambda: scalar("SELECT count(*) FROM shardq_limit_slot WHERE job_id IS NOT NULL") == 0)
+    # Slots go back once nothing waits for them.
+    owned = "SELECT count(*) FROM shardq_limit_slot WHERE worker_id IS NOT NULL AND expires_at > clock_timestamp()"
+    wait_until(lambda: scalar(owned) == 0, timeout=10, message="slots given back")
 
 
 def test_rate_limit_20_a_second_holds_in_every_window_and_over_the_run(workers, tmp_path):
@@ -158,7 +159,8 @@ def test_a_sigkilled_workers_slots_come_back_within_ttl_and_a_heartbeat(workers,
     b = workers.start("--concurrency", "8", env=env)
     b_id = worker_id_of(b.pid)
     wait_until(lambda: scalar(held, [b_id]) == 3, timeout=TTL * 3 + 10, message="B takes the 3 slots")
-    assert query("SELECT count(*) FROM shardq_limit_slot WHERE job_id IS NOT NULL")[0][0] == 3
+    owned = "SELECT count(*) FROM shardq_limit_slot WHERE worker_id IS NOT NULL AND expires_at > clock_timestamp()"
+    assert scalar(owned) == 3
 
 
 def test_jobs_held_back_by_a_limit_keep_their_place_and_do_not_block_their_shard(workers, tmp_path):

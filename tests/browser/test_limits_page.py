@@ -17,12 +17,12 @@ def test_the_limits_page_shows_capacity_use_holders_and_waiting_jobs(open_admin,
     sql("UPDATE shardq_worker SET name = 'mailer-1' WHERE id = %s", [worker])
     jobs = [int(r.id) for r in shardq.enqueue_many(limit_tasks.three_at_once, [((i,), {}) for i in range(7)])]
     key = f"t:{limit_tasks.three_at_once.module_path}"
-    # Two of its three slots held by the worker (as a limited claim leaves them).
+    # Two of its three slots owned by the worker (as a limited claim leaves them).
     sql(
-        "INSERT INTO shardq_limit_slot (limit_key, slot, worker_id, job_id, taken_at, expires_at) "
-        "SELECT %s, g, %s, (%s::bigint[])[g + 1], clock_timestamp(), clock_timestamp() + interval '30 seconds' "
+        "INSERT INTO shardq_limit_slot (limit_key, slot, worker_id, taken_at, expires_at) "
+        "SELECT %s, g, %s, clock_timestamp(), clock_timestamp() + interval '30 seconds' "
         "FROM generate_series(0, 1) g",
-        [key, worker, jobs],
+        [key, worker],
     )
     sql("UPDATE shardq_job SET status = 'RUNNING' WHERE id = ANY(%s)", [jobs[:2]])
     sql("INSERT INTO shardq_limit_slot (limit_key, slot) VALUES (%s, 2)", [key])
