@@ -356,6 +356,7 @@ class Fetcher:
         limiter = self.limiter
         if limiter is None:
             return
+        limiter.forget_gone(self.holds)
         released = limiter.take_released()
         try:
             if released:

@@ -372,20 +372,23 @@ class Limiter:
         """An executor thread left this job (it ran, failed, or was handed
         back). Its slots pass to a job of the same limit waiting here, or
         go back to the table when none waits or this worker owns more than
-        it may keep. True when some go back (the caller wakes the fetcher,
-        which writes the release)."""
+        it may keep. True for a limited job: the caller wakes the fetcher,
+        which writes the releases and claims into the room this made (it
+        would otherwise sleep until its poll: a limited claim's room is
+        not the demand that wakes it for unlimited jobs)."""
         with self._cond:
             keys = self._jobs.pop(job_id, None)
             held = self._held.pop(job_id, None)
             if keys is None:
                 return False
+            for key in keys:
+                # Room opened here: the next claim looks at this limit again.
+                self._full.pop(key, None)
             if held is None:  # never ran here: it no longer waits
                 for key in keys:
                     self._waiting[key] = max(0, self._waiting.get(key, 1) - 1)
-                before = len(self._released)
                 self._release_idle()
-                return len(self._released) > before
-            before = len(self._released)
+                return True
             for key, slot_id in held:
                 self._in_use[key] -= 1
                 # Kept for a job waiting for it, within what this worker
@@ -396,7 +399,7 @@ class Limiter:
                 else:
                     self._released.append(slot_id)
             self._cond.notify_all()
-            return len(self._released) > before
+            return True
 
     # -- the table ------------------------------------------------------------------
 
@@ -415,16 +418,28 @@ class Limiter:
         which frees every slot of this worker not owned here any more."""
         self._renew_now = True
 
+    def forget_gone(self, holds: Callable[[int], bool]) -> None:
+        """Claimed jobs that left this worker's memory without a thread
+        (handed back with a shard being released or lost, or at shutdown)
+        no longer wait here: their room and slots are free again. Called
+        by the fetcher before each claim, on the thread that puts claimed
+        jobs into memory (so none is seen between claim and buffer)."""
+        with self._cond:
+            gone = [j for j in self._jobs if j not in self._held and not holds(j)]
+            for job_id in gone:
+                for key in self._jobs.pop(job_id):
+                    self._waiting[key] = max(0, self._waiting.get(key, 1) - 1)
+                    self._full.pop(key, None)
+            if gone:
+                self._release_idle()
+
     def to_renew(self, holds: Callable[[int], bool]) -> list[int]:
         """The slot ids to keep. Jobs no longer in this worker's memory
         (dropped with a lost shard, handed back) stop waiting here first."""
         self._last_renew = self.clock()
         self._renew_now = False
+        self.forget_gone(holds)
         with self._cond:
-            for job_id in [j for j in self._jobs if j not in self._held and not holds(j)]:
-                for key in self._jobs.pop(job_id):
-                    self._waiting[key] = max(0, self._waiting.get(key, 1) - 1)
-            self._release_idle()
             self._released.clear()  # the renewal frees whatever it does not keep
             owned = [slot for free in self._free.values() for slot in free]
             owned += [slot for held in self._held.values() for _, slot in held]
