@@ -324,7 +324,7 @@ class Fetcher:
                 # each shard's walk has locked its rows); the fetcher goes
                 # again at once while claims bring jobs.
                 per_shard=max(1, math.ceil(SCAN_FACTOR * wanted / len(order))),
-                scan=wanted * SCAN_FACTOR,
+                scan=math.ceil(wanted * SCAN_FACTOR),
                 idle_threads=min(wanted, self.idle_threads()),
                 ttl=self.lease_ttl,
                 row_factory=ClaimedJob,

@@ -56,12 +56,13 @@ logger = logging.getLogger("shardq.worker.limits")
 
 # A limited claim locks at most this many candidates per wanted job (jobs
 # of full limits are passed over by the walk, not locked).
-SCAN_FACTOR = 4
+SCAN_FACTOR = 1.5
 # Claimed jobs of a limit per slot this worker owns: one runs, one waits in
 # memory to take the slot the moment it is free (the look-ahead that hides
 # the claim's round trip). A waiting job may hold a thread while it waits
 # (acquire), so at most one thread per owned slot waits.
 QUEUED_PER_SLOT = 2
+QUEUED_PER_SLOT_ALL_THREADS = 4
 
 
 @dataclass(slots=True)
@@ -133,6 +134,7 @@ class Limiter:
         self._renew_now = False
         self._known_paths = -1
         self._active = bool(queue_limits)
+        self._stopping = False
 
     # -- is anything limited at all? --------------------------------------------
 
@@ -227,7 +229,12 @@ class Limiter:
         claimed here must not wait for slots other workers hold)."""
         owned = self._owned(key) + new
         busy = self._in_use.get(key, 0) + self._waiting.get(key, 0)
-        return max(0, owned * QUEUED_PER_SLOT - busy)
+        # A waiting job may hold a thread while it waits (acquire): one per
+        # slot at most, unless this worker's threads are all the limit's
+        # anyway (owned >= concurrency), when a deeper queue costs no thread
+        # another task could use and hides a longer claim.
+        per_slot = QUEUED_PER_SLOT_ALL_THREADS if owned >= self.concurrency else QUEUED_PER_SLOT
+        return max(0, owned * per_slot - busy)
 
     def new_slot_keys(self, slots: dict[str, tuple[int, int]]) -> dict[str, int]:
         """The (key, cap) pairs whose slot rows this process has not made sure of yet."""
@@ -353,7 +360,20 @@ class Limiter:
             try:
                 while not all(self._free.get(k) and self._queue[k][0] == job_id for k in keys):
                     left = deadline - self.clock()
-                    if left <= 0:
+                    if left <= 0 or self._stopping:
+                        if not self._stopping:
+                            logger.warning(
+                                "job %s waited %.0fs for a slot of %s (owned here: %s free, %s in use; "
+                                "%s waiting; share %s, more %s); handing it back",
+                                job_id,
+                                timeout,
+                                keys,
+                                [len(self._free.get(k, ())) for k in keys],
+                                [self._in_use.get(k, 0) for k in keys],
+                                [self._waiting.get(k, 0) for k in keys],
+                                [self._share(k) for k in keys],
+                                [self._more.get(k) for k in keys],
+                            )
                         return False
                     self._cond.wait(min(left, 0.5))
             finally:
@@ -364,9 +384,16 @@ class Limiter:
             for key in keys:
                 held.append((key, self._free[key].pop()))
                 self._in_use[key] = self._in_use.get(key, 0) + 1
-                self._waiting[key] = self._waiting.get(key, 1) - 1
+                self._waiting[key] = max(0, self._waiting.get(key, 1) - 1)
             self._held[job_id] = held
             return True
+
+    def stop_waiting(self) -> None:
+        """Shutdown: threads waiting for a slot give their jobs back now
+        rather than wait out the grace period."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
 
     def finished(self, job_id: int) -> bool:
         """An executor thread left this job (it ran, failed, or was handed
@@ -405,6 +432,8 @@ class Limiter:
 
     def take_released(self) -> list[int]:
         with self._cond:
+            if self._released:
+                logger.debug("releasing %s", self._released)
             released, self._released = self._released, []
             return released
 
@@ -425,11 +454,19 @@ class Limiter:
         by the fetcher before each claim, on the thread that puts claimed
         jobs into memory (so none is seen between claim and buffer)."""
         with self._cond:
-            gone = [j for j in self._jobs if j not in self._held and not holds(j)]
+            waiting = {j for queue in self._queue.values() for j in queue}
+            gone = [j for j in self._jobs if j not in self._held and j not in waiting and not holds(j)]
             for job_id in gone:
                 for key in self._jobs.pop(job_id):
-                    self._waiting[key] = max(0, self._waiting.get(key, 1) - 1)
                     self._full.pop(key, None)
+            # Counted again from the jobs themselves once a round: the
+            # per-job counts kept between rounds can never drift for long.
+            counts: dict[str, int] = {}
+            for job_id, keys in self._jobs.items():
+                if job_id not in self._held:
+                    for key in keys:
+                        counts[key] = counts.get(key, 0) + 1
+            self._waiting = counts
             if gone:
                 self._release_idle()
 

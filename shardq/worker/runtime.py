@@ -453,6 +453,8 @@ class Worker:
         if self.listener:
             self.listener.stop()
         self.completer.return_jobs(self.buffer.drain())
+        if self.fetcher.limiter is not None:
+            self.fetcher.limiter.stop_waiting()
         finished = self.executor.stop(timeout=deadline - time.monotonic())
         self.completer.stop(deadline=max(deadline, time.monotonic() + 5.0))
         if self.gauges:
