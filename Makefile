@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench soak faults clean chromium lint
+.PHONY: demo test venv bench soak faults clean chromium lint limits-full
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -48,6 +48,11 @@ chromium:
 # -s shows each test's [faults] figures line (docs/reliability.md).
 faults: $(STAMP)
 	SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q -s tests/faults tests/isolation/test_randomized.py
+
+# The limits' acceptance tests at full size: the rate figure over 30 s
+# (make test runs it over 6 s); -s shows each test's [limits] figures line.
+limits-full: $(STAMP)
+	SHARDQ_LIMITS_FULL=1 $(PY) -m pytest -q -s tests/acceptance/test_limits.py
 
 # bench/run.py --help for its flags (--only, --rounds, --no-docs, ...).
 bench: $(STAMP)
