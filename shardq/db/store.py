@@ -620,6 +620,9 @@ class WorkerStore:
                     self._execute(cursor, "ensure_limit_rates", {"keys": new_rates}, fetch="none")
                 ensured = (new_slots, new_rates)
                 slot_rows = []
+                # Only limits that want more slots: in a steady state a
+                # worker's owned slots serve its claims with no statement.
+                slots = {k: v for k, v in slots.items() if v[1] > 0}
                 if slots:
                     slot_rows = self._execute(
                         cursor,

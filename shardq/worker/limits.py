@@ -360,6 +360,12 @@ class Limiter:
             try:
                 while not all(self._free.get(k) and self._queue[k][0] == job_id for k in keys):
                     left = deadline - self.clock()
+                    if not all(self._owned(k) for k in keys):
+                        # This worker owns no slot of one of its limits: none
+                        # will come back here without a claim. Hand the job
+                        # back now (READY, nothing counted) rather than hold
+                        # a thread for a lease.
+                        return False
                     if left <= 0 or self._stopping:
                         if not self._stopping:
                             logger.warning(
@@ -420,7 +426,11 @@ class Limiter:
                 self._in_use[key] -= 1
                 # Kept for a job waiting for it, within what this worker
                 # may keep (_owned no longer counts this slot).
-                wanted = self._waiting.get(key, 0) > len(self._free.get(key, ())) or self._more.get(key)
+                wanted = (
+                    self._waiting.get(key, 0) > len(self._free.get(key, ()))
+                    or bool(self._queue.get(key))  # a thread waits for it now
+                    or self._more.get(key)
+                )
                 if wanted and self._owned(key) < self._share(key):
                     self._free.setdefault(key, []).append(slot_id)
                 else:
