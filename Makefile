@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench bench-cancel soak faults scale clean chromium lint workflows
+.PHONY: demo test venv bench bench-cancel soak faults scale clean chromium lint workflows limits-full
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -63,6 +63,11 @@ workflows: $(STAMP)
 	SHARDQ_FULL_WORKFLOWS=1 SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q -s tests/integration/test_claim_plan.py \
 		tests/acceptance/test_workflows.py tests/faults/test_workflow_churn.py
 	$(PY) bench/workflows.py
+
+# The limits' acceptance tests at full size: the rate figure over 30 s
+# (make test runs it over 6 s); -s shows each test's [limits] figures line.
+limits-full: $(STAMP)
+	SHARDQ_LIMITS_FULL=1 $(PY) -m pytest -q -s tests/acceptance/test_limits.py
 
 # bench/run.py --help for its flags (--only, --rounds, --no-docs, ...).
 bench: $(STAMP)

@@ -39,7 +39,7 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from bench import fairshare, limit, priority
+from bench import fairshare, limit, limits, priority
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -47,7 +47,7 @@ DOCS = REPO / "docs" / "benchmarks.md"
 PLOT = REPO / "docs" / "drain_vs_processes.png"
 SECTION = "## End to end"
 PRIORITY_SECTION = "## Priority"
-PHASES = ("enqueue", "drain", "latency", "rss", "backlog", "priority", "fairshare")
+PHASES = ("enqueue", "drain", "latency", "rss", "backlog", "priority", "fairshare", "limits")
 SHARDS = limit.SHARD_COUNT
 # Django's default logging, as a new project has it: the headline mode.
 DEFAULT_LOGGING = "tests.isolation.default_logging_settings"
@@ -492,6 +492,7 @@ class Bench:
             "backlog": 2,
             "priority": 2,
             "fairshare": 3,
+            "limits": 4 * self.o.rounds,
         }
         return sum(counts[p] for p in self.o.phases)
 
@@ -517,6 +518,9 @@ class Bench:
         if "fairshare" in self.o.phases:
             raw["fairshare"] = fairshare.run(self, self.o.rounds, self.o.jobs, 3 * self.o.jobs)
             self.step("fair share: two workers together, a worker joining", advance=3)
+        if "limits" in self.o.phases:
+            # Concurrency limits' cost (bench/limits.py; docs/benchmarks.md "Limits").
+            raw["limits"] = limits.run(self, self.o.rounds, self.o.jobs)
         self.reset()
         return raw
 
@@ -812,6 +816,33 @@ def fairshare_rows(raw: dict, o: Options) -> list[Row]:
             met=s["jobs_not_run_exactly_once"] == 0,
         ),
     ]
+    return rows
+
+
+def limits_rows(raw: dict) -> list[Row]:
+    """Concurrency limits against no limit (bench/limits.py): the limit
+    column is the unlimited drain, the shardq column the limited one."""
+    lim = raw.get("limits")
+    if not lim:
+        return []
+    rows = []
+    for key, figure, floor in (
+        ("generous", "no-op drain, max_concurrency=1000 vs none (1 worker)", 0.8),
+        ("river", "10 ms tasks, max_concurrency=40 over 4 workers vs none", 0.9),
+    ):
+        r = lim[key]
+        rows.append(
+            Row(
+                f"limits_{key}",
+                figure,
+                "jobs/s",
+                r["unlimited_rate"],
+                r["limited_rate"],
+                target=f">= {floor}x",
+                met=r["ratio"] >= floor,
+                ratio=r["ratio"],
+            )
+        )
     return rows
 
 
@@ -1129,7 +1160,7 @@ def run(options: Options, console=None) -> dict:
             finally:
                 bench.conn.close()
         progress.update(task, description="done")
-    rows = rows_from(raw, options) + fairshare_rows(raw, options)
+    rows = rows_from(raw, options) + fairshare_rows(raw, options) + limits_rows(raw)
     subtitle = f"{info['cpus']} CPUs, PostgreSQL {info['postgresql'].split()[0]}, Python {info['python']}, {when}"
     headline = next((row for row in rows if row.key == "drain_1p"), None)
     if headline is not None and headline.ratio is not None:

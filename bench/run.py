@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PHASES = ("enqueue", "drain", "latency", "rss", "backlog", "priority", "fairshare")
+PHASES = ("enqueue", "drain", "latency", "rss", "backlog", "priority", "fairshare", "limits")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bench/run.py",
         description="Benchmark shardq against a bare psycopg loop (enqueue, drain, pickup latency, memory, "
-        "claim cost vs backlog, priority pickup and order, fair share of workers started together or joining); prints its tables, writes bench/results/ and docs/benchmarks.md.",
+        "claim cost vs backlog, priority pickup and order, fair share of workers started together or joining, the cost of concurrency limits); prints its tables, writes bench/results/ and docs/benchmarks.md.",
     )
     p.add_argument(
         "--rounds",

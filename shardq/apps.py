@@ -28,9 +28,13 @@ class ShardqConfig(AppConfig):
         from .checks import app_without_backend
         from .db.store import ensure_shards
         from .dispatch import settings_changed
+        from .limits import configured_queue_limits
         from .metrics import enable_if_configured
 
         checks.register(app_without_backend)
+        # SHARDQ["QUEUES"]' limits: a bad one stops the process at start,
+        # with a message naming the queue and the option.
+        configured_queue_limits()
 
         post_migrate.connect(ensure_shards, sender=self, dispatch_uid="shardq_ensure_shards")
         enable_if_configured()

@@ -72,6 +72,7 @@ from .db import enqueue as enqueue_statements
 from .db import operations
 from .dispatch import SignalGate
 from .exceptions import ArgumentNotJSON
+from .limits import limit_keys, queue_limits, static_keys
 from .tasks import (
     ShardTask,
     bind_arguments,
@@ -106,6 +107,8 @@ class ShardqBackend(BaseTaskBackend):
         self.database_alias = self.options.get("DATABASE", DEFAULT_DB_ALIAS)
         self.prepared_statements = bool(self.options.get("PREPARED_STATEMENTS", True))
         self.config = get_config()
+        # SHARDQ["QUEUES"]' limits (validated at start by the app's ready()).
+        self.queue_limits = queue_limits()
         # get_result keeps no cache of its own: a SUCCESSFUL result does not
         # change, but its row can go (shardq_prune, a DELETE), and Django's
         # contract is TaskResultDoesNotExist then, in every process.
@@ -164,12 +167,17 @@ class ShardqBackend(BaseTaskBackend):
         # No shard here: the statement that writes the row computes it from
         # the cluster's current shard count (shardq_cluster), which an online
         # reshard changes (the insert statements, or reserve_job_ids for COPY).
-        return {
+        row = {
             "key_hash": key_hash,
             "shard_key": key,
             "args": args_json,
             "kwargs": kwargs_json,
         }
+        if getattr(task, "limit_by", None) is not None:
+            # A partitioned limit: its key depends on this call's value.
+            keys = limit_keys(task, args, kwargs, self.queue_limits)
+            row["limit_keys"] = None if keys is None else json.dumps(keys)
+        return row
 
     def task_params(self, task) -> dict:
         is_shard_task = isinstance(task, ShardTask)
@@ -185,6 +193,9 @@ class ShardqBackend(BaseTaskBackend):
             "notify": self.config.notify,
             # Only when the cluster row is missing (shard_count_now).
             "shard_count": self.config.shard_count,
+            # The limits every call of the task counts against (docs/limits.md);
+            # job_row replaces it for a task limited per argument value.
+            "limit_keys": _json_or_none(static_keys(task, self.queue_limits)),
         }
 
     def enqueue(self, task, args, kwargs):
@@ -681,6 +692,11 @@ if _FAST_RESULTS:
         _set_worker_ids,
         _set_return_value,
     ) = (vars(TaskResult)[name].__set__ for name in _RESULT_FIELDS)
+
+
+def _json_or_none(value: object) -> str | None:
+    return None if value is None else json.dumps(value)
+
 
 # A job id is the canonical decimal string of a positive bigint: int() alone
 # would also accept " 7", "0007" and "0_7", so one job would answer to many ids.

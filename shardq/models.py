@@ -55,6 +55,12 @@ class Job(models.Model):
     waiting_on = models.IntegerField(default=0, db_default=0)
     children_pending = models.BooleanField(default=False, db_default=False)
     workflow = models.TextField(null=True, blank=True)
+    # The limits this job counts against (shardq/limits.py), sorted; NULL for
+    # a job no limit applies to. Limited jobs are claimed by their own
+    # statement (claim_limited_candidates), never by claim_jobs.
+    # A JSON array of text (jsonb: ``?|`` tests it against a list of keys,
+    # with no need for django.contrib.postgres in INSTALLED_APPS).
+    limit_keys = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "shardq_job"
@@ -64,6 +70,13 @@ class Job(models.Model):
                 fields=["shard", "-priority", "run_after", "id"],
                 condition=Q(status="READY"),
                 name="shardq_job_ready_idx",
+            ),
+            # The claim of limited jobs walks this one (a shard's READY
+            # limited jobs in claim order); it is empty when no limit is used.
+            models.Index(
+                fields=["shard", "-priority", "run_after", "id"],
+                condition=Q(status="READY", limit_keys__isnull=False),
+                name="shardq_job_limited_idx",
             ),
             # An idle fetcher finds when the next deferred job falls due.
             models.Index(fields=["run_after"], condition=Q(status="READY"), name="shardq_job_due_idx"),
@@ -272,3 +285,39 @@ class Edge(models.Model):
 
     def __str__(self):
         return f"job {self.child} after job {self.parent}"
+
+
+class LimitSlot(models.Model):
+    """One unit of a concurrency limit (docs/limits.md): free when
+    ``worker_id`` is NULL or ``expires_at`` has passed. A worker takes slots
+    in a limited claim's transaction (SKIP LOCKED), lends them to its
+    threads, renews them every half heartbeat and gives them back when no
+    job of the limit waits there; a dead worker's come back when their lease
+    expires."""
+
+    id = models.BigAutoField(primary_key=True)
+    limit_key = models.TextField()
+    slot = models.IntegerField()
+    worker_id = models.UUIDField(null=True, blank=True)
+    taken_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "shardq_limit_slot"
+        constraints = [models.UniqueConstraint(fields=["limit_key", "slot"], name="shardq_limit_slot_key_uniq")]
+        indexes = [models.Index(fields=["worker_id"], name="shardq_limit_slot_worker_idx")]
+        # The admin's "Limits" page (every limit, not only slots) is this model's.
+        verbose_name = "limit"
+        verbose_name_plural = "limits"
+
+
+class LimitRate(models.Model):
+    """One rate limit's GCRA state: ``tat``, the theoretical arrival time of
+    the next token (shardq/core/limits.py), moved on by every grant."""
+
+    limit_key = models.TextField(primary_key=True)
+    tat = models.DateTimeField()
+
+    class Meta:
+        db_table = "shardq_limit_rate"
+        verbose_name = "rate limit"

@@ -13,6 +13,7 @@ SHARDQ = {
         "tests.taskapp.fault_tasks",
         "tests.taskapp.isolation_tasks",
         "tests.taskapp.runctl_tasks",
+        "tests.taskapp.limit_tasks",
     ],
 }
 # The run-control tests start workers with a low zombie limit.

@@ -56,6 +56,7 @@ _COPY_ORDER = (
     "errors",
     "worker_ids",
     "enqueued_at",
+    "limit_keys",
 )
 JOB_COLUMNS = tuple(name.strip() for name in QUERIES["job_columns"].split(","))
 if JOB_COLUMNS != _COPY_ORDER:
@@ -170,7 +171,10 @@ def copy_jobs(
             )
         )
         middle = f"{'t' if params['ordered'] else 'f'}\tREADY\t0\t0\t0\t{params['max_attempts']}"
-        tail = f"[]\t[]\t{enqueued_at.isoformat()}\n"
+        tail = f"[]\t[]\t{enqueued_at.isoformat()}\t"
+        # The limits every job of the task counts against (a JSON array, or
+        # NULL); a row of a task limited per value has its own.
+        static_limits = _COPY_NULL if params["limit_keys"] is None else copy_json(params["limit_keys"])
         lines: list[str] = []
         with conn.wrap_database_errors, cursor.copy(QUERIES["copy_jobs"]) as copy:
             for index, (job_id, row) in enumerate(zip(ids, rows, strict=True)):
@@ -179,6 +183,7 @@ def copy_jobs(
                     f"{job_id}\t{head}\t{row['shard']}\t{row['key_hash']}\t"
                     f"{_COPY_NULL if key is None else copy_text(key)}\t{middle}\t"
                     f"{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t{tail}"
+                    f"{static_limits if 'limit_keys' not in row else limits_field(row)}\n"
                 )
                 on_job(index, job_id, enqueued_at)
                 if len(lines) == COPY_CHUNK:
@@ -191,6 +196,12 @@ def copy_jobs(
             cursor.execute(
                 QUERIES["notify_shards"], {"channel": channel, "shards": shards, "priority": params["priority"]}
             )
+
+
+def limits_field(row: dict[str, Any]) -> str:
+    """A row's limit_keys (JSON text or None) as a COPY field."""
+    keys = row.get("limit_keys")
+    return _COPY_NULL if keys is None else copy_json(keys)
 
 
 def copy_text(value: str) -> str:
@@ -270,7 +281,7 @@ def copy_graph(
                     f"{row['key_hash']}\t{_COPY_NULL if key is None else copy_text(key)}\t"
                     f"{'t' if row['ordered'] else 'f'}\t{'WAITING' if row['waiting'] else 'READY'}\t0\t0\t0\t"
                     f"{row['max_attempts']}\t{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t"
-                    f"[]\t[]\t{stamp}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
+                    f"[]\t[]\t{stamp}\t{limits_field(row)}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
                 )
                 if len(lines) == COPY_CHUNK:
                     copy.write("".join(lines))

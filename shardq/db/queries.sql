@@ -8,7 +8,7 @@
 -- The columns a new job is written with, in order: every INSERT of a job and the bulk COPY use
 -- this list (shardq/db/enqueue.py writes COPY rows in this order and checks it at import).
 id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key, ordered, status,
-    status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at
+    status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at, limit_keys
 
 -- name: shard_count_now
 -- The cluster's shard count (shardq_cluster, changed by shardq_reshard), or :shard_count
@@ -25,7 +25,7 @@ WITH job AS (
     VALUES (DEFAULT, %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
-        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp())
+        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb)
     RETURNING id, shard, priority, enqueued_at, run_after
 )
 SELECT id, enqueued_at, run_after,
@@ -64,7 +64,7 @@ WITH live AS MATERIALIZED (
     SELECT new_job.id, %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
-        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp()
+        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb
     FROM new_job JOIN claim ON claim.job_id = new_job.id
     RETURNING id, shard, priority, enqueued_at, run_after
 )
@@ -194,6 +194,8 @@ WHERE id = %(worker)s;
 -- (index range walks, SKIP LOCKED), under each shard's current claim version. So no job left
 -- outranks a job taken. Jobs below :min_priority are left alone (the fetcher's claim for jobs that
 -- outrank its buffer).
+-- Jobs with limit_keys (concurrency and rate limits) are left to claim_limited_candidates /
+-- claim_limited_jobs.
 -- Only jobs of the worker's queues (:queues, or every queue but :exclude_queues when :all_queues)
 -- and of its backend alias (:backend, or any when :any_backend); these are filters on the walk,
 -- not index columns.
@@ -241,6 +243,9 @@ WITH held AS MATERIALIZED (
         SELECT priority FROM shardq_job
         WHERE shard = held.shard AND status = 'READY' AND priority >= %(min_priority)s
           AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
+          -- Limited jobs (docs/limits.md) are claimed by claim_limited_jobs,
+          -- which takes their slots and tokens: never here.
+          AND limit_keys IS NULL
           AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
           AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
           AND (backend = %(backend)s OR %(any_backend)s)
@@ -285,6 +290,7 @@ WITH held AS MATERIALIZED (
         FROM shardq_job
         WHERE shard = held.shard AND status = 'READY' AND priority >= held.floor
           AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
+          AND limit_keys IS NULL  -- limited jobs: claim_limited_jobs (as above)
           AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
           AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
           AND (backend = %(backend)s OR %(any_backend)s)
@@ -965,7 +971,7 @@ RETURNING version;
 -- workflow's name.
 COPY shardq_job (id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key,
     ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids,
-    enqueued_at, waiting_on, children_pending, workflow) FROM STDIN;
+    enqueued_at, limit_keys, waiting_on, children_pending, workflow) FROM STDIN;
 
 -- name: copy_edges
 -- COPY a workflow's edges (child waits for parent; name is the parent's key in the child's
@@ -1123,3 +1129,177 @@ WHERE e.parent IN (SELECT id FROM nodes) AND e.child IN (SELECT id FROM nodes);
 -- name: has_edges
 -- Whether job :id has a parent or a child (the admin links its workflow graph then).
 SELECT EXISTS (SELECT 1 FROM shardq_edge WHERE parent = %(id)s OR child = %(id)s);
+
+-- Concurrency and rate limits (docs/limits.md). A limited claim is one
+-- transaction on the fetcher's connection: claim_limited_candidates locks
+-- the candidate jobs, take_limit_slots and lock_limit_rates lock what the
+-- limits have left (slots SKIP LOCKED, rate rows in sorted key order), the
+-- worker picks the jobs every limit has room for, and claim_limited_jobs
+-- writes slots, rates and claims at once.
+
+-- name: claim_limited_candidates
+-- Lock up to :per_shard due READY limited jobs (limit_keys set) of each shard this worker holds in
+-- pool :pool, in claim order (priority, run_after, id) over shardq_job_limited_idx, :scan in all,
+-- FOR UPDATE SKIP LOCKED; jobs with a key in :full (limits known to be full) are passed over
+-- without a lock, so they keep their place and do not hold back other jobs of the shard. Same
+-- queue and backend filters as claim_jobs.
+SELECT j.id, j.shard, j.task_path, j.limit_keys
+FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
+JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
+CROSS JOIN LATERAL (
+    SELECT id, shard, task_path, limit_keys, priority, run_after FROM shardq_job
+    WHERE shard = h.shard AND status = 'READY' AND limit_keys IS NOT NULL
+      -- Due now, no look-ahead: a rate token is spent when the job is claimed.
+      AND run_after <= clock_timestamp()
+      AND NOT (limit_keys ?| %(full)s::text[])
+      AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
+      AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
+      AND (backend = %(backend)s OR %(any_backend)s)
+    ORDER BY priority DESC, run_after, id
+    LIMIT %(per_shard)s
+    FOR UPDATE SKIP LOCKED
+) AS j
+WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
+ORDER BY j.priority DESC, j.run_after, j.id
+LIMIT %(scan)s;
+
+-- name: ensure_limit_slots
+-- Create the slot rows 0 .. cap-1 of each concurrency limit key that do not exist yet (a lowered
+-- cap leaves the rows above it unused: take_limit_slots reads slot < cap).
+INSERT INTO shardq_limit_slot (limit_key, slot)
+SELECT k.key, g.slot
+FROM unnest(%(keys)s::text[], %(caps)s::int[]) AS k(key, cap)
+CROSS JOIN LATERAL generate_series(0, k.cap - 1) AS g(slot)
+ON CONFLICT ON CONSTRAINT shardq_limit_slot_key_uniq DO NOTHING;
+
+-- name: take_limit_slots
+-- Lock up to :wanted free slots of each concurrency limit key below its :cap (free: no owner, or
+-- an owner's lease that expired: it died), SKIP LOCKED so concurrent claimers take different slots
+-- and never wait on each other. Returns key, slot row id.
+SELECT k.key, t.id
+FROM unnest(%(keys)s::text[], %(caps)s::int[], %(wanted)s::int[]) WITH ORDINALITY AS k(key, cap, wanted, ord)
+CROSS JOIN LATERAL (
+    SELECT id, slot FROM shardq_limit_slot
+    WHERE limit_key = k.key AND slot < k.cap AND (worker_id IS NULL OR expires_at < clock_timestamp())
+    ORDER BY slot
+    LIMIT k.wanted
+    FOR UPDATE SKIP LOCKED
+) AS t
+ORDER BY k.ord, t.slot;
+
+-- name: ensure_limit_rates
+-- Create the GCRA row of each rate limit key that does not exist yet (tat: now, a full burst).
+INSERT INTO shardq_limit_rate (limit_key, tat)
+SELECT k, clock_timestamp() FROM unnest(%(keys)s::text[]) AS k
+ON CONFLICT (limit_key) DO NOTHING;
+
+-- name: lock_limit_rates
+-- Lock the GCRA rows of these rate limit keys in sorted key order (every claimer locks in this
+-- order: no deadlock); returns key, tat and the database's now, as epoch seconds.
+SELECT limit_key, extract(epoch FROM tat)::float8 AS tat, extract(epoch FROM clock_timestamp())::float8 AS now
+FROM shardq_limit_rate
+WHERE limit_key = ANY(%(keys)s::text[])
+ORDER BY limit_key
+FOR UPDATE;
+
+-- name: claim_limited_jobs
+-- The limited claim's writes, in its transaction: make this worker the owner of the slot rows
+-- :slot_ids with a lease of :ttl seconds, move each rate key's tat to :rate_tats, and claim the
+-- jobs :ids (in claim order) under the shard's current version, only on shards this worker holds.
+-- The first :start of them that are unordered and never lost a worker are started at once, as
+-- claim_jobs starts them (RUNNING, the attempt counted, started_at, last_attempted_at,
+-- worker_ids); the rest are CLAIMED. Returns claim_jobs' columns.
+WITH slots AS (
+    UPDATE shardq_limit_slot AS s
+    SET worker_id = %(worker)s::uuid, taken_at = clock_timestamp(),
+        expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+    WHERE s.id = ANY(%(slot_ids)s::bigint[])
+    RETURNING s.id
+), rates AS (
+    UPDATE shardq_limit_rate AS r SET tat = to_timestamp(a.tat)
+    FROM unnest(%(rate_keys)s::text[], %(rate_tats)s::float8[]) AS a(key, tat)
+    WHERE r.limit_key = a.key
+    RETURNING r.limit_key
+), picked AS MATERIALIZED (
+    SELECT job.id, s.claim_version, job.last_attempted_at AS previous_attempt_at,
+           a.ord <= %(start)s AND NOT job.ordered AND job.worker_losses = 0 AS start_now
+    FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS a(id, ord)
+    JOIN shardq_job AS job ON job.id = a.id
+    JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = job.shard
+    WHERE job.status = 'READY' AND s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
+)
+UPDATE shardq_job AS job
+SET status = CASE WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
+    status_rank = LEAST(job.status_rank, 2147483646) + 1,
+    fence = picked.claim_version,
+    attempts = job.attempts + picked.start_now::int,
+    started_at = CASE WHEN picked.start_now THEN COALESCE(job.started_at, clock_timestamp()) ELSE job.started_at END,
+    last_attempted_at = CASE WHEN picked.start_now THEN clock_timestamp() ELSE job.last_attempted_at END,
+    worker_ids = CASE WHEN picked.start_now THEN job.worker_ids || jsonb_build_array(%(worker)s::text)
+                      ELSE job.worker_ids END
+-- slots and rates are written whatever this returns (a data-modifying CTE
+-- always runs to completion).
+FROM picked
+WHERE job.id = picked.id
+-- claim_jobs' columns, in ClaimedJob's order.
+RETURNING job.id, job.task_path, job.queue_name, job.priority,
+          extract(epoch FROM job.run_after)::float8 AS run_after,
+          job.shard, job.shard_key, job.ordered,
+          job.args::text AS args_json, job.kwargs::text AS kwargs_json, job.attempts, job.max_attempts,
+          job.fence, job.status_rank, job.enqueued_at, job.started_at, job.last_attempted_at,
+          job.worker_ids::text AS worker_ids_json, job.errors::text AS errors_json,
+          CASE WHEN jsonb_typeof(job.errors) = 'array' THEN jsonb_array_length(job.errors) ELSE 0 END AS error_count,
+          job.backend,
+          octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes,
+          job.worker_losses, NULL::text AS problem, picked.start_now AS started,
+          picked.previous_attempt_at;
+
+-- name: release_limit_slots
+-- Give back the slots :slots this worker owns (nothing here needs them) and NOTIFY :channel with
+-- each freed key once, so a worker whose limited jobs wait claims them now rather than at its next
+-- poll.
+WITH freed AS (
+    UPDATE shardq_limit_slot
+    SET worker_id = NULL, taken_at = NULL, expires_at = NULL
+    WHERE worker_id = %(worker)s::uuid AND id = ANY(%(slots)s::bigint[])
+    RETURNING limit_key
+)
+SELECT pg_notify(%(channel)s, key) FROM (SELECT DISTINCT limit_key AS key FROM freed) AS k;
+
+-- name: renew_limit_slots
+-- Heartbeat of this worker's slots: extend the lease of those it still owns (:slots, a zombie
+-- thread's included) by :ttl seconds, and give back the rest. Returns the slots kept.
+UPDATE shardq_limit_slot
+SET expires_at = CASE WHEN id = ANY(%(slots)s::bigint[]) THEN clock_timestamp() + make_interval(secs => %(ttl)s) END,
+    taken_at = CASE WHEN id = ANY(%(slots)s::bigint[]) THEN taken_at END,
+    worker_id = CASE WHEN id = ANY(%(slots)s::bigint[]) THEN worker_id END
+WHERE worker_id = %(worker)s::uuid
+RETURNING id;
+
+-- name: limit_usage
+-- Operator view of every limit key in use or waited on: key, slots owned by workers (lease not
+-- expired), holders as a JSON object of worker (name or id) -> slots, READY limited jobs waiting
+-- on the key, and the rate row's tat (epoch seconds, NULL without one) and the database's now.
+WITH waiting AS (
+    SELECT k.key, count(*) AS waiting
+    FROM shardq_job AS j CROSS JOIN LATERAL jsonb_array_elements_text(j.limit_keys) AS k(key)
+    WHERE j.status = 'READY' AND j.limit_keys IS NOT NULL
+    GROUP BY k.key
+), held AS (
+    SELECT s.limit_key AS key, COALESCE(NULLIF(w.name, ''), s.worker_id::text) AS holder, count(*) AS n
+    FROM shardq_limit_slot AS s LEFT JOIN shardq_worker AS w ON w.id = s.worker_id
+    WHERE s.worker_id IS NOT NULL AND s.expires_at > clock_timestamp()
+    GROUP BY 1, 2
+), keys AS (
+    SELECT key FROM waiting UNION SELECT key FROM held
+    UNION SELECT limit_key FROM shardq_limit_rate
+    UNION SELECT DISTINCT limit_key FROM shardq_limit_slot
+)
+SELECT keys.key,
+       COALESCE((SELECT sum(n) FROM held WHERE held.key = keys.key), 0)::int AS in_use,
+       COALESCE((SELECT jsonb_object_agg(holder, n) FROM held WHERE held.key = keys.key), '{}'::jsonb) AS holders,
+       COALESCE((SELECT waiting FROM waiting WHERE waiting.key = keys.key), 0)::int AS waiting,
+       (SELECT extract(epoch FROM tat)::float8 FROM shardq_limit_rate AS r WHERE r.limit_key = keys.key) AS tat,
+       extract(epoch FROM clock_timestamp())::float8 AS now
+FROM keys
+ORDER BY keys.key;

@@ -39,6 +39,8 @@ from .queries import ANY_PRIORITY, QUERIES
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
+    from ..worker.limits import Limiter, LimitPlan
+
 logger = logging.getLogger("shardq.store")
 
 #: The session advisory lock (two int4 keys: 'shrq', 1) whose holder
@@ -613,6 +615,122 @@ class WorkerStore:
             lambda cursor: self._execute(cursor, "claim_jobs", params, binary=True),
             row_factory=fields_row(row_factory),
         )
+
+    # -- limits (docs/limits.md; the decisions are shardq/worker/limits.py's) --
+
+    def claim_limited(
+        self,
+        limiter: "Limiter",
+        *,
+        worker: str,
+        shards: list[int],
+        pool: str,
+        queues: list[str] | None,
+        exclude_queues: list[str] | None,
+        backend: str | None,
+        per_shard: int,
+        scan: int,
+        idle_threads: int,
+        ttl: float,
+        row_factory: "type[DataclassInstance]",
+        limit: int,
+        start: int = 0,
+    ) -> tuple[list[Any], "LimitPlan | None"]:
+        """One limited claim, one transaction: lock the candidates, the free
+        slots (SKIP LOCKED) and the rate rows (sorted), let ``limiter.pick``
+        choose (at most ``limit`` jobs), then write slots, tokens and claims
+        together, the first ``start`` jobs started. Returns the claimed jobs
+        (``row_factory`` rows) and the plan (None: no candidate)."""
+        params = {
+            "worker": worker,
+            "shards": shards,
+            "pool": pool,
+            "queues": queues or [],
+            "all_queues": not queues,
+            "exclude_queues": exclude_queues or [],
+            "backend": backend or "",
+            "any_backend": backend is None,
+            "per_shard": per_shard,
+            "scan": scan,
+            "full": limiter.full_keys(),
+        }
+        ensured: tuple[dict[str, int], list[str]] = ({}, [])
+
+        def work(cursor: psycopg.Cursor[Any]) -> tuple[list[Any], "LimitPlan | None"]:
+            nonlocal ensured
+            conn = cursor.connection
+            # A cursor per row shape: psycopg applies a new row_factory to the
+            # current result at once, so one cursor cannot change shapes.
+            with conn.transaction(), conn.cursor(row_factory=dict_row) as named:
+                rows = self._execute(named, "claim_limited_candidates", params, binary=True)
+                if not rows:
+                    return [], None
+                slots, rates = limiter.needs(rows, limit)
+                new_slots = limiter.new_slot_keys(slots)
+                new_rates = limiter.new_rate_keys(rates)
+                if new_slots:
+                    self._execute(
+                        cursor,
+                        "ensure_limit_slots",
+                        {"keys": list(new_slots), "caps": list(new_slots.values())},
+                        fetch="none",
+                    )
+                if new_rates:
+                    self._execute(cursor, "ensure_limit_rates", {"keys": new_rates}, fetch="none")
+                ensured = (new_slots, new_rates)
+                slot_rows = []
+                # Only limits that want more slots: in a steady state a
+                # worker's owned slots serve its claims with no statement.
+                slots = {k: v for k, v in slots.items() if v[1] > 0}
+                if slots:
+                    slot_rows = self._execute(
+                        cursor,
+                        "take_limit_slots",
+                        {
+                            "keys": list(slots),
+                            "caps": [cap for cap, _ in slots.values()],
+                            "wanted": [n for _, n in slots.values()],
+                        },
+                    )
+                rate_rows = []
+                if rates:
+                    rate_rows = self._execute(named, "lock_limit_rates", {"keys": rates})
+                plan = limiter.pick(rows, slot_rows, rate_rows, idle_threads, limit)
+                if not plan.ids:
+                    # Nothing to claim: the slots locked stay free (rolled back).
+                    plan.slot_ids.clear()
+                    plan.slot_keys.clear()
+                    return [], plan
+                with conn.cursor(row_factory=fields_row(row_factory)) as jobs:
+                    claimed = self._execute(
+                        jobs,
+                        "claim_limited_jobs",
+                        {
+                            "worker": worker,
+                            "pool": pool,
+                            "ids": plan.ids,
+                            "start": start,
+                            "slot_ids": plan.slot_ids,
+                            "rate_keys": plan.rate_keys,
+                            "rate_tats": plan.rate_tats,
+                            "ttl": ttl,
+                        },
+                        binary=True,
+                    )
+                return claimed, plan
+
+        result = self.guarded("claim_limited_jobs", work)
+        limiter.slots_ensured(ensured[0])
+        limiter.rates_ensured(ensured[1])
+        return result
+
+    def release_limit_slots(self, worker: str, slots: list[int], channel: str) -> None:
+        """Give back this worker's ``slots`` and NOTIFY each freed key on ``channel``."""
+        self.run("release_limit_slots", {"worker": worker, "slots": slots, "channel": channel})
+
+    def renew_limit_slots(self, worker: str, slots: list[int], ttl: float) -> int:
+        """Extend ``slots`` by ``ttl``; give back this worker's others. Returns how many were kept."""
+        return len(self.run("renew_limit_slots", {"worker": worker, "slots": slots, "ttl": ttl}))
 
     def start_jobs[J: JobRef](
         self, worker: str, jobs: list[J]

@@ -13,7 +13,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('shardq', '0007_pools'),
+        ('shardq', '0008_limits'),
     ]
 
     operations = [

@@ -14,6 +14,7 @@ from django.tasks.base import DEFAULT_TASK_PRIORITY
 from django.tasks.exceptions import InvalidTask
 
 from .. import conf
+from ..core.limits import LimitError, check_concurrency, parse_rate
 from .keys import key_to_str
 
 
@@ -65,6 +66,13 @@ class ShardTask(Task):
 
     key: str | Callable[[tuple, dict], Any] | None = None
     shard_key: str | None = None
+    # Limits that hold across every worker (docs/limits.md; shardq/limits.py):
+    # jobs of this task running at once, starts per second/minute/hour, and
+    # limit_by (an argument name or a callable over (args, kwargs)) to apply
+    # both per value of that argument instead of to the task as a whole.
+    max_concurrency: int | None = None
+    rate_limit: str | None = None
+    limit_by: str | Callable[[tuple, dict], Any] | None = None
     max_attempts: int = 1
     backoff: Backoff | None = None
     ordered: bool = False
@@ -138,6 +146,9 @@ def shard_task(
     salt=None,
     on_worker_lost="retry",
     timeout=None,
+    max_concurrency=None,
+    rate_limit=None,
+    limit_by=None,
 ):
     """Decorate a module-level function as a shardq task (see ``ShardTask``)."""
     if isinstance(sensitive, (list, set, frozenset)):
@@ -160,6 +171,9 @@ def shard_task(
             salt=salt,
             on_worker_lost=on_worker_lost,
             timeout=timeout,
+            max_concurrency=max_concurrency,
+            rate_limit=rate_limit,
+            limit_by=limit_by,
         )
 
     if function is not None:
@@ -184,6 +198,7 @@ def validate_shard_options(task: Task) -> None:
     _check_unique_options(task)
     _check_sensitive(task)
     _check_salt(task)
+    _check_limits(task)
     if task.on_worker_lost not in ("retry", "fail"):
         raise InvalidTask(
             f"{name}: on_worker_lost must be 'retry' (run again, at-least-once) or 'fail' "
@@ -223,6 +238,37 @@ def _check_salt(task: "ShardTask") -> None:
         raise InvalidTask(
             f"{task.module_path}: salt={salt} spreads a key's jobs over several shards, so they "
             "cannot run in the key's order: drop ordered=True, or drop salt."
+        )
+
+
+def _check_limits(task: "ShardTask") -> None:
+    """max_concurrency, rate_limit and limit_by (docs/limits.md).
+
+    salt=N with limit_by of the key's argument is allowed and defined: the
+    limit is held in PostgreSQL per value, so it holds across the N shards
+    the salted key's jobs are spread over (salt spreads where jobs run, the
+    limit still counts them together)."""
+    name = task.module_path
+    try:
+        if task.max_concurrency is not None:
+            check_concurrency(task.max_concurrency)
+        if task.rate_limit is not None:
+            parse_rate(task.rate_limit)
+    except LimitError as exc:
+        raise InvalidTask(f"{name}: {exc}") from None
+    if task.limit_by is None:
+        return
+    if task.max_concurrency is None and task.rate_limit is None:
+        raise InvalidTask(
+            f"{name}: limit_by={task.limit_by!r} has nothing to apply per value: add "
+            "max_concurrency=N and/or rate_limit='100/s', or drop limit_by."
+        )
+    if isinstance(task.limit_by, str):
+        _check_argument_name(task, "limit_by", task.limit_by)
+    elif not callable(task.limit_by):
+        raise InvalidTask(
+            f"{name}: limit_by must be the name of an argument or a callable over (args, kwargs), "
+            f"not {task.limit_by!r}."
         )
 
 

@@ -294,6 +294,12 @@ class Executor:
                         break  # every started job has run
                     continue
                 try:
+                    limiter = self.fetcher.limiter
+                    if limiter is not None and not limiter.acquire(job.id, self.fetcher.lease_ttl):
+                        # No slot of its limit came back here within a lease
+                        # (docs/limits.md): hand it back unrun, for any worker.
+                        self.handback.return_jobs([job])
+                        continue
                     outcome = self.run_job(job)
                     if outcome is not None:  # None: nothing to write (see execute)
                         if self.metrics is not None:
@@ -301,6 +307,13 @@ class Executor:
                         self.completer.put(outcome)
                 finally:
                     self.buffer.done(job)
+                    # The thread has left the job: its limit slots pass to a
+                    # job waiting here or go back (docs/limits.md). Tied to
+                    # the thread, not to the outcome, so a thread still
+                    # running past its outcome keeps its slot.
+                    limiter = self.fetcher.limiter
+                    if limiter is not None and limiter.finished(job.id):
+                        self.fetcher.wake()
                     self.fetcher.slot_freed()
         except BaseException as exc:
             self.failure = exc

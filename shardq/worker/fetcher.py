@@ -32,11 +32,13 @@ from .completer import Completer
 from .handback import HandBack
 from .jobs import STARTED_BY_CLAIM, ClaimedJob, Outcome
 from .leaser import LEASE_CHANNEL, Leaser
+from .limits import SCAN_FACTOR
 from .service import Service
 from .stats import Stats
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
+    from .limits import Limiter
 
 # shardq.cancel() announces a cancelled RUNNING job here (cancel_jobs in queries.sql).
 CANCEL_CHANNEL = "shardq_cancel"
@@ -72,6 +74,10 @@ class Fetcher(Service):
         metrics: "Metrics | None" = None,
         expedite: Callable[[int], None] | None = None,
         handback: HandBack,
+        limiter: "Limiter | None" = None,
+        idle_threads: Callable[[], int] | None = None,
+        lease_ttl_seconds: float = 30.0,
+        limit_channel: str = "shardq_limit",
     ) -> None:
         super().__init__()
         self.store = store
@@ -122,6 +128,12 @@ class Fetcher(Service):
         # (best priority of a claim) -> None: jobs that outrank the ones
         # already started here start out of turn (Starter.expedite).
         self.expedite = expedite or (lambda priority: None)
+        # Concurrency and rate limits (docs/limits.md): None when this
+        # process defines none, and then nothing below runs.
+        self.limiter = limiter
+        self.idle_threads = idle_threads or (lambda: 0)
+        self.lease_ttl = lease_ttl_seconds
+        self.limit_channel = limit_channel
 
     def interrupt(self) -> None:
         self._wake.set()
@@ -160,6 +172,9 @@ class Fetcher(Service):
 
     def fetch_once(self) -> float | None:
         """Claim one batch. Returns how long to sleep, or None to go again at once."""
+        limited = self.limiter is not None and self.limiter.active()
+        if limited:
+            self.keep_limit_slots()
         free, min_batch = self.demand()
         if free < min_batch and self.buffer.buffered + self.buffer.processing > 0:
             self.waiting_for_slots = True
@@ -203,8 +218,13 @@ class Fetcher(Service):
                     self.take(rows)
             finally:
                 self.in_flight_lowest = None
+            # Limited jobs have their own claim (claim_jobs leaves them out),
+            # for the demand the ordinary claim left.
+            took_limited = self.claim_limited(order, free - len(rows)) if limited else 0
         finally:
             ownership.release_read()
+        if took_limited:
+            return None
         # Fewer rows than asked does not mean empty (per-shard limits, SKIP
         # LOCKED): go again while a claim finds anything; sleep only on none.
         if rows:
@@ -219,9 +239,15 @@ class Fetcher(Service):
             due_in = self.store.seconds_until_due(order)
         except DatabaseUnavailable:
             return self.poll_interval
+        sleep = self.poll_interval
+        if limited and self.limiter is not None:
+            # A rate limit passed over has its next token at a known time.
+            wake_in = self.limiter.wake_in()
+            if wake_in is not None:
+                sleep = min(sleep, wake_in)
         if due_in is None:
-            return self.poll_interval
-        return max(0.0, min(self.poll_interval, due_in - LOOKAHEAD_SECONDS / 2))
+            return sleep
+        return max(0.0, min(sleep, due_in - LOOKAHEAD_SECONDS / 2))
 
     def _claim(
         self,
@@ -269,6 +295,76 @@ class Fetcher(Service):
         if self.metrics is not None:
             self.metrics.claimed(time.monotonic() - began, len(rows))
         return rows
+
+    # -- limits (docs/limits.md) -------------------------------------------------
+
+    def claim_limited(self, order: list[int], wanted: int) -> int:
+        """Claim limited jobs (their slots and tokens in the same
+        transaction, see WorkerStore.claim_limited) for up to ``wanted`` of
+        the demand. The caller holds the ownership read lock. Returns how
+        many were claimed."""
+        limiter = self.limiter
+        if limiter is None or wanted <= 0:
+            return 0
+        try:
+            rows, plan = self.store.claim_limited(
+                limiter,
+                worker=self.worker_id,
+                shards=order,
+                pool=self.leaser.pool,
+                queues=self.queues,
+                exclude_queues=self.exclude_queues,
+                backend=self.backend,
+                # A shallow walk of every shard (the outer LIMIT comes after
+                # each shard's walk has locked its rows); the fetcher goes
+                # again at once while claims bring jobs.
+                per_shard=max(1, math.ceil(SCAN_FACTOR * wanted / len(order))),
+                scan=math.ceil(wanted * SCAN_FACTOR),
+                idle_threads=min(wanted, self.idle_threads()),
+                ttl=self.lease_ttl,
+                row_factory=ClaimedJob,
+                limit=wanted,
+                start=min(wanted, self.start_now()),
+            )
+        except DatabaseUnavailable as exc:
+            # Its jobs and slots committed or not together: a lost answer
+            # leaves CLAIMED jobs the lost-claim sweep hands back, and slots
+            # the next renewal frees (their jobs are not in memory here).
+            self.claim_uncertain = True
+            self.stats.add("db_errors")
+            logger.warning("limited claim failed, retrying: %s", exc)
+            return 0
+        except StatementRejected as exc:
+            self.stats.add("claim_errors")
+            logger.error("limited claim refused by PostgreSQL, retrying at the next poll: %s", exc)
+            return 0
+        if plan is None:
+            return 0
+        limiter.claimed(plan, {job.id for job in rows})
+        if rows:
+            self.take(rows)
+        return len(rows)
+
+    def keep_limit_slots(self) -> None:
+        """Give back the slots nothing here needs any more, and renew the
+        rest once per half heartbeat (their lease is LEASE_TTL)."""
+        limiter = self.limiter
+        if limiter is None:
+            return
+        limiter.forget_gone(self.holds)
+        released = limiter.take_released()
+        try:
+            if released:
+                self.store.release_limit_slots(self.worker_id, released, self.limit_channel)
+            if limiter.renew_due():
+                self.store.renew_limit_slots(self.worker_id, limiter.to_renew(self.holds), self.lease_ttl)
+        except (DatabaseUnavailable, StatementRejected) as exc:
+            # Unwritten releases are the renewal's to free (it frees every
+            # slot of this worker whose job is no longer here); a slot that
+            # is never renewed expires with its lease.
+            self.stats.add("db_errors")
+            logger.warning("could not write limit slot releases: %s", exc)
+            limiter.requeue_renewal()
 
     def outrank(self) -> None:
         """Claim the jobs NOTIFY told of (``notified``) that outrank a job
@@ -547,6 +643,13 @@ class Listener(Service):
             if self.on_cancel is not None:
                 self.on_cancel(payload)  # checked against the table before anyone is told
             return
+        if channel == self.fetcher.limit_channel:
+            # A slot of limit ``payload`` was freed somewhere: claim now if
+            # this worker was passing that limit over (docs/limits.md).
+            limiter = self.fetcher.limiter
+            if limiter is not None and limiter.freed(payload) and self.fetch_wakes.ask():
+                self.fetcher.wake()
+            return
         if channel == LEASE_CHANNEL:
             # Our own announcements come back too: they need no lease round
             # (and must not use up the rate limit a peer's release needs).
@@ -585,6 +688,8 @@ class Listener(Service):
             try:
                 self.conn = connect(self.alias, application_name="shardq-listener")
                 channels = (self.channel, LEASE_CHANNEL, *((CANCEL_CHANNEL,) if self.on_cancel is not None else ()))
+                if self.fetcher.limiter is not None:
+                    channels = (*channels, self.fetcher.limit_channel)
                 listen(self.conn, *channels)
                 self.listening.set()
                 self.backend_pid = self.conn.info.backend_pid

@@ -23,6 +23,7 @@ from ..conf import get_config
 from ..core import pools
 from ..cron import schedules
 from ..db.store import DatabaseGuard, WorkerStore
+from ..limits import queue_limits
 from ..tasks import autodiscover
 from . import shutdown as shutdown_signals
 from .buffer import Buffer
@@ -32,6 +33,7 @@ from .fetcher import Fetcher, Listener, OutrankingClaim
 from .gauges import Gauges
 from .handback import HandBack
 from .leaser import Leaser
+from .limits import Limiter
 from .resolver import Resolver
 from .runcontrol import EXIT_RECYCLE
 from .scheduler import Scheduler
@@ -147,6 +149,19 @@ class Worker:
             metrics=metrics,
             expedite=self.expedite,
             handback=self.handback,
+            limiter=Limiter(
+                worker_id=self.id,
+                queue_limits=queue_limits(),
+                task_modules=self.config.task_modules,
+                lease_ttl_seconds=self.config.lease_ttl_seconds,
+                heartbeat_seconds=self.config.heartbeat_seconds,
+                poll_interval_seconds=self.config.poll_interval_seconds,
+                concurrency=concurrency,
+                live_workers=lambda: self.leaser.live_workers,
+            ),
+            idle_threads=self.idle_threads,
+            lease_ttl_seconds=self.config.lease_ttl_seconds,
+            limit_channel=self.config.channel + "_limit",
         )
         self.listener = (
             Listener(
@@ -230,6 +245,12 @@ class Worker:
         if self.max_tasks is not None:
             wanted = min(wanted, self.tasks_left())
         return wanted, max(1, target // 4)
+
+    def idle_threads(self) -> int:
+        """Threads with nothing to run and nothing waiting for them: a
+        limited claim takes slots beyond these only within its fair share
+        (shardq/worker/limits.py)."""
+        return self.concurrency - self.buffer.buffered - self.buffer.processing
 
     def gauge_sample(self) -> tuple[int, int, int]:
         """(shards leased, jobs on a thread, threads) for the metrics' gauges."""
@@ -466,6 +487,20 @@ class Worker:
                 return service.name
         return None
 
+    def _release_limit_slots(self) -> None:
+        """At shutdown: free every limit slot this worker holds, except those
+        of jobs whose threads still run (past the grace): those expire with
+        their lease, as a dead worker's do."""
+        limiter = self.fetcher.limiter
+        if limiter is None or not (limiter.holding() or limiter.take_released()):
+            return
+        try:
+            self.store["fetcher"].renew_limit_slots(
+                self.id, limiter.to_renew(self.holds_job), self.config.lease_ttl_seconds
+            )
+        except Exception as exc:  # the database may be gone: the slots expire
+            logger.warning("could not free limit slots at shutdown (%s); they will expire", exc)
+
     def shutdown(self) -> None:
         deadline = time.monotonic() + self.grace
         if self.scheduler:
@@ -476,11 +511,14 @@ class Worker:
         if self.listener:
             self.listener.stop(time.monotonic() + 5.0)
         self.handback.return_jobs(self.buffer.drain())
+        if self.fetcher.limiter is not None:
+            self.fetcher.limiter.stop_waiting()
         finished = self.executor.stop(deadline)
         self.completer.stop(deadline=max(deadline, time.monotonic() + 5.0))
         self.handback.stop(max(deadline, time.monotonic() + 5.0))
         if self.gauges:
             self.gauges.stop(time.monotonic() + 10.0)
+        self._release_limit_slots()
         # Shards with a job still running keep their lease until it expires:
         # releasing them would let the next owner re-run a job that may still
         # finish here.

@@ -16,6 +16,7 @@ from django.core.management.base import BaseCommand
 from ...conf import get_config
 from ...core import pools
 from ...db import operations
+from ...limits import limit_report
 from ..flags import printable
 
 
@@ -72,6 +73,9 @@ class Command(BaseCommand):
             )
         ]
         due_queues = operations.run("status_due_queues")
+        # Concurrency and rate limits (docs/limits.md): capacity, in use, who
+        # holds slots, waiting jobs.
+        limits = limit_report()
         # The pools that have a live worker; with none, the pool a worker with
         # no flags would join (its shards are all unowned: nothing runs).
         pools_shown = [p for p in every_pool if p["workers"]] or [p for p in every_pool if p["pool"] == pools.ALL]
@@ -94,6 +98,7 @@ class Command(BaseCommand):
                         "unowned_shards": unowned,
                         # Due READY jobs by queue that no live worker's pool serves.
                         "unserved_queues": unserved,
+                        "limits": limits,
                     },
                     indent=2,
                     allow_nan=False,
@@ -135,6 +140,17 @@ class Command(BaseCommand):
                 + ", ".join(f"{printable(q)} {n}" for q, n in unserved.items())
                 + " (start a worker whose --queues include them)"
             )
+        for lim in limits:
+            cap = "?" if lim["max_concurrency"] is None else lim["max_concurrency"]
+            parts = [f"limit {printable(lim['key'])} ({lim['kind']}):"]
+            if lim["max_concurrency"] is not None or not lim["rate_limit"]:
+                parts.append(f"{lim['in_use']}/{cap} running")
+            if lim["rate_limit"]:
+                parts.append(f"rate {lim['rate_limit']} (burst {lim['burst']}, {lim['tokens_now']} tokens now)")
+            parts.append(f"{lim['waiting']} waiting")
+            if lim["holders"]:
+                parts.append("held by " + ", ".join(f"{printable(w)} {n}" for w, n in sorted(lim["holders"].items())))
+            self.stdout.write(" ".join(parts))
         self.stdout.write("jobs: " + (", ".join(f"{printable(k)} {v}" for k, v in jobs.items()) or "none"))
         self.stdout.write(
             f"oldest due READY job waits: {_seconds_text(lag)}" if lag is not None else "no READY job is due"

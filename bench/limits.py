@@ -1,0 +1,141 @@
+"""The cost of concurrency limits (issue 15, docs/limits.md): A/B drains, alternated rounds.
+
+    .venv/bin/python bench/limits.py [--rounds 3] [--jobs 20000] [--sleepers 6000]
+
+* **generous**: ``--jobs`` READY no-op jobs drained by one worker
+  (``--concurrency 4``): a task with ``max_concurrency=1000`` (every job
+  goes through the limited claim: candidates, slots SKIP LOCKED, claim)
+  against a task with no limit. Target: >= 0.8x.
+* **river**: ``--sleepers`` READY jobs sleeping 10 ms, drained by four
+  worker commands of concurrency 10: ``max_concurrency=40`` (River's
+  GlobalLimit 40 over 4 clients, river#1145) against no limit. Target: >= 0.9x.
+
+Rate = jobs / (first start .. last finish, from the rows). Prints one JSON
+document. Used by ``make bench`` (phase ``limits``) and on its own.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+GENEROUS = "tests.taskapp.limit_tasks.generous_noop"
+NOOP = "tests.taskapp.tasks.noop"
+FORTY = "tests.taskapp.limit_tasks.forty_at_once"
+SLEEPER = "tests.taskapp.limit_tasks.unlimited_sleep"
+
+
+def fill(bench, task: str, n: int, limited: bool, kwargs: str = "{}") -> None:
+    """``n`` READY jobs of ``task`` in one statement (setup, not measured),
+    with the task's own limit key when ``limited``, as enqueue writes it."""
+    bench.sql(
+        """
+        INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard,
+            key_hash, shard_key, ordered, status, status_rank, fence, attempts, max_attempts,
+            args, kwargs, errors, worker_ids, enqueued_at, limit_keys)
+        SELECT %(task)s::text, 'default', 'default', 0, t, h & 63, h, NULL, false, 'READY', 0, 0, 0, 1,
+               '[]'::jsonb, %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, t,
+               CASE WHEN %(limited)s THEN jsonb_build_array('t:' || %(task)s::text) END
+        FROM (SELECT (random() * 4294967295 - 2147483648)::bigint::int AS h, clock_timestamp() AS t
+              FROM generate_series(1, %(n)s)) AS g
+        """,
+        {"task": task, "n": n, "limited": limited, "kwargs": kwargs},
+    )
+    bench.sql("ANALYZE shardq_job")
+
+
+def drain(bench, task: str, n: int, limited: bool, workers: int, concurrency: int, kwargs: str = "{}") -> dict:
+    bench.reset()
+    bench.sql("TRUNCATE shardq_limit_slot, shardq_limit_rate")
+    fill(bench, task, n, limited, kwargs)
+    procs = [bench.start_worker(1, name=f"limits-{i}", concurrency=concurrency) for i in range(workers)]
+    try:
+        bench.wait_empty(timeout=max(300.0, n / 20), proc=procs[0])
+    finally:
+        for proc in procs:
+            bench.stop_worker(proc)
+    done, first, last = bench.sql(
+        "SELECT count(*), extract(epoch FROM min(last_attempted_at))::float8,"
+        " extract(epoch FROM max(finished_at))::float8 FROM shardq_job WHERE status = 'SUCCESSFUL'"
+    )[0]
+    peak = bench.sql("SELECT count(*) FROM shardq_limit_slot")[0][0]
+    return {"jobs": done, "rate": done / (last - first), "slot_rows": peak}
+
+
+def ab(bench, rounds: int, *, limited_task: str, plain_task: str, n: int, workers: int, concurrency: int, kwargs="{}"):
+    runs: dict[str, list[dict]] = {"limited": [], "unlimited": []}
+    for i in range(rounds):
+        # Alternated, and the side that goes first alternates too.
+        order = ("unlimited", "limited") if i % 2 == 0 else ("limited", "unlimited")
+        for side in order:
+            task = limited_task if side == "limited" else plain_task
+            runs[side].append(drain(bench, task, n, side == "limited", workers, concurrency, kwargs))
+            bench.step(f"limits: {side} {task.rsplit('.', 1)[1]}")
+    ratios = [lim["rate"] / free["rate"] for lim, free in zip(runs["limited"], runs["unlimited"], strict=True)]
+    return {
+        "limited_rate": statistics.median(r["rate"] for r in runs["limited"]),
+        "unlimited_rate": statistics.median(r["rate"] for r in runs["unlimited"]),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "runs": runs,
+    }
+
+
+def run(bench, rounds: int, jobs: int, sleepers: int = 6000) -> dict:
+    return {
+        "generous": ab(bench, rounds, limited_task=GENEROUS, plain_task=NOOP, n=jobs, workers=1, concurrency=4),
+        "river": ab(
+            bench,
+            rounds,
+            limited_task=FORTY,
+            plain_task=SLEEPER,
+            n=sleepers,
+            workers=4,
+            concurrency=10,
+            kwargs='{"sleep": 0.01}',
+        ),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="bench/limits.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--jobs", type=int, default=20000)
+    p.add_argument("--sleepers", type=int, default=6000)
+    p.add_argument("--database", default="shardq_bench")
+    args = p.parse_args()
+    import os
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    import django
+
+    django.setup()
+    from bench import e2e
+
+    url = e2e.bench_database(args.database)
+    options = e2e.Options(database_url=url, phases=("limits",), write_docs=False, rounds=args.rounds, jobs=args.jobs)
+    bench = e2e.Bench(options)
+    started = time.monotonic()
+    try:
+        raw = run(bench, args.rounds, args.jobs, args.sleepers)
+    finally:
+        bench.reset()
+        bench.conn.close()
+    raw["seconds"] = time.monotonic() - started
+    print(json.dumps(raw, indent=2))
+    for name, r in (
+        ("generous max_concurrency=1000, no-op", raw["generous"]),
+        ("max_concurrency=40 over 4 workers, 10 ms", raw["river"]),
+    ):
+        print(
+            f"{name}: {r['limited_rate']:.0f} vs {r['unlimited_rate']:.0f} jobs/s unlimited, ratio {r['ratio']:.2f} (rounds {', '.join(f'{x:.2f}' for x in r['ratios'])})"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Which limits apply to a job, and what each allows (docs/limits.md).
+
+At enqueue, ``limit_keys`` names the limits of one call (stored in
+``shardq_job.limit_keys``; None for the common, unlimited job). In the
+worker, ``spec_for_key`` turns a key back into what it allows, from the
+task's decorator or ``SHARDQ["QUEUES"]``: capacity lives in code and
+settings, never in the row, so changing a limit needs no data migration.
+"""
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.tasks import Task
+from django.tasks.exceptions import InvalidTask
+
+from .core.limits import MAX_KEY_CHARS, LimitError, LimitSpec, check_concurrency, parse_rate
+from .tasks import ShardTask, key_to_str
+from .tasks.keys import _bind, _short_repr
+
+TASK_PREFIX = "t:"
+QUEUE_PREFIX = "q:"
+# Between the task path and a partition's value ("t:app.tasks.send=42"): a
+# task path (a dotted Python name) never holds "=".
+PARTITION = "="
+_UNITS = {1.0: "s", 60.0: "m", 3600.0: "h"}
+
+
+def queue_limits() -> dict[str, LimitSpec]:
+    """``SHARDQ["QUEUES"]`` as {queue: LimitSpec} (raises ImproperlyConfigured).
+
+    A list (or tuple) of queue names, or nothing, means no queue limits; a
+    dict maps a queue name to ``{"max_concurrency": N, "rate_limit": "50/s"}``
+    (either or both)."""
+    raw = getattr(settings, "SHARDQ", {}).get("QUEUES")
+    if raw is None or isinstance(raw, (list, tuple)):
+        if raw is not None and not all(isinstance(q, str) for q in raw):
+            raise ImproperlyConfigured(f'SHARDQ["QUEUES"] as a list must hold queue names (str), not {raw!r}.')
+        return {}
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured(
+            'SHARDQ["QUEUES"] must be a list of queue names or a dict of queue name -> limits, e.g. '
+            f'{{"emails": {{"max_concurrency": 20, "rate_limit": "50/s"}}}}, not {raw!r}.'
+        )
+    limits = {}
+    for queue, options in raw.items():
+        where = f'SHARDQ["QUEUES"][{queue!r}]'
+        if not isinstance(queue, str) or not queue:
+            raise ImproperlyConfigured(f'SHARDQ["QUEUES"]: a queue name must be a non-empty str, not {queue!r}.')
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            raise ImproperlyConfigured(
+                f'{where} must be a dict like {{"max_concurrency": 20, "rate_limit": "50/s"}} (or {{}}), '
+                f"not {options!r}."
+            )
+        unknown = set(options) - {"max_concurrency", "rate_limit"}
+        if unknown:
+            raise ImproperlyConfigured(
+                f"{where} has unknown option(s) {', '.join(sorted(map(repr, unknown)))}: "
+                "a queue takes max_concurrency and rate_limit."
+            )
+        try:
+            cap = options.get("max_concurrency")
+            rate = options.get("rate_limit")
+            spec = LimitSpec(
+                max_concurrency=None if cap is None else check_concurrency(cap, f"{where}['max_concurrency']"),
+                rate=None if rate is None else parse_rate(rate, f"{where}['rate_limit']"),
+            )
+        except LimitError as exc:
+            raise ImproperlyConfigured(str(exc)) from None
+        if spec.max_concurrency is not None or spec.rate is not None:
+            limits[queue] = spec
+    return limits
+
+
+def task_spec(task: Task) -> LimitSpec | None:
+    """The task's own limit (None: it has none)."""
+    if not isinstance(task, ShardTask) or (task.max_concurrency is None and task.rate_limit is None):
+        return None
+    return LimitSpec(
+        max_concurrency=task.max_concurrency,
+        rate=None if task.rate_limit is None else parse_rate(task.rate_limit),
+    )
+
+
+def static_keys(task: Task, queues: dict[str, LimitSpec]) -> list[str] | None:
+    """The limit keys every call of ``task`` has, sorted (None: none); a
+    task limited ``limit_by`` adds its partition's key per call (``limit_keys``)."""
+    keys = []
+    if task_spec(task) is not None and not getattr(task, "limit_by", None):
+        keys.append(TASK_PREFIX + task.module_path)
+    if task.queue_name in queues:
+        keys.append(QUEUE_PREFIX + task.queue_name)
+    return sorted(keys) or None
+
+
+def limit_keys(task: Task, args: tuple, kwargs: dict, queues: dict[str, LimitSpec]) -> list[str] | None:
+    """The limit keys of one call, sorted (None: no limit applies)."""
+    keys = static_keys(task, queues) or []
+    by = getattr(task, "limit_by", None)
+    if by is not None:
+        keys.append(TASK_PREFIX + task.module_path + PARTITION + partition_value(task, by, args, kwargs))
+    return sorted(keys) or None
+
+
+def partition_value(task: Task, by: str | Callable[[tuple, dict], Any], args: tuple, kwargs: dict) -> str:
+    """The value a ``limit_by`` call is limited by, as key text (long values as a digest)."""
+    if callable(by):
+        value = by(args, kwargs)
+        what = f"returned by limit_by={getattr(by, '__qualname__', type(by).__name__)}"
+    elif by in kwargs:
+        value, what = kwargs[by], f"(argument {by!r} of limit_by)"
+    else:
+        value, what = _bind(task, args, kwargs, apply_defaults=True)[by], f"(argument {by!r} of limit_by)"
+    try:
+        text = key_to_str(value, what)
+    except InvalidTask as exc:
+        raise InvalidTask(
+            f"{task.module_path}: the limit_by value {what} = {_short_repr(value)} cannot be a limit "
+            "key (a str, int or JSON value without NUL characters): make limit_by name such an "
+            f"argument or return such a value. ({exc})"
+        ) from None
+    if len(text) > MAX_KEY_CHARS:
+        text = "#sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    return text
+
+
+def spec_for_key(key: str, resolve: Callable[[str], Task | None], queues: dict[str, LimitSpec]) -> LimitSpec | None:
+    """What the limit ``key`` allows, from this process's tasks and
+    settings; None when it does not know the limit (a task no longer
+    defined here, a queue limit removed from settings): the job is then
+    not held back (it fails as an unknown task, or runs unlimited)."""
+    if key.startswith(QUEUE_PREFIX):
+        return queues.get(key[len(QUEUE_PREFIX) :])
+    if key.startswith(TASK_PREFIX):
+        path = key[len(TASK_PREFIX) :].partition(PARTITION)[0]
+        task = resolve(path)
+        return None if task is None else task_spec(task)
+    return None
+
+
+def configured_queue_limits() -> dict[str, LimitSpec]:
+    """``queue_limits()``, for ready(): a bad setting stops the process at start."""
+    try:
+        return queue_limits()
+    except ImproperlyConfigured:
+        raise
+    except Exception as exc:  # an odd object in settings: still a settings error
+        raise ImproperlyConfigured(f'SHARDQ["QUEUES"] cannot be read: {exc}') from exc
+
+
+def limit_report(using: str = "default") -> list[dict[str, Any]]:
+    """Every limit in use or waited on, for ``shardq_status`` and the admin:
+    key, what it is, capacity (from this process's tasks and settings; None
+    when it does not know the limit), slots in use, holders (worker -> slots),
+    waiting READY jobs, and a rate limit's tokens available now."""
+    from .core.limits import grant
+    from .db import operations
+    from .tasks import resolve
+
+    queues = queue_limits()
+
+    def find(path: str) -> Task | None:
+        try:
+            return resolve(path)
+        except Exception:  # an unknown or broken task: its capacity is unknown
+            return None
+
+    report = []
+    for key, in_use, holders, waiting, tat, now in operations.run("limit_usage", using=using):
+        spec = spec_for_key(key, find, queues)
+        if key.startswith(QUEUE_PREFIX):
+            kind = "queue"
+        elif PARTITION in key:
+            kind = "partition"
+        else:
+            kind = "task"
+        tokens = None
+        if spec is not None and spec.rate is not None:
+            tokens = grant(tat if tat is not None else now, now, spec.rate, spec.rate.burst)[0]
+        report.append(
+            {
+                "key": key,
+                "kind": kind,
+                "max_concurrency": None if spec is None else spec.max_concurrency,
+                "rate_limit": None
+                if spec is None or spec.rate is None
+                else f"{spec.rate.count}/{_UNITS[spec.rate.period]}",
+                "burst": None if spec is None or spec.rate is None else spec.rate.burst,
+                "in_use": in_use,
+                "holders": holders if isinstance(holders, dict) else json.loads(holders),
+                "waiting": waiting,
+                "tokens_now": tokens,
+            }
+        )
+    return report

@@ -1,0 +1,191 @@
+"""Concurrency and rate limits across real workers (issue 15, docs/limits.md).
+
+Three ``shardq_worker`` processes, concurrency 8 each, run tasks that sleep
+200 ms and append their start and end to a ledger file
+(tests/taskapp/limit_tasks.py); the limits are checked on the ledger's
+intervals, not on shardq's own bookkeeping. CI-sized runs; ``make
+limits-full`` (SHARDQ_LIMITS_FULL=1) runs the 30-second rate figure.
+"""
+
+import itertools
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+import shardq
+from shardq.core.limits import parse_rate
+from tests.conftest import wait_until
+from tests.taskapp import limit_tasks
+from tests.workers import FAST_LEASES, WorkerPool, scalar, worker_id_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FULL = bool(os.environ.get("SHARDQ_LIMITS_FULL"))
+RATE_SECONDS = 30.0 if FULL else 6.0
+TTL = float(FAST_LEASES["SHARDQ_LEASE_TTL"])
+HEARTBEAT = float(FAST_LEASES["SHARDQ_HEARTBEAT"])
+
+
+@pytest.fixture
+def workers(tmp_path):
+    pool = WorkerPool(tmp_path)
+    yield pool
+    pool.stop_all()
+
+
+def read_ledger(path: Path) -> list[tuple[str, int, float, int, str]]:
+    """(event, job id, time, pid, partition) lines, in time order."""
+    rows = []
+    for line in path.read_text().splitlines():
+        event, job, at, pid, *part = line.split()
+        rows.append((event, int(job), float(at), int(pid), part[0] if part else ""))
+    return sorted(rows, key=lambda r: (r[2], r[0] == "start"))  # an end before a start at one instant
+
+
+def running_profile(rows, part=None) -> list[tuple[float, int]]:
+    """(time, jobs running from then on) at every start and end."""
+    running, profile = 0, []
+    for event, _, at, _, p in rows:
+        if part is not None and p != part:
+            continue
+        running += 1 if event == "start" else -1
+        profile.append((at, running))
+    return profile
+
+
+def time_at_least(profile, level: int) -> tuple[float, float]:
+    """(seconds with >= level running, span from the first start to the last end)."""
+    covered = 0.0
+    for (at, running), (next_at, _) in itertools.pairwise(profile):
+        if running >= level:
+            covered += next_at - at
+    return covered, profile[-1][0] - profile[0][0]
+
+
+def start_three(workers, ledger: Path):
+    procs = [
+        workers.start("--concurrency", "8", env={"SHARDQ_LIMIT_LEDGER": str(ledger), "SHARDQ_EXPECTED_WORKERS": "3"})
+        for _ in range(3)
+    ]
+    for proc in procs:
+        worker_id_of(proc.pid)
+    # Every worker holds its share of the shards before the jobs come.
+    wait_until(
+        lambda: (
+            scalar(
+                "SELECT count(DISTINCT owner) FROM shardq_shard WHERE pool = '*' AND lease_expires > clock_timestamp()"
+            )
+            == 3
+        ),
+        message="three workers sharing the shards",
+    )
+    return procs
+
+
+def finished(ids: list[int]) -> bool:
+    return scalar("SELECT count(*) FROM shardq_job WHERE id = ANY(%s) AND status = 'SUCCESSFUL'", [ids]) == len(ids)
+
+
+def test_max_concurrency_3_holds_across_three_workers_and_keeps_3_running(workers, tmp_path):
+    ledger = tmp_path / "ledger"
+    start_three(workers, ledger)
+    results = shardq.enqueue_many(limit_tasks.three_at_once, [((i,), {}) for i in range(60)])
+    ids = [int(r.id) for r in results]
+    wait_until(lambda: finished(ids), timeout=60, message="60 limited jobs finished")
+    rows = read_ledger(ledger)
+    assert sum(1 for r in rows if r[0] == "start") == 60
+    profile = running_profile(rows)
+    assert max(running for _, running in profile) <= 3, "more than 3 ran at once across the workers"
+    covered, span = time_at_least(profile, 3)
+    pids = {r[3] for r in rows}
+    print(f"[limits] max_concurrency=3: 3 running {covered / span:.0%} of {span:.1f}s, {len(pids)} workers ran jobs")
+    assert covered >= 0.8 * span, f"3 running only {covered:.2f}s of {span:.2f}s"
+    # Slots go back once nothing waits for them.
+    owned = "SELECT count(*) FROM shardq_limit_slot WHERE worker_id IS NOT NULL AND expires_at > clock_timestamp()"
+    wait_until(lambda: scalar(owned) == 0, timeout=10, message="slots given back")
+
+
+def test_rate_limit_20_a_second_holds_in_every_window_and_over_the_run(workers, tmp_path):
+    ledger = tmp_path / "ledger"
+    start_three(workers, ledger)
+    rate, burst = 20, parse_rate("20/s").burst  # 2: a tenth of a second of the rate, documented
+    shardq.enqueue_many(limit_tasks.twenty_a_second, [((i,), {}) for i in range(int(rate * RATE_SECONDS) + 200)])
+    first = wait_until(lambda: ledger.exists() and read_ledger(ledger), message="a first start")
+    t0 = first[0][2]
+    wait_until(lambda: time.time() > t0 + RATE_SECONDS + 0.5, timeout=RATE_SECONDS + 30)
+    starts = [r[2] for r in read_ledger(ledger) if r[0] == "start"]
+    in_run = [t for t in starts if t < t0 + RATE_SECONDS]
+    # Every 1-second window: the worst ones begin at a start.
+    worst = max(sum(1 for u in starts if t <= u < t + 1.0) for t in in_run)
+    expected = rate * RATE_SECONDS
+    print(
+        f"[limits] rate_limit=20/s over {RATE_SECONDS:.0f}s: {len(in_run)} starts "
+        f"(expected {expected:.0f}), worst 1-s window {worst}"
+    )
+    assert worst <= rate + burst, f"{worst} starts in one second (limit {rate} + burst {burst})"
+    assert abs(len(in_run) - expected) <= 0.05 * expected, f"{len(in_run)} starts in {RATE_SECONDS}s"
+
+
+def test_limit_by_runs_two_of_each_partition_and_never_three_of_one(workers, tmp_path):
+    ledger = tmp_path / "ledger"
+    start_three(workers, ledger)
+    calls = [((), {"customer": c, "n": i}) for i in range(10) for c in ("acme", "globex")]
+    ids = [int(r.id) for r in shardq.enqueue_many(limit_tasks.two_per_customer, calls)]
+    wait_until(lambda: finished(ids), timeout=60, message="20 partitioned jobs finished")
+    rows = read_ledger(ledger)
+    for part in ("acme", "globex"):
+        assert max(n for _, n in running_profile(rows, part)) == 2, f"{part} did not run exactly 2 at once"
+    assert max(n for _, n in running_profile(rows)) == 4, "the two partitions never ran 2 + 2 at once"
+
+
+def test_a_sigkilled_workers_slots_come_back_within_ttl_and_a_heartbeat(workers, tmp_path):
+    ledger = tmp_path / "ledger"
+    env = {"SHARDQ_LIMIT_LEDGER": str(ledger)}
+    a = workers.start("--concurrency", "8", env=env)
+    a_id = worker_id_of(a.pid)
+    shardq.enqueue_many(limit_tasks.three_at_once, [((i,), {"sleep": 60.0}) for i in range(4)])
+    held = "SELECT count(*) FROM shardq_limit_slot WHERE worker_id = %s AND expires_at > clock_timestamp()"
+    wait_until(lambda: scalar(held, [a_id]) == 3, message="A holds the 3 slots")
+    os.killpg(a.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_until(lambda: scalar(held, [a_id]) == 0, timeout=TTL + HEARTBEAT + 10, interval=0.02)
+    back = time.monotonic() - killed
+    print(f"[limits] SIGKILL: slots back after {back:.2f}s (TTL {TTL}s + heartbeat {HEARTBEAT}s)")
+    assert back <= TTL + HEARTBEAT + 0.3, f"slots came back after {back:.2f}s"
+    # And another worker really takes them: the rescued jobs run there.
+    b = workers.start("--concurrency", "8", env=env)
+    b_id = worker_id_of(b.pid)
+    wait_until(lambda: scalar(held, [b_id]) == 3, timeout=TTL * 3 + 10, message="B takes the 3 slots")
+    owned = "SELECT count(*) FROM shardq_limit_slot WHERE worker_id IS NOT NULL AND expires_at > clock_timestamp()"
+    assert scalar(owned) == 3
+
+
+def test_jobs_held_back_by_a_limit_keep_their_place_and_do_not_block_their_shard(workers, tmp_path):
+    ledger = tmp_path / "ledger"
+    workers.start("--concurrency", "8", env={"SHARDQ_LIMIT_LEDGER": str(ledger)})
+    # One shard: 30 jobs of a task limited to 3 at once, then an unlimited
+    # job and another limited task's jobs, all behind them in claim order.
+    held = [
+        int(r.id)
+        for r in shardq.enqueue_many(
+            limit_tasks.three_at_once.using(shard_key="one"), [((i, 0.5), {}) for i in range(30)]
+        )
+    ]
+    later = limit_tasks.unlimited_sleep.using(shard_key="one").enqueue(sleep=0.0)
+    other = [int(limit_tasks.two_per_customer.using(shard_key="one").enqueue(customer="c").id) for _ in range(2)]
+    wait_until(lambda: finished([int(later.id), *other]), timeout=5, message="the jobs behind the limited backlog")
+    rows = read_ledger(ledger)
+    started = [job for event, job, *_ in rows if event == "start" and job in held]
+    assert len(started) < 30  # the backlog was still waiting
+    assert scalar("SELECT count(*) FROM shardq_job WHERE id = ANY(%s) AND status = 'READY'", [held]) > 0
+    assert sorted(started[:3]) == held[:3]  # the oldest ran first
+    wait_until(lambda: finished(held), timeout=60)
+    started = [job for event, job, *_ in read_ledger(ledger) if event == "start" and job in held]
+    # Held back, not reordered: each start is among the three oldest not yet started.
+    for i, job in enumerate(started):
+        assert job in sorted(set(held) - set(started[:i]))[:3], f"job {job} overtook older jobs"
+    limited = [r for r in read_ledger(ledger) if r[1] in held]
+    assert max(n for _, n in running_profile(limited)) == 3

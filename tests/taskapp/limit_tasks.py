@@ -1,0 +1,76 @@
+"""Limited tasks (docs/limits.md) for tests/acceptance/test_limits.py and the
+bench's limits phase. Each run appends ``start``/``end`` lines (job id,
+wall-clock time, pid, partition) to the file $SHARDQ_LIMIT_LEDGER: one
+O_APPEND write per line, atomic between processes on one machine."""
+
+import os
+import time
+
+from django.tasks import TaskContext
+
+from shardq import shard_task
+
+
+def _log(event: str, context: TaskContext, part: str = "") -> None:
+    path = os.environ.get("SHARDQ_LIMIT_LEDGER")
+    if not path:
+        return
+    line = f"{event} {context.task_result.id} {time.time():.6f} {os.getpid()} {part}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _run(context: TaskContext, sleep: float, part: str = "") -> None:
+    _log("start", context, part)
+    try:
+        time.sleep(sleep)
+    finally:
+        _log("end", context, part)
+
+
+@shard_task(takes_context=True, max_concurrency=3)
+def three_at_once(context: TaskContext, n: int = 0, sleep: float = 0.2) -> int:
+    _run(context, sleep)
+    return n
+
+
+@shard_task(takes_context=True, rate_limit="20/s")
+def twenty_a_second(context: TaskContext, n: int = 0, sleep: float = 0.2) -> int:
+    _run(context, sleep)
+    return n
+
+
+@shard_task(takes_context=True, max_concurrency=2, limit_by="customer")
+def two_per_customer(context: TaskContext, customer: str, n: int = 0, sleep: float = 0.2) -> int:
+    _run(context, sleep, customer)
+    return n
+
+
+@shard_task(takes_context=True, max_concurrency=40)
+def forty_at_once(context: TaskContext, n: int = 0, sleep: float = 0.01) -> int:
+    time.sleep(sleep)
+    return n
+
+
+@shard_task(max_concurrency=1000)
+def generous_noop() -> None:
+    return None
+
+
+@shard_task(takes_context=True)
+def unlimited_sleep(context: TaskContext, n: int = 0, sleep: float = 0.01) -> int:
+    time.sleep(sleep)
+    return n
+
+
+def _region(args: tuple, kwargs: dict) -> object:
+    region = kwargs.get("region")
+    return object() if region == "broken" else region
+
+
+@shard_task(max_concurrency=1, limit_by=_region)
+def by_region(region: str = "eu") -> str:
+    return region
