@@ -27,7 +27,8 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.faults.harness import check_invariants, figures, size, wait_all_finished
-from tests.faults.test_database_restart import BINDIR, PrivatePostgres, Reconnecting
+from tests.faults.test_database_restart import Reconnecting
+from tests.pgserver import BINDIR, PrivatePostgres
 from tests.workers import ROOT, WorkerPool
 
 LOAD_BEFORE_KILL = size(4.0, 20.0)
@@ -40,19 +41,12 @@ STALL_SECONDS = 0.5
 class Node(PrivatePostgres):
     """One server of the pair: PrivatePostgres with replication settings."""
 
-    def __init__(self, options: str):
-        super().__init__()
-        self.options = options
-
-    def start(self) -> None:
-        options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.base} "
-            f"-c max_connections=100 -c wal_level=replica -c max_wal_senders=5 -c hot_standby=on {self.options}"
+    def __init__(self, **settings: str):
+        super().__init__(
+            "failover",
+            "shardq_private",
+            settings={"wal_level": "replica", "max_wal_senders": "5", "hot_standby": "on", **settings},
         )
-        self._as_postgres(
-            str(BINDIR / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.base / "server.log"),
-            "-w", "-t", "60", "start",
-        )  # fmt: skip
 
     def walsender(self) -> psutil.Process:
         pid = int((self.data / "postmaster.pid").read_text().split()[0])
@@ -79,8 +73,8 @@ def pair(request):
     mode = request.param
     # Synchronous names are set once the standby streams: set before, every
     # commit (the migration's) would wait for a standby that does not exist.
-    primary = Node("")
-    standby = Node("-c cluster_name=standby1")  # the walreceiver's application_name
+    primary = Node()
+    standby = Node(cluster_name="standby1")  # the walreceiver's application_name
     try:
         primary.init()
         primary.start()
@@ -91,7 +85,7 @@ def pair(request):
             [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=300
         )
         standby.data.parent.mkdir(exist_ok=True)
-        standby._as_postgres(
+        standby.as_postgres(
             str(BINDIR / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
             "-D", str(standby.data), "-R", "-X", "stream", "--checkpoint=fast",
         )  # fmt: skip
@@ -176,7 +170,7 @@ def test_failover_to_the_standby_loses_no_committed_job_and_jobs_flow_again(pair
             ).fetchone()
         kill_wall, killed = time.time(), time.monotonic()
         primary.kill()
-        standby._as_postgres(str(BINDIR / "pg_ctl"), "-D", str(standby.data), "-w", "-t", "60", "promote")
+        standby.as_postgres(str(BINDIR / "pg_ctl"), "-D", str(standby.data), "-w", "-t", "60", "promote")
         promoted = time.monotonic() - killed
 
         def finished_after_kill() -> int:
