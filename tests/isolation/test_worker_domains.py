@@ -231,14 +231,15 @@ def test_spoofed_notifies_neither_deafen_nor_flood_a_worker(workers):
     me = worker_id_of(w.pid)
     wait_until(lambda: scalar("SELECT count(*) FROM shardq_shard WHERE owner::text = %s", [me]) == 64, timeout=30)
     # The Listener connects on its own thread: send nothing before it listens
-    # on both channels (its last statement is the lease channel's LISTEN, or
-    # the cancel channel's that follows it, done: a
+    # on both channels: the job channel's LISTEN comes first, then the lease
+    # channel's and any other (cancel, limits), so a finished LISTEN of any
+    # "shardq_..." channel means both are in place (finished: a
     # LISTEN still running takes effect at its commit, and a NOTIFY sent
     # before that is not delivered to it).
     wait_until(
         lambda: scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardq-listener' "
-            "AND (query LIKE 'LISTEN%%shardq_lease%%' OR query LIKE 'LISTEN%%shardq_cancel%%') AND state = 'idle'"
+            "AND query LIKE 'LISTEN \"shardq\\_%%' AND state = 'idle'"
         ),
         timeout=30,
         message="the worker's Listener to listen",
