@@ -8,7 +8,7 @@ Each round drains ``--jobs`` READY priority-0 no-op jobs with one
 one of this checkout (which goes first alternates), exactly as
 ``Bench.shardq_drain``. Prints each round and the medians of this ÷ baseline
 per round (wall: start of the command → all done; steady: first → last
-``finished_at``). The baseline checkout must run with this virtualenv (for
+``finished_at``; cpu: the worker's CPU time per job over that window). The baseline checkout must run with this virtualenv (for
 example ``git archive <commit> | tar -x -C DIR``).
 """
 
@@ -52,19 +52,21 @@ def main() -> None:
                 runs[label].append(result)
                 print(
                     f"round {round_ + 1} {label:8} wall {result['wall_rate']:8,.0f} jobs/s"
-                    f"  steady {result['steady_rate'] or 0:8,.0f} jobs/s",
+                    f"  steady {result['steady_rate'] or 0:8,.0f} jobs/s"
+                    f"  cpu {result.get('cpu_us_per_job') or 0:6.1f} µs/job",
                     flush=True,
                 )
     finally:
         bench.reset()
         bench.conn.close()
-    for what in ("wall_rate", "steady_rate"):
+    for what in ("wall_rate", "steady_rate", "cpu_us_per_job"):
         ratios = [t[what] / b[what] for t, b in zip(runs["this"], runs["baseline"], strict=True) if b[what] and t[what]]
         print(
             f"{what}: this ÷ baseline median of rounds {statistics.median(ratios):.3f}"
             f" (rounds: {', '.join(f'{r:.2f}' for r in ratios)}); medians: baseline"
-            f" {statistics.median(r[what] for r in runs['baseline']):,.0f}, this"
-            f" {statistics.median(r[what] for r in runs['this']):,.0f} jobs/s"
+            f" {statistics.median(r[what] for r in runs['baseline']):,.1f}, this"
+            f" {statistics.median(r[what] for r in runs['this']):,.1f}"
+            f" {'µs/job (worker CPU, steady state)' if what == 'cpu_us_per_job' else 'jobs/s'}"
         )
 
 

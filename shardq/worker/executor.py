@@ -293,8 +293,11 @@ class Executor:
                     if self._stop.is_set() and not self.starter.ready:
                         break  # every started job has run
                     continue
+                # A limited job's limiter (None: the job counts against no limit).
+                limiter = self.fetcher.limiter
+                if limiter is not None and not limiter.tracks(job.id):
+                    limiter = None
                 try:
-                    limiter = self.fetcher.limiter
                     if limiter is not None and not limiter.acquire(job.id, self.fetcher.lease_ttl):
                         # No slot of its limit came back here within a lease
                         # (docs/limits.md): hand it back unrun, for any worker.
@@ -311,7 +314,6 @@ class Executor:
                     # job waiting here or go back (docs/limits.md). Tied to
                     # the thread, not to the outcome, so a thread still
                     # running past its outcome keeps its slot.
-                    limiter = self.fetcher.limiter
                     if limiter is not None and limiter.finished(job.id):
                         self.fetcher.wake()
                     self.fetcher.slot_freed()

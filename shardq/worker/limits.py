@@ -343,6 +343,13 @@ class Limiter:
         with self._cond:
             return job_id in self._jobs
 
+    def tracks(self, job_id: int) -> bool:
+        """Is this a limited job of this worker's (claimed by a limited
+        claim)? No lock: one dict lookup, atomic under the GIL, and a job is
+        registered before any thread can take it. The executor asks this
+        first, so an unlimited job costs no lock of the limiter's."""
+        return job_id in self._jobs
+
     def acquire(self, job_id: int, timeout: float) -> bool:
         """Block this executor thread until it holds one of this worker's
         slots of each of the job's limits (sorted order: two threads never
