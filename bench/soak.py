@@ -516,6 +516,15 @@ def main(argv=None) -> None:
     if not 0 < args.load <= 1 or args.minutes <= 0 or args.clients < 1:
         sys.exit("--load must be in (0, 1], --minutes > 0, --clients >= 1")
 
+    # SIGTERM (a terminal's kill, a CI timeout) as Ctrl-C: the finally blocks
+    # below stop gunicorn, the workers and the soak's own server.
+    import signal
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     import django
 
