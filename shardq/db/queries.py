@@ -5,7 +5,9 @@ from pathlib import Path
 
 # A block written {{name}} inside another is that block, in parentheses: an
 # expression (a definition such as worker_liveness) is written once.
-INCLUDE = re.compile(r"\{\{(\w+)\}\}")
+# {{name*}} is the block as it is, with no parentheses: a list that another
+# list continues (a column list with more columns after it).
+INCLUDE = re.compile(r"\{\{(\w+)(\*?)\}\}")
 
 
 def load(path: Path) -> dict[str, str]:
@@ -32,7 +34,8 @@ def expand(text: str, queries: dict[str, str], seen: tuple[str, ...] = ()) -> st
             raise KeyError(f"queries.sql: {{{{{name}}}}} names no block")
         if name in seen:
             raise ValueError(f"queries.sql: {{{{{name}}}}} includes itself")
-        return "(" + expand(queries[name], queries, (*seen, name)) + ")"
+        text = expand(queries[name], queries, (*seen, name))
+        return text if match.group(2) else "(" + text + ")"
 
     return INCLUDE.sub(include, text)
 

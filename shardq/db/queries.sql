@@ -2,7 +2,8 @@
 -- `-- name: NAME` starts a block; the next comment line says what it does.
 -- Parameters are psycopg's %(name)s; a literal percent sign is written %%.
 -- A block may be an SQL expression that others include as {{NAME}}
--- (in parentheses), so a definition is written once.
+-- (in parentheses), so a definition is written once; {{NAME*}} includes it
+-- bare (a column list that goes on).
 
 -- name: job_columns
 -- The columns a new job is written with, in order: every INSERT of a job and the bulk COPY use
@@ -969,9 +970,7 @@ RETURNING version;
 -- COPY a workflow's jobs with the ids reserve_job_ids gave (Workflow.enqueue): as copy_jobs, plus
 -- each job's parents still to wait for (WAITING when any), whether it has children, and the
 -- workflow's name.
-COPY shardq_job (id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key,
-    ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids,
-    enqueued_at, limit_keys, waiting_on, children_pending, workflow) FROM STDIN;
+COPY shardq_job ({{job_columns*}}, waiting_on, children_pending, workflow) FROM STDIN;
 
 -- name: copy_edges
 -- COPY a workflow's edges (child waits for parent; name is the parent's key in the child's

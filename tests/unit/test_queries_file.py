@@ -48,3 +48,17 @@ def test_a_description_over_several_lines_is_not_part_of_the_statement(tmp_path)
     path = tmp_path / "q.sql"
     path.write_text("-- name: a\n-- Says what it does,\n-- over two lines.\nSELECT 1;\n")
     assert load(path)["a"] == "SELECT 1"
+
+
+def test_a_bare_include_continues_a_list(tmp_path):
+    path = tmp_path / "q.sql"
+    path.write_text(
+        "-- name: cols\n-- A list.\na, b\n\n-- name: copy\n-- Uses it bare.\nCOPY t ({{cols*}}, c) FROM STDIN;\n"
+    )
+    assert load(path)["copy"] == "COPY t (a, b, c) FROM STDIN"
+
+
+def test_the_job_column_list_is_written_once():
+    text = QUERIES["job_columns"]
+    assert QUERIES["copy_jobs"].count(text) == 1 and QUERIES["copy_workflow_jobs"].count(text) == 1
+    assert QUERIES["insert_job"].count(text) == 1 and QUERIES["insert_unique_job"].count(text) == 1
