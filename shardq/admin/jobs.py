@@ -20,6 +20,7 @@ from django.db.models.constants import LOOKUP_SEP
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpResponseRedirect
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html, format_html_join
@@ -552,16 +553,10 @@ class JobAdmin(ShardqModelAdmin):
                 path = truncate(str(error.get("exception_class_path") or "?"), 300)
                 text = excerpt(error.get("traceback") or "", error.get("traceback_bytes"))
             items.append((error.get("n"), path, text))
-        html = format_html_join(
-            "",
-            '<div class="shardq-error"><strong>#{} {}</strong><pre class="shardq-pre shardq-traceback">{}</pre></div>',
-            items,
+        return render_to_string(
+            "admin/shardq/fragments/errors.html",
+            {"errors": items, "more": count > len(errors), "count": count, "each_end": ERRORS_SHOWN_EACH_END},
         )
-        if count > len(errors):
-            html = format_html(
-                "{}<p>{} errors in all: the oldest and the newest {} are shown.</p>", html, count, ERRORS_SHOWN_EACH_END
-            )
-        return html
 
     @admin.display(description="worker ids (one per attempt)")
     def worker_ids_display(self, obj):

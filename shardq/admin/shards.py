@@ -13,8 +13,9 @@ from django.db.models import (
     Subquery,
 )
 from django.db.models.functions import Coalesce
+from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 
 from ..models import Job, Shard, ShardEvent, Worker
 from .common import (
@@ -171,18 +172,10 @@ class ShardAdmin(ShardqModelAdmin):
         events = with_safe_times(ShardEvent.objects.filter(shard=obj.shard, pool=obj.pool), ("at",)).order_by("-at")[
             :20
         ]
-        rows = format_html_join(
-            "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            ((show_time(e.at_finite, e.at_infinite), e.reason, e.claim_version, e.worker, e.rescued) for e in events),
-        )
+        rows = [(show_time(e.at_finite, e.at_infinite), e.reason, e.claim_version, e.worker, e.rescued) for e in events]
         if not rows:
             return "none"
-        return format_html(
-            '<table class="shardq-table"><thead><tr><th>at</th><th>reason</th><th>claim version</th>'
-            "<th>worker</th><th>jobs rescued</th></tr></thead><tbody>{}</tbody></table>",
-            rows,
-        )
+        return render_to_string("admin/shardq/fragments/shard_events.html", {"events": rows})
 
 
 # -- shard events ------------------------------------------------------------

@@ -11,8 +11,9 @@ from django.db.models import (
 )
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
+from django.template.loader import render_to_string
 from django.urls import reverse
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 
 from ..conf import get_config
 from ..db.queries import positional
@@ -160,12 +161,8 @@ class WorkerAdmin(ShardqModelAdmin):
             return _pre(excerpt(short_json(stats)))
         if not stats:
             return "none yet (written at every heartbeat)"
-        rows = format_html_join(
-            "",
-            "<tr><th>{}</th><td>{}</td></tr>",
-            ((truncate(k, 200), truncate(short_json(v), 200)) for k, v in sorted(stats.items())[:500]),
-        )
-        return format_html('<table class="shardq-table">{}</table>', rows)
+        counters = [(truncate(k, 200), truncate(short_json(v), 200)) for k, v in sorted(stats.items())[:500]]
+        return render_to_string("admin/shardq/fragments/worker_counters.html", {"counters": counters})
 
     @admin.display(description="shards held")
     def shards_display(self, obj):
