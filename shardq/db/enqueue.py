@@ -186,16 +186,22 @@ def copy_jobs(
                     f"{static_limits if 'limit_keys' not in row else limits_field(row)}\n"
                 )
                 on_job(index, job_id, enqueued_at)
-                if len(lines) == COPY_CHUNK:
-                    copy.write("".join(lines))
-                    lines.clear()
-            if lines:
-                copy.write("".join(lines))
+                flush_chunk(copy, lines)
+            flush_chunk(copy, lines, last=True)
         if notify:
             shards = sorted({row["shard"] for row in rows})
             cursor.execute(
                 QUERIES["notify_shards"], {"channel": channel, "shards": shards, "priority": params["priority"]}
             )
+
+
+def flush_chunk(copy: Any, lines: list[str], *, last: bool = False) -> None:
+    """Send the COPY lines gathered so far once they fill a chunk (the
+    server parses one while the next is formatted), or, ``last``, whatever
+    is left."""
+    if lines and (last or len(lines) >= COPY_CHUNK):
+        copy.write("".join(lines))
+        lines.clear()
 
 
 def limits_field(row: dict[str, Any]) -> str:
@@ -283,11 +289,8 @@ def copy_graph(
                     f"{row['max_attempts']}\t{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t"
                     f"[]\t[]\t{stamp}\t{limits_field(row)}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
                 )
-                if len(lines) == COPY_CHUNK:
-                    copy.write("".join(lines))
-                    lines.clear()
-            if lines:
-                copy.write("".join(lines))
+                flush_chunk(copy, lines)
+            flush_chunk(copy, lines, last=True)
         lines = []
         with conn.wrap_database_errors, cursor.copy(QUERIES["copy_edges"]) as copy:
             for parent, child, name, run_on_failure in edges:
@@ -295,11 +298,8 @@ def copy_graph(
                 if parent < 0:
                     name = names[parent_id]
                 lines.append(f"{parent_id}\t{ids[child]}\t{copy_text(name)}\t{'t' if run_on_failure else 'f'}\tf\n")
-                if len(lines) == COPY_CHUNK:
-                    copy.write("".join(lines))
-                    lines.clear()
-            if lines:
-                copy.write("".join(lines))
+                flush_chunk(copy, lines)
+            flush_chunk(copy, lines, last=True)
         if notify:
             by_priority: dict[int, set[int]] = {}
             for row in rows:
