@@ -27,8 +27,9 @@ NOOP = "tests.taskapp.tasks.noop"
 SHARD_COUNT = 64
 CHANNEL = "shardq"
 
-# queries.sql's job columns but the id (the sequence gives it here).
-COLUMNS = JOB_COLUMNS[1:]
+# queries.sql's job columns but the id (the sequence gives it here) and
+# limit_keys (NULL: no limit, the column's default).
+COLUMNS = tuple(name for name in JOB_COLUMNS if name not in ("id", "limit_keys"))
 
 
 def noop():
@@ -51,7 +52,9 @@ def insert_params(key_hash: int | None = None) -> dict:
         "ordered": False,
         "max_attempts": 1,
         "channel": CHANNEL,
-        "shard": key_hash & (SHARD_COUNT - 1),
+        "notify": True,
+        "shard_count": SHARD_COUNT,  # only when the cluster row is missing (the statement computes the shard)
+        "limit_keys": None,
         "key_hash": key_hash,
         "shard_key": None,
         "args": "[]",
