@@ -186,6 +186,19 @@ SELECT shard, pg_notify(%(channel)s, %(worker)s::text) FROM logged;
 UPDATE shardq_worker SET state = 'STOPPED', heartbeat_at = clock_timestamp(), stats = %(stats)s::jsonb
 WHERE id = %(worker)s;
 
+-- name: claim_start_set
+-- What a claim writes on each job it takes (``job``, from ``picked``: its claim_version and whether
+-- the claim starts it): the fence, the rank, and for a job started by the claim the attempt, the
+-- start times and this worker's id. A SET list fragment, included bare by claim_jobs and
+-- claim_limited_jobs.
+status_rank = LEAST(job.status_rank, 2147483646) + 1,
+    fence = picked.claim_version,
+    attempts = job.attempts + picked.start_now::int,
+    started_at = CASE WHEN picked.start_now THEN COALESCE(job.started_at, clock_timestamp()) ELSE job.started_at END,
+    last_attempted_at = CASE WHEN picked.start_now THEN clock_timestamp() ELSE job.last_attempted_at END,
+    worker_ids = CASE WHEN picked.start_now THEN job.worker_ids || jsonb_build_array(%(worker)s::text)
+                      ELSE job.worker_ids END
+
 -- name: claim_jobs
 -- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds, the
 -- highest priorities first across them: one index probe per shard finds its best due priority (no
@@ -327,13 +340,7 @@ WITH held AS MATERIALIZED (
 UPDATE shardq_job AS job
 SET status = CASE WHEN picked.problem IS NOT NULL THEN 'FAILED'
                   WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
-    status_rank = LEAST(job.status_rank, 2147483646) + 1,
-    fence = picked.claim_version,
-    attempts = job.attempts + picked.start_now::int,
-    started_at = CASE WHEN picked.start_now THEN COALESCE(job.started_at, clock_timestamp()) ELSE job.started_at END,
-    last_attempted_at = CASE WHEN picked.start_now THEN clock_timestamp() ELSE job.last_attempted_at END,
-    worker_ids = CASE WHEN picked.start_now THEN job.worker_ids || jsonb_build_array(%(worker)s::text)
-                      ELSE job.worker_ids END,
+    {{claim_start_set*}},
     finished_at = CASE WHEN picked.problem IS NULL THEN job.finished_at ELSE clock_timestamp() END,
     errors = CASE WHEN picked.problem IS NULL THEN job.errors
         ELSE (CASE WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors ELSE '[]'::jsonb END)
@@ -1229,13 +1236,7 @@ WITH slots AS (
 )
 UPDATE shardq_job AS job
 SET status = CASE WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
-    status_rank = LEAST(job.status_rank, 2147483646) + 1,
-    fence = picked.claim_version,
-    attempts = job.attempts + picked.start_now::int,
-    started_at = CASE WHEN picked.start_now THEN COALESCE(job.started_at, clock_timestamp()) ELSE job.started_at END,
-    last_attempted_at = CASE WHEN picked.start_now THEN clock_timestamp() ELSE job.last_attempted_at END,
-    worker_ids = CASE WHEN picked.start_now THEN job.worker_ids || jsonb_build_array(%(worker)s::text)
-                      ELSE job.worker_ids END
+    {{claim_start_set*}}
 -- slots and rates are written whatever this returns (a data-modifying CTE
 -- always runs to completion).
 FROM picked
