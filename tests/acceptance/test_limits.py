@@ -19,7 +19,7 @@ import shardq
 from shardq.core.limits import parse_rate
 from tests.conftest import wait_until
 from tests.taskapp import limit_tasks
-from tests.workers import FAST_LEASES, WorkerPool, scalar, worker_id_of
+from tests.workers import FAST_LEASES, WorkerPool, query, scalar, worker_id_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,15 +72,21 @@ def start_three(workers, ledger: Path):
     ]
     for proc in procs:
         worker_id_of(proc.pid)
-    # Every worker holds its share of the shards before the jobs come.
+    # Every worker holds its fair share of the shards (22/21/21) before the
+    # jobs come. Three owners alone is not that: the first worker then still
+    # hands shards over while the limited jobs run.
     wait_until(
         lambda: (
-            scalar(
-                "SELECT count(DISTINCT owner) FROM shardq_shard WHERE pool = '*' AND lease_expires > clock_timestamp()"
+            sorted(
+                n
+                for (n,) in query(
+                    "SELECT count(*) FROM shardq_shard WHERE pool = '*' AND owner IS NOT NULL "
+                    "AND lease_expires > clock_timestamp() GROUP BY owner"
+                )
             )
-            == 3
+            == [21, 21, 22]
         ),
-        message="three workers sharing the shards",
+        message="three workers holding their fair shares",
     )
     return procs
 
