@@ -26,6 +26,12 @@ DEFAULT_BACKEND = "default"
 def pool_name(queues: list[str] | None, exclude_queues: list[str] | None = None, backend: str | None = None) -> str:
     """The pool of a worker serving ``queues`` (None or empty: every queue but
     ``exclude_queues``) of the backend alias ``backend`` (None: the default)."""
+    for queue in [*(queues or ()), *(exclude_queues or ())]:
+        if queue.startswith(ALL):
+            raise ValueError(
+                f"queue name {queue!r} starts with {ALL!r}, which names every queue in a pool: "
+                "a worker cannot serve it by name; rename the queue"
+            )
     if queues:
         name = ",".join(sorted(set(queues)))
     elif exclude_queues:

@@ -5,7 +5,21 @@ from hypothesis import strategies as st
 
 from shardq.core.pools import pool_name, pool_serves
 
-queue_names = st.text(alphabet=st.characters(blacklist_characters=",@", blacklist_categories=("Cs",)), min_size=1)
+# Names a worker can serve: no "," or "@" (pool syntax), not starting with
+# "*" (every queue; refused, see the test below).
+queue_names = st.text(
+    alphabet=st.characters(blacklist_characters=",@", blacklist_categories=("Cs",)), min_size=1
+).filter(lambda name: not name.startswith("*"))
+
+
+def test_a_queue_name_starting_with_the_star_is_refused():
+    import pytest
+
+    for selection in (["*"], ["*-emails"], ["default", "*x"]):
+        with pytest.raises(ValueError, match="names every queue"):
+            pool_name(selection)
+    with pytest.raises(ValueError, match="names every queue"):
+        pool_name(None, ["*"])
 
 
 def test_no_flags_is_the_star_pool():

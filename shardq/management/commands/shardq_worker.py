@@ -174,6 +174,12 @@ def served_queues(alias: str, config: dict, queues_text: str, exclude_text: str)
     backend does (BaseTaskBackend.validate_task)."""
     queues = [q.strip() for q in queues_text.split(",") if q.strip()]
     excluded = [q.strip() for q in exclude_text.split(",") if q.strip()]
+    starred = [q for q in queues + excluded if q.startswith("*")]
+    if starred:
+        raise CommandError(
+            f"queue name(s) {', '.join(map(printable, starred))} start with '*', which names every queue "
+            "(the pool of a worker with no --queues): rename the queue to serve it by name."
+        )
     if queues and excluded:
         raise CommandError(
             "--queues and --exclude-queues cannot be used together: "
