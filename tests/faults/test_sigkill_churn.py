@@ -98,7 +98,12 @@ def test_sigkill_churn_keeps_every_guarantee_and_rehomes_shards_within_ttl(worke
     )
     assert supervisor.poll() is None
     report = check_invariants(query, expected_jobs=JOBS)
-    assert report["statuses"] == {"SUCCESSFUL": JOBS}, report
+    assert report["statuses"] == {"SUCCESSFUL": JOBS}, (
+        report,
+        query(
+            "SELECT id, attempts, worker_losses, errors FROM shardq_job WHERE status <> 'SUCCESSFUL' ORDER BY id LIMIT 5"
+        ),
+    )
     figures(
         "sigkill_churn",
         workers=WORKERS,
