@@ -395,7 +395,8 @@ RETURNING job.id, job.attempts, job.status_rank, job.started_at, job.last_attemp
 -- Write outcomes (SUCCESSFUL, FAILED, or READY again for a retry after delay seconds) given as one
 -- JSON array, fenced twice: the job still carries this claim's fence and rank, and that fence is
 -- still its shard's claim version (the shard has not changed hands since the claim). The (id,
--- rank) pairs returned were written; the rest lost ownership.
+-- rank) pairs returned were written; the rest lost ownership. children_pending says which of them
+-- is a workflow parent whose children wait for the resolver.
 UPDATE shardq_job AS job
 SET status = a.status,
     status_rank = a.rank,
@@ -413,7 +414,7 @@ FROM jsonb_to_recordset(%(batch)s::jsonb)
 WHERE job.id = ANY(%(ids)s::bigint[]) AND job.id = a.id
   AND job.fence <= a.fence AND job.status_rank < a.rank
   AND s.shard = job.shard AND s.claim_version = job.fence
-RETURNING job.id, job.status_rank;
+RETURNING job.id, job.status_rank, job.children_pending;
 
 -- name: complete_job_in_transaction
 -- Mark one job SUCCESSFUL inside the task's own transaction (transactional completion), fenced

@@ -799,12 +799,15 @@ class WorkerStore:
         )
 
     def complete_jobs[O: OutcomeRef](
-        self, outcomes: list[O]
+        self, outcomes: list[O], parents: set[int] | None = None
     ) -> tuple[set[tuple[int, int]], list[tuple[O, StatementRejected]]]:
         """Write outcomes (objects with id, fence, rank, status, return_value_json,
         error_json, delay) in one statement; returns the (id, rank) pairs
         written and [(outcome, StatementRejected)] of those PostgreSQL refused
         (the rest of the batch is written: the batch is split around them).
+        The ids of written jobs that are workflow parents with children
+        still pending are added to ``parents`` when given (the resolver's
+        work: the completer wakes it only then).
 
         Pairs, not ids: one batch may hold two outcomes of a job (a rejected
         one and the one written again under a later claim, see
@@ -817,7 +820,9 @@ class WorkerStore:
             return self.run("complete_jobs", {"ids": ids, "batch": outcome_batch_json(part)})
 
         rows, rejected = self.run_split(outcomes, batch)
-        return {(job_id, rank) for job_id, rank in rows}, rejected
+        if parents is not None:
+            parents.update(job_id for job_id, _rank, pending in rows if pending)
+        return {(job_id, rank) for job_id, rank, _pending in rows}, rejected
 
     def outcomes_applied(self, outcomes: Sequence[OutcomeRef]) -> set[tuple[int, int]]:
         rows = self.run(

@@ -68,8 +68,8 @@ class Completer(Service):
         self._pending_ids: dict[int, int] = {}
         self._pending_lock = threading.Lock()
         self._idle = threading.Event()
-        # Called after outcomes landed (the workflow resolver's wake-up: a
-        # parent that just finished has its children moved on at once).
+        # Called after outcomes of workflow parents with children pending
+        # landed (the resolver's wake-up: their children move on at once).
         self.on_written: Callable[[], None] | None = None
 
     # -- from executors ----------------------------------------------------------
@@ -135,15 +135,16 @@ class Completer(Service):
         return retrying(call, what, deadline, self.stats, logger)
 
     def _write(self, outcomes: list[Outcome], deadline: float | None) -> None:
+        parents: set[int] = set()  # written jobs whose children wait for the resolver
         try:
-            applied, uncertain, refused = self._write_batch(outcomes, deadline)
+            applied, uncertain, refused = self._write_batch(outcomes, deadline, parents)
             if refused:
                 # The row domain: PostgreSQL refused these outcomes (a value
                 # jsonb cannot hold, a value over a limit). The rest of the
                 # batch is written; each of these jobs fails with an error
                 # naming why, and its own outcome is dropped.
                 replacements = [self._refused(outcome, error) for outcome, error in refused]
-                more, more_uncertain, still = self._write_batch(replacements, deadline)
+                more, more_uncertain, still = self._write_batch(replacements, deadline, parents)
                 for outcome, error in still:
                     logger.error(
                         "job %s: even its failure could not be written (%s); its shard's "
@@ -170,7 +171,11 @@ class Completer(Service):
         if applied:
             # Landed: the job is final (or retrying), never claimed back.
             self.remembered.forget(job_id for job_id, _rank in applied)
-            if self.on_written is not None:
+            # The resolver is woken for a parent whose children wait (a
+            # statement of its own per ack batch was a share of a no-op
+            # drain's CPU, here and in PostgreSQL), or when a lost answer
+            # hid which of them are parents.
+            if self.on_written is not None and (parents or uncertain):
                 self.on_written()
         if self.metrics is not None:
             self.metrics.outcomes_written(outcomes, applied)
@@ -193,10 +198,13 @@ class Completer(Service):
         self._settle(outcomes)
 
     def _write_batch(
-        self, outcomes: list[Outcome], deadline: float | None
+        self, outcomes: list[Outcome], deadline: float | None, parents: set[int] | None = None
     ) -> tuple[set[tuple[int, int]], bool, list[tuple[Outcome, StatementRejected]]]:
-        """(applied pairs, whether a try failed, [(outcome, StatementRejected)])."""
-        (applied, refused), uncertain = self._retrying(lambda: self.store.complete_jobs(outcomes), "ack", deadline)
+        """(applied pairs, whether a try failed, [(outcome, StatementRejected)]);
+        written workflow parents with children pending are added to ``parents``."""
+        (applied, refused), uncertain = self._retrying(
+            lambda: self.store.complete_jobs(outcomes, parents), "ack", deadline
+        )
         return applied, uncertain, refused
 
     def _refused(self, outcome: Outcome, error: Exception) -> Outcome:
