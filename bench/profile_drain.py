@@ -98,16 +98,25 @@ def main() -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    import psutil
+
     try:
         bench.wait_empty(timeout=600, proc=proc)
         wall = time.perf_counter() - began
+        worker = psutil.Process(proc.pid)
+        workers = [worker, *worker.children(recursive=True)] if args.no_spy else worker.children(recursive=True)
+        times = [w.cpu_times() for w in workers]
+        switches = [w.num_ctx_switches() for w in workers]
+        print(
+            f"worker CPU (start to done, boot included): user {sum(t.user for t in times):.2f}s,"
+            f" system {sum(t.system for t in times):.2f}s; context switches: voluntary"
+            f" {sum(c.voluntary for c in switches):,}, involuntary {sum(c.involuntary for c in switches):,}"
+        )
     finally:
         if args.no_spy:
             bench.stop_worker(proc)
         else:
             # py-spy forwards nothing: stop the worker (its child) and let py-spy write.
-            import psutil
-
             for child in psutil.Process(proc.pid).children(recursive=True):
                 child.terminate()
             proc.wait(timeout=60)

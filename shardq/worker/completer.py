@@ -75,9 +75,11 @@ class Completer(Service):
     # -- from executors ----------------------------------------------------------
 
     def put(self, outcome: Outcome) -> None:
+        shard, job_id = outcome.shard, outcome.id
+        by_shard, ids = self._pending_by_shard, self._pending_ids
         with self._pending_lock:
-            self._pending_by_shard[outcome.shard] = self._pending_by_shard.get(outcome.shard, 0) + 1
-            self._pending_ids[outcome.id] = self._pending_ids.get(outcome.id, 0) + 1
+            by_shard[shard] = by_shard.get(shard, 0) + 1
+            ids[job_id] = ids.get(job_id, 0) + 1
         self.remembered.remember(outcome)
         self._queue.put(outcome)
 
@@ -180,7 +182,16 @@ class Completer(Service):
         if self.metrics is not None:
             self.metrics.outcomes_written(outcomes, applied)
         counts = dict.fromkeys(("succeeded", "failed", "retried", "fence_rejections"), 0)
-        for outcome in outcomes:
+        if len(applied) == len(outcomes):
+            # Every outcome landed (the pairs written are a subset of those
+            # sent, so as many means all): no lookup per outcome.
+            statuses = [outcome.status for outcome in outcomes]
+            for status, name in _COUNTER_OF.items():
+                counts[name] = statuses.count(status)
+            outcomes_rejected: list[Outcome] = []
+        else:
+            outcomes_rejected = outcomes
+        for outcome in outcomes_rejected:
             if (outcome.id, outcome.rank) in applied:
                 counts[_COUNTER_OF[outcome.status]] += 1
             else:
@@ -232,15 +243,17 @@ class Completer(Service):
         )
 
     def _settle(self, outcomes: Sequence[Outcome]) -> None:
+        ids, by_shard = self._pending_ids, self._pending_by_shard
         with self._pending_lock:
             for outcome in outcomes:
-                ids_left = self._pending_ids[outcome.id] - 1
+                job_id, shard = outcome.id, outcome.shard
+                ids_left = ids[job_id] - 1
                 if ids_left:
-                    self._pending_ids[outcome.id] = ids_left
+                    ids[job_id] = ids_left
                 else:
-                    del self._pending_ids[outcome.id]
-                left = self._pending_by_shard[outcome.shard] - 1
+                    del ids[job_id]
+                left = by_shard[shard] - 1
                 if left:
-                    self._pending_by_shard[outcome.shard] = left
+                    by_shard[shard] = left
                 else:
-                    del self._pending_by_shard[outcome.shard]
+                    del by_shard[shard]

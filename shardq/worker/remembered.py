@@ -33,11 +33,16 @@ class RememberedOutcomes:
 
     def remember(self, outcome: Outcome) -> None:
         """Keep a SUCCESSFUL outcome small enough to write again later."""
-        if outcome.status != "SUCCESSFUL" or len(outcome.return_value_json or "") > REMEMBERED_RESULT_BYTES:
+        if outcome.status != "SUCCESSFUL":
+            return
+        value = outcome.return_value_json
+        if value is not None and len(value) > REMEMBERED_RESULT_BYTES:
             return
         with self._lock:
-            for forgotten in self._ids.add(outcome.id):
-                del self._outcomes[forgotten]
+            evicted = self._ids.add(outcome.id)
+            if evicted:
+                for forgotten in evicted:
+                    del self._outcomes[forgotten]
             self._outcomes[outcome.id] = outcome
 
     def recall(self, job_ids: Iterable[int]) -> dict[int, Outcome]:
@@ -48,10 +53,11 @@ class RememberedOutcomes:
 
     def forget(self, job_ids: Iterable[int]) -> None:
         """These jobs' outcomes landed (or were replaced): they are never claimed back."""
+        outcomes, discard = self._outcomes, self._ids.discard
         with self._lock:
             for job_id in job_ids:
-                if self._outcomes.pop(job_id, None) is not None:
-                    self._ids.discard(job_id)
+                if outcomes.pop(job_id, None) is not None:
+                    discard(job_id)
 
     def __len__(self) -> int:
         with self._lock:
