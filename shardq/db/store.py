@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 from psycopg import sql
-from psycopg.rows import RowFactory, RowMaker, TupleRow, dict_row
+from psycopg.rows import RowFactory, RowMaker, TupleRow, dict_row, tuple_row
 
 from ..conf import get_config
 from ..core import pools
 from ..core.breaker import CircuitBreaker
 from ..exceptions import DatabaseUnavailable, StatementRejected
-from .queries import ANY_PRIORITY, QUERIES
+from .queries import ANY_PRIORITY, QUERIES, RAW_QUERIES
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -284,14 +284,19 @@ class WorkerStore:
         self.synchronous_commit = synchronous_commit
         self.conn: psycopg.Connection[TupleRow] | None = None
 
-    def _cursor(self, named: bool = False, row_factory: RowFactory[Any] | None = None) -> psycopg.Cursor[Any]:
+    def _cursor(
+        self, named: bool = False, row_factory: RowFactory[Any] | None = None, raw: bool = False
+    ) -> psycopg.Cursor[Any]:
+        """A cursor on this store's connection (opened when needed); ``raw``:
+        a ``RawCursor``, for the statements in ``RAW_QUERIES``."""
         if self.conn is None or self.conn.closed:
             self.conn = connect(self.alias, application_name=self.application_name)
             if not self.synchronous_commit:
                 self.conn.execute(QUERIES["async_commit"])
-        if row_factory is not None:
-            return self.conn.cursor(row_factory=row_factory)
-        return self.conn.cursor(row_factory=dict_row) if named else self.conn.cursor()
+        factory = row_factory if row_factory is not None else dict_row if named else None
+        if raw:
+            return psycopg.RawCursor(self.conn, row_factory=factory or tuple_row)
+        return self.conn.cursor(row_factory=factory) if factory is not None else self.conn.cursor()
 
     @overload
     def run(
@@ -329,7 +334,12 @@ class WorkerStore:
         self, name: str, params: Mapping[str, Any], fetch: Fetch = "all", binary: bool = False, named: bool = False
     ) -> Any:
         """Run one named statement; rows as dicts when ``named``."""
-        return self.guarded(name, lambda cursor: self._execute(cursor, name, params, fetch, binary), named=named)
+        return self.guarded(
+            name,
+            lambda cursor: self._execute(cursor, name, params, fetch, binary),
+            named=named,
+            raw=name in RAW_QUERIES,
+        )
 
     @overload
     @staticmethod
@@ -353,7 +363,13 @@ class WorkerStore:
     def _execute(
         cursor: psycopg.Cursor[Any], name: str, params: Mapping[str, Any], fetch: Fetch = "all", binary: bool = False
     ) -> Any:
-        cursor.execute(QUERIES[name], params, prepare=True, binary=binary)
+        raw = RAW_QUERIES.get(name)
+        if raw is None:
+            cursor.execute(QUERIES[name], params, prepare=True, binary=binary)
+        else:
+            # A long statement, on a RawCursor (see RAW_QUERIES): sent as it is.
+            text, names = raw
+            cursor.execute(text, [params[n] for n in names], prepare=True, binary=binary)
         if fetch == "all":
             return cursor.fetchall()
         if fetch == "one":
@@ -366,13 +382,15 @@ class WorkerStore:
         work: Callable[[psycopg.Cursor[Any]], R],
         named: bool = False,
         row_factory: RowFactory[Any] | None = None,
+        raw: bool = False,
     ) -> R:
         """Run ``work(cursor)`` behind the circuit breaker, translating driver
         errors into their domain: ``DatabaseUnavailable`` (connection) or
-        ``StatementRejected`` (the statement's data)."""
+        ``StatementRejected`` (the statement's data). ``raw``: the statement
+        is one of ``RAW_QUERIES`` (``_execute`` sends it on a RawCursor)."""
         self.guard.admit(what)
         try:
-            with self._cursor(named, row_factory) as cursor:
+            with self._cursor(named, row_factory, raw) as cursor:
                 result = work(cursor)
         except DatabaseUnavailable:
             self.guard.failed()
@@ -614,6 +632,7 @@ class WorkerStore:
             "claim_jobs",
             lambda cursor: self._execute(cursor, "claim_jobs", params, binary=True),
             row_factory=fields_row(row_factory),
+            raw="claim_jobs" in RAW_QUERIES,
         )
 
     # -- limits (docs/limits.md; the decisions are shardq/worker/limits.py's) --

@@ -2,7 +2,7 @@
 
 import pytest
 
-from shardq.db.queries import QUERIES, load, positional
+from shardq.db.queries import CACHED_STATEMENT_BYTES, QUERIES, RAW_QUERIES, load, positional, raw
 
 
 def test_a_block_includes_another_in_parentheses(tmp_path):
@@ -62,3 +62,18 @@ def test_the_job_column_list_is_written_once():
     text = QUERIES["job_columns"]
     assert QUERIES["copy_jobs"].count(text) == 1 and QUERIES["copy_workflow_jobs"].count(text) == 1
     assert QUERIES["insert_job"].count(text) == 1 and QUERIES["insert_unique_job"].count(text) == 1
+
+
+def test_a_raw_statement_numbers_each_name_once_and_unescapes_percent():
+    text, names = raw("SELECT %(a)s, format('%%s', %(b)s), %(a)s + 1")
+    assert text == "SELECT $1, format('%s', $2), $1 + 1"
+    assert names == ("a", "b")
+
+
+def test_the_statements_psycopg_would_parse_on_every_execute_run_raw():
+    # claim_jobs is over psycopg's cache limit; every long one is raw, with no placeholder left.
+    assert "claim_jobs" in RAW_QUERIES
+    for name, (text, names) in RAW_QUERIES.items():
+        assert len(QUERIES[name].encode()) > CACHED_STATEMENT_BYTES
+        assert "%(" not in text and "%%" not in text
+        assert f"${len(names)}" in text and f"${len(names) + 1}" not in text
