@@ -89,6 +89,7 @@ def main() -> None:
         *(["--idle"] if args.idle else []), "--",
     ]  # fmt: skip
     env = bench.child_env(args.settings, PYTHONPATH=str(REPO))
+    bench.byte_compile(REPO)  # as make bench's workers run (e2e.Bench.byte_compile)
     (db_start,) = bench.sql("SELECT clock_timestamp()")[0]
     began = time.perf_counter()
     proc = subprocess.Popen(
@@ -129,6 +130,25 @@ def main() -> None:
         f" first done +{(first - db_start).total_seconds():.2f}s, last +{(last - db_start).total_seconds():.2f}s,"
         f" steady {(n - 1) / max((last - first).total_seconds(), 1e-9):,.0f} jobs/s"
     )
+    # The ramp: how long after the first finish each share of the jobs was done.
+    shares = (0.01, 0.05, 0.1, 0.25, 0.5, 0.9)
+    ((*marks,),) = bench.sql(
+        "SELECT "
+        + ", ".join(f"percentile_disc({q}) WITHIN GROUP (ORDER BY finished_at)" for q in shares)
+        + " FROM shardq_job WHERE status = 'SUCCESSFUL'"
+    )
+    print(
+        "ramp (after the first finish): "
+        + ", ".join(
+            f"{q:.0%} done +{(m - first).total_seconds() * 1e3:.0f} ms" for q, m in zip(shares, marks, strict=True)
+        )
+    )
+    buckets = bench.sql(
+        "SELECT floor(extract(epoch FROM finished_at - %s) * 10)::int AS b, count(*) FROM shardq_job"
+        " WHERE status = 'SUCCESSFUL' GROUP BY b ORDER BY b",
+        (first,),
+    )
+    print("jobs per 100 ms after the first finish: " + " ".join(str(n) for _b, n in buckets))
     bench.reset()
     bench.conn.close()
     if not args.no_spy:
