@@ -9,7 +9,9 @@ one of this checkout (which goes first alternates), exactly as
 ``Bench.shardq_drain``. Prints each round and the medians of this ÷ baseline
 per round (wall: start of the command → all done; steady: first → last
 ``finished_at``; cpu: the worker's CPU time per job over that window). The baseline checkout must run with this virtualenv (for
-example ``git archive <commit> | tar -x -C DIR``).
+example ``git archive <commit> | tar -x -C DIR``). With ``--limit`` each round
+starts with ``make bench``'s bare-SQL limit drain, and each checkout is
+also reported ÷ the limit (the issue 13 figures).
 """
 
 import argparse
@@ -27,6 +29,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--database", default="shardq_bench")
+    p.add_argument(
+        "--limit",
+        action="store_true",
+        help="also drain with the bare-SQL limit (make bench's) each round, first, and report each "
+        "checkout ÷ the limit (median of the per-round ratios)",
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="also drain this checkout with django.tasks at WARNING (tests.settings' LOGGING) each round",
+    )
     args = p.parse_args()
     baseline = args.baseline.resolve()
     if not (baseline / "manage.py").exists():
@@ -40,15 +53,27 @@ def main() -> None:
     from bench import e2e
 
     bench = e2e.Bench(e2e.Options(database_url=e2e.bench_database(args.database), jobs=args.jobs))
-    runs: dict[str, list[dict]] = {"baseline": [], "this": []}
+    runs: dict[str, list[dict]] = {"baseline": [], "this": [], "limit": [], "quiet": []}
     try:
         for round_ in range(args.rounds):
+            if args.limit:
+                result = bench.limit_drain(1, args.jobs)
+                runs["limit"].append(result)
+                print(
+                    f"round {round_ + 1} limit    wall {result['wall_rate']:8,.0f} jobs/s"
+                    f"  steady {result['steady_rate'] or 0:8,.0f} jobs/s"
+                    f"  cpu {result.get('cpu_us_per_job') or 0:6.1f} µs/job",
+                    flush=True,
+                )
             order = [("baseline", baseline), ("this", REPO)]
             if round_ % 2:
                 order.reverse()
+            if args.quiet:
+                order.append(("quiet", REPO))
             for label, checkout in order:
                 bench.repo = checkout
-                result = bench.shardq_drain(1, args.jobs, name=f"ab-{label}")
+                settings = e2e.QUIET_TASK_LOGGING if label == "quiet" else e2e.DEFAULT_LOGGING
+                result = bench.shardq_drain(1, args.jobs, name=f"ab-{label}", settings=settings)
                 runs[label].append(result)
                 print(
                     f"round {round_ + 1} {label:8} wall {result['wall_rate']:8,.0f} jobs/s"
@@ -59,6 +84,19 @@ def main() -> None:
     finally:
         bench.reset()
         bench.conn.close()
+    if args.limit:
+        for what in ("wall_rate", "steady_rate", "cpu_us_per_job"):
+            for label in ("baseline", "this", *(("quiet",) if args.quiet else ())):
+                ratios = [
+                    t[what] / lim[what]
+                    for t, lim in zip(runs[label], runs["limit"], strict=True)
+                    if lim[what] and t[what]
+                ]
+                print(
+                    f"{what}: {label} ÷ limit median of rounds {statistics.median(ratios):.3f}"
+                    f" (rounds: {', '.join(f'{r:.2f}' for r in ratios)}); limit median"
+                    f" {statistics.median(r[what] for r in runs['limit']):,.1f}"
+                )
     for what in ("wall_rate", "steady_rate", "cpu_us_per_job"):
         ratios = [t[what] / b[what] for t, b in zip(runs["this"], runs["baseline"], strict=True) if b[what] and t[what]]
         print(
