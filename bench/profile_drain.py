@@ -130,6 +130,13 @@ def main() -> None:
         f" first done +{(first - db_start).total_seconds():.2f}s, last +{(last - db_start).total_seconds():.2f}s,"
         f" steady {(n - 1) / max((last - first).total_seconds(), 1e-9):,.0f} jobs/s"
     )
+    for (stats,) in bench.sql("SELECT stats FROM shardq_worker"):
+        if stats.get("ack_writes"):
+            print(
+                f"claims {stats.get('claimed', 0):,} jobs; acks: {stats['ack_writes']:,} statements,"
+                f" {stats.get('succeeded', 0) / stats['ack_writes']:.0f} outcomes each;"
+                f" start writes {stats.get('start_writes', 0):,}"
+            )
     # The ramp: how long after the first finish each share of the jobs was done.
     shares = (0.01, 0.05, 0.1, 0.25, 0.5, 0.9)
     ((*marks,),) = bench.sql(

@@ -216,6 +216,7 @@ class Completer(Service):
         (applied, refused), uncertain = self._retrying(
             lambda: self.store.complete_jobs(outcomes, parents), "ack", deadline
         )
+        self.stats.add("ack_writes")
         return applied, uncertain, refused
 
     def _refused(self, outcome: Outcome, error: Exception) -> Outcome:

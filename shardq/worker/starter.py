@@ -108,7 +108,8 @@ class Starter(Service):
         # Jobs taken out of turn (see expedite) that still need a start write:
         # this thread writes it, before any refill.
         self._out_of_turn: list[ClaimedJob] = []
-        self._idle = 0
+        self._idle = 0  # executor threads waiting in take() (for _jobs)
+        self._refill_waiting = False  # the starter waits for room (_room)
         self._low_water = 0  # refill once the ready jobs fall to this
         self._fails_on_loss: dict[str, bool] = {}  # task path -> on_worker_lost == "fail"
 
@@ -120,7 +121,8 @@ class Starter(Service):
             ready = self._ready
             if not ready:
                 self._idle += 1
-                self._room.notify()
+                if self._refill_waiting:
+                    self._room.notify()
                 try:
                     self._jobs.wait(timeout)
                 finally:
@@ -129,7 +131,9 @@ class Starter(Service):
                     return None
             job = heapq.heappop(ready)[2]
             self._uncount(job.priority)
-            if len(ready) <= self._low_water:
+            # Notified only while the starter waits for room: a notify with
+            # nobody waiting still costs a lock probe and a deque, per job.
+            if self._refill_waiting and len(ready) <= self._low_water:
                 self._room.notify()
             return job
 
@@ -220,7 +224,11 @@ class Starter(Service):
                 # write for many jobs.
                 self._low_water = wanted // 2
                 if len(self._ready) > self._low_water or wanted <= 0:
-                    self._room.wait(0.1)
+                    self._refill_waiting = True
+                    try:
+                        self._room.wait(0.1)
+                    finally:
+                        self._refill_waiting = False
                     continue
                 room = wanted - len(self._ready)
             job = self.buffer.pop(timeout=0.1)
@@ -258,7 +266,8 @@ class Starter(Service):
             for job in ready:
                 heapq.heappush(self._ready, (-job.priority, next(self._sequence), job))
             self._ready_priorities.update(job.priority for job in ready)
-            self._jobs.notify(len(ready))
+            if self._idle:  # the threads waiting in take()
+                self._jobs.notify(min(len(ready), self._idle))
 
     def _needs_start(self, job: ClaimedJob) -> bool:
         """False for a job the executor fails without running: an unknown

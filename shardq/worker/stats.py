@@ -20,6 +20,7 @@ COUNTERS = (
     "db_errors",
     # Error domains (DESIGN §5)
     "start_writes",  # group-committed start statements
+    "ack_writes",  # complete_jobs statements (outcomes written ÷ these: the ack batch)
     "starts_refused",  # start writes that found the claim superseded (the job is not run)
     "quarantined",  # unreadable rows failed at claim
     "outcomes_refused",  # outcomes PostgreSQL refused to store (the job failed instead)
