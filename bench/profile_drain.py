@@ -58,6 +58,51 @@ def summarize(path: Path, top: int, skip_main: bool = False) -> None:
         print(f"  {n / total:6.1%}  {name}")
 
 
+def _ticks(pid: int) -> dict[int, int]:
+    """utime + stime (clock ticks) of each thread of ``pid``."""
+    ticks = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        ticks[int(task.name)] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def thread_cpu(bench, pid: int, jobs: int) -> None:
+    """Each thread's CPU between 20% and 80% of the jobs done, by name, per job."""
+
+    def done() -> int:
+        return bench.sql("SELECT count(*) FROM shardq_job WHERE status = 'SUCCESSFUL'")[0][0]
+
+    while done() < jobs * 0.2:
+        time.sleep(0.01)
+    n0, t0 = done(), _ticks(pid)
+    dump = subprocess.run(
+        [str(Path(sys.executable).parent / "py-spy"), "dump", "--nonblocking", "--pid", str(pid)],
+        capture_output=True,
+        text=True,
+    ).stdout
+    names = {
+        int(tid, 16) if tid.startswith("0x") else int(tid): name
+        for tid, name in re.findall(r'Thread (\w+) \((?:idle|active)[^)]*\): "([^"]*)"', dump)
+    }
+    while done() < jobs * 0.8:
+        time.sleep(0.01)
+    n1, t1 = done(), _ticks(pid)
+    hz = os.sysconf("SC_CLK_TCK")
+    per = {}
+    for tid, ticks in t1.items():
+        name = names.get(tid, f"tid {tid}")
+        per[name] = per.get(name, 0) + ticks - t0.get(tid, 0)
+    total = sum(per.values())
+    print(f"thread CPU over {n1 - n0:,} jobs: {total / hz / (n1 - n0) * 1e6:.1f} µs/job")
+    for name, ticks in sorted(per.items(), key=lambda kv: -kv[1]):
+        if ticks:
+            print(f"  {ticks / total:6.1%}  {ticks / hz / (n1 - n0) * 1e6:5.1f} µs/job  {name}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="bench/profile_drain.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=100_000)
@@ -69,6 +114,11 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "profile")
     p.add_argument("--settings", default="tests.isolation.default_logging_settings")
     p.add_argument("--no-spy", action="store_true", help="just the timeline, no profiler")
+    p.add_argument(
+        "--thread-cpu",
+        action="store_true",
+        help="no profiler: each worker thread's CPU time (/proc) over the middle of the drain, named by one py-spy dump",
+    )
     args = p.parse_args()
     sys.path[:] = [str(REPO), *(q for q in sys.path if Path(q or ".").resolve() != REPO / "bench")]
     os.chdir(REPO)
@@ -83,6 +133,8 @@ def main() -> None:
     raw = args.out / f"drain{'-gil' if args.gil else ''}{'-idle' if args.idle else ''}.txt"
     bench.reset()
     limit.fill(bench.url, args.jobs)
+    if args.thread_cpu:
+        args.no_spy = True
     spy = [] if args.no_spy else [
         str(Path(sys.executable).parent / "py-spy"), "record", "--format", "raw", "--threads",
         "--rate", str(args.rate), "-o", str(raw), *(["--gil"] if args.gil else []),
@@ -102,6 +154,8 @@ def main() -> None:
     import psutil
 
     try:
+        if args.thread_cpu:
+            thread_cpu(bench, proc.pid, args.jobs)
         bench.wait_empty(timeout=600, proc=proc)
         wall = time.perf_counter() - began
         worker = psutil.Process(proc.pid)
@@ -133,7 +187,8 @@ def main() -> None:
     for (stats,) in bench.sql("SELECT stats FROM shardq_worker"):
         if stats.get("ack_writes"):
             print(
-                f"claims {stats.get('claimed', 0):,} jobs; acks: {stats['ack_writes']:,} statements,"
+                f"claims: {stats.get('claim_statements', 0):,} statements, {stats.get('claimed', 0):,} jobs;"
+                f" acks: {stats['ack_writes']:,} statements,"
                 f" {stats.get('succeeded', 0) / stats['ack_writes']:.0f} outcomes each;"
                 f" start writes {stats.get('start_writes', 0):,}"
             )

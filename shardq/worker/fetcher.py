@@ -292,6 +292,7 @@ class Fetcher(Service):
             self.stats.add("claim_errors")
             logger.error("claim refused by PostgreSQL, retrying after %.1fs: %s", self.poll_interval, exc)
             return self.poll_interval
+        self.stats.add("claim_statements")
         if self.metrics is not None:
             self.metrics.claimed(time.monotonic() - began, len(rows))
         return rows

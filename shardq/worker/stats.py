@@ -21,6 +21,7 @@ COUNTERS = (
     # Error domains (DESIGN §5)
     "start_writes",  # group-committed start statements
     "ack_writes",  # complete_jobs statements (outcomes written ÷ these: the ack batch)
+    "claim_statements",  # claim_jobs statements (claimed ÷ these: the claim batch; empty ones count)
     "starts_refused",  # start writes that found the claim superseded (the job is not run)
     "quarantined",  # unreadable rows failed at claim
     "outcomes_refused",  # outcomes PostgreSQL refused to store (the job failed instead)
