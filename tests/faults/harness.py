@@ -322,7 +322,11 @@ def lost_to_survivors(query: Query, killed: set[str]) -> list:
         "SELECT id, worker_ids FROM shardq_job WHERE status = 'FAILED' "
         "AND errors::text LIKE '%%shardq.exceptions.WorkerLost%%' ORDER BY id"
     )
-    return [(job, workers) for job, workers in rows if not set(workers) <= killed]
+    return [
+        (job, workers)
+        for job, workers in rows
+        if not set(json.loads(workers) if isinstance(workers, str) else workers) <= killed
+    ]
 
 
 class Repeating(threading.Thread):
