@@ -839,12 +839,9 @@ def _check_value(task, what, value, *, strings=True, keys=True) -> None:
                 f"dicts deep (at {_path_text(path)}). Pass a flatter value, or store the data "
                 "elsewhere (a model, a file) and pass its id."
             )
-        if isinstance(container, dict):
-            items = container.items()
-            if keys:
-                _check_keys(task, what, container, path)
-        else:
-            items = enumerate(container)
+        if keys and isinstance(container, dict):
+            _check_keys(task, what, container, path)
+        items = container.items() if isinstance(container, dict) else enumerate(container)
         for step, item in items:
             if strings:
                 if isinstance(step, str) and ("\x00" in step or not step.isascii()):
