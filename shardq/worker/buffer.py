@@ -15,7 +15,7 @@ from collections import Counter
 from typing import cast
 
 from ..core.hashing import lane_count
-from ..core.localqueue import DuplicateJob, LocalQueue, QueuedJob, QueueFull
+from ..core.localqueue import LocalQueue, QueuedJob
 from .jobs import ClaimedJob
 
 # Jobs pop_more takes per round of its lock.
@@ -57,20 +57,21 @@ class Buffer:
         handed back rather than run twice side by side.
         """
         now = time.time()
-        push = self.queue.push
-        refused: list[ClaimedJob] = []
         with self._count_lock:
             self._priorities.update(job.priority for job in jobs)
-        for job in jobs:
-            try:
-                push(
+        # One round of the local queue's locks for the claim (push_many).
+        refused = [
+            cast(ClaimedJob, queued.payload)
+            for queued in self.queue.push_many(
+                [
                     QueuedJob(
                         job.id, job.queue_name, job.priority, job.run_after, job.shard, job.shard_key, job.ordered, job
-                    ),
-                    now,
-                )
-            except (DuplicateJob, QueueFull):
-                refused.append(job)
+                    )
+                    for job in jobs
+                ],
+                now,
+            )
+        ]
         if refused:
             with self._count_lock:
                 for job in refused:
@@ -136,16 +137,18 @@ class Buffer:
         # claim's push waited tens of milliseconds on a busy worker,
         # measured), one for a whole group of hundreds held an executor's
         # done() as long (a one-thread drain of 201 levels ran 30% slower).
-        pop = self.queue.pop
+        pop_many = self.queue.pop_many
+        by_shard = self._processing_by_shard
         while len(jobs) < limit:
+            want = min(POP_ROUND, limit - len(jobs))
             with self._count_lock:
-                for _ in range(min(POP_ROUND, limit - len(jobs))):
-                    queued = pop(now, min_priority)
-                    if queued is None:
-                        return jobs
-                    self._processing_by_shard[queued.shard] += 1
+                popped = pop_many(now, want, min_priority)
+                for queued in popped:
+                    by_shard[queued.shard] += 1
                     self._uncount(queued.priority)
                     jobs.append(cast(ClaimedJob, queued.payload))
+            if len(popped) < want:
+                break
         return jobs
 
     def processing_jobs(self) -> list[ClaimedJob]:

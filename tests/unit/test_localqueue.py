@@ -4,7 +4,7 @@ import threading
 import time
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -369,3 +369,56 @@ def test_threads_lose_nothing_duplicate_nothing_and_keep_per_key_fifo():
     for key in {k for k, _ in started}:
         ids = [i for k, i in started if k == key]
         assert ids == sorted(ids), f"key {key} ran out of order"
+
+
+# -- push_many / pop_many: the batch forms hand out what single calls do -------------
+
+job_specs = st.lists(
+    st.tuples(
+        st.integers(0, 40),  # id (repeats: duplicates)
+        st.sampled_from(QUEUES),
+        st.integers(-2, 2),  # priority
+        st.sampled_from([0.0, 0.5, 2.0]),  # run_after (now is 1.0: the 2.0 ones are delayed)
+        st.sampled_from([None, "a", "b", "c"]),  # key (ordered when set)
+    ),
+    max_size=40,
+)
+
+
+def _queued(spec):
+    job_id, queue, priority, run_after, key = spec
+    shard = KEY_SHARD[key] if key else job_id % 4
+    return QueuedJob(job_id, queue, priority, run_after, shard, key, key is not None)
+
+
+@pytest.mark.parametrize("lanes", [1, 4])
+@pytest.mark.parametrize("min_priority", [None, 0])
+def test_push_many_and_pop_many_match_single_calls(lanes, min_priority):
+    @settings(max_examples=150, deadline=None)
+    @given(first=job_specs, second=job_specs, takes=st.lists(st.integers(1, 12), min_size=1, max_size=6))
+    def check(first, second, takes):
+        single, batched = LocalQueue(lanes, 24), LocalQueue(lanes, 24)
+        for batch in (first, second):
+            refused_single = []
+            for spec in batch:
+                try:
+                    single.push(_queued(spec), 1.0)
+                except (DuplicateJob, QueueFull):
+                    refused_single.append(spec[0])
+            refused_batched = [job.id for job in batched.push_many([_queued(spec) for spec in batch], 1.0)]
+            assert refused_batched == refused_single
+            for n in takes:
+                one_by_one = []
+                for _ in range(n):
+                    job = single.pop(1.0, min_priority)
+                    if job is None:
+                        break
+                    one_by_one.append(job.id)
+                assert [job.id for job in batched.pop_many(1.0, n, min_priority)] == one_by_one
+                for job_id in one_by_one[::2]:  # some finish: their keys pass on
+                    single.done(job_id)
+                    batched.done(job_id)
+                    assert (job_id in single) == (job_id in batched)
+            assert single.snapshot() == batched.snapshot()
+
+    check()
