@@ -1094,7 +1094,8 @@ def section(rows: list[Row], info: dict, o: Options, when: str, plotted: bool) -
         "running the SQL a worker needs (`insert_job`, COPY, `claim_jobs` per shard with SKIP LOCKED, a no-op "
         "call per job, one fenced `complete_jobs` per batch of 256); **shardq** is the same work through the "
         "public API (`task.enqueue()`, `shardq.enqueue_many`) and real `manage.py shardq_worker` processes "
-        f"(`--concurrency {o.concurrency}`) with **Django's default logging**, as a new project has it (no "
+        f"(`--concurrency {o.concurrency}`, the checkout byte-compiled first, as an installed package is) "
+        "with **Django's default logging**, as a new project has it (no "
         "`LOGGING` setting, `DEBUG` off: `django.tasks` is enabled at INFO and its handlers drop the records); "
         'the rows "with django.tasks at WARNING" run the same drain with the test settings\' `LOGGING`, '
         f"the bench's mode before. Every compared figure is measured in {o.rounds} alternated rounds "
