@@ -641,6 +641,7 @@ class WorkerStore:
         choose (at most ``limit`` jobs), then write slots, tokens and claims
         together, the first ``start`` jobs started. Returns the claimed jobs
         (``row_factory`` rows) and the plan (None: no candidate)."""
+        full = limiter.full_keys()
         params = {
             "worker": worker,
             "shards": shards,
@@ -652,7 +653,7 @@ class WorkerStore:
             "any_backend": backend is None,
             "per_shard": per_shard,
             "scan": scan,
-            "full": limiter.full_keys(),
+            "full": full,
         }
         ensured: tuple[dict[str, int], list[str]] = ({}, [])
 
@@ -663,6 +664,7 @@ class WorkerStore:
             # current result at once, so one cursor cannot change shapes.
             with conn.transaction(), conn.cursor(row_factory=dict_row) as named:
                 rows = self._execute(named, "claim_limited_candidates", params, binary=True)
+                limiter.walked(rows, full)
                 if not rows:
                     return [], None
                 slots, rates = limiter.needs(rows, limit)

@@ -223,6 +223,10 @@ class Fetcher(Service):
             took_limited = self.claim_limited(order, free - len(rows)) if limited else 0
         finally:
             ownership.release_read()
+        if limited:
+            # Slots the claim found nothing here needs go back now, not after
+            # this round's sleep: another worker may be waiting for them.
+            self.keep_limit_slots(renew=False)
         if took_limited:
             return None
         # Fewer rows than asked does not mean empty (per-shard limits, SKIP
@@ -345,18 +349,22 @@ class Fetcher(Service):
             self.take(rows)
         return len(rows)
 
-    def keep_limit_slots(self) -> None:
+    def keep_limit_slots(self, renew: bool = True) -> None:
         """Give back the slots nothing here needs any more, and renew the
-        rest once per half heartbeat (their lease is LEASE_TTL)."""
+        rest once per half heartbeat (their lease is LEASE_TTL). With
+        ``renew`` False (right after a claim): only write the releases."""
         limiter = self.limiter
         if limiter is None:
             return
-        limiter.forget_gone(self.holds)
+        if renew:
+            limiter.forget_gone(self.holds)
         released = limiter.take_released()
+        if not released and not renew:
+            return
         try:
             if released:
                 self.store.release_limit_slots(self.worker_id, released, self.limit_channel)
-            if limiter.renew_due():
+            if renew and limiter.renew_due():
                 self.store.renew_limit_slots(self.worker_id, limiter.to_renew(self.holds), self.lease_ttl)
         except (DatabaseUnavailable, StatementRejected) as exc:
             # Unwritten releases are the renewal's to free (it frees every

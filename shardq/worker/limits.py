@@ -128,6 +128,8 @@ class Limiter:
         # given (a freed slot's NOTIFY or the poll for concurrency, the next
         # token for a rate).
         self._full: dict[str, float] = {}
+        # Limits a NOTIFY said had a slot freed since the current claim's walk began.
+        self._freed_since_walk: set[str] = set()
         self._ensured_slots: set[tuple[str, int]] = set()
         self._ensured_rates: set[str] = set()
         self._last_renew = -1e18
@@ -171,8 +173,11 @@ class Limiter:
     # -- the claim ----------------------------------------------------------------
 
     def full_keys(self) -> list[str]:
+        """The limits a claim starting now passes over (known to be full)."""
         now = self.clock()
         with self._cond:
+            # Slots freed from here on are seen by this claim's pick (below).
+            self._freed_since_walk.clear()
             for key in [k for k, until in self._full.items() if until <= now]:
                 del self._full[key]
             return sorted(self._full)
@@ -189,6 +194,7 @@ class Limiter:
         True when this worker was passing that limit over, or its last claim
         left jobs of it in the table (wake the fetcher)."""
         with self._cond:
+            self._freed_since_walk.add(key)
             passed_over = self._full.pop(key, None) is not None
             return passed_over or bool(self._more.get(key))
 
@@ -309,9 +315,14 @@ class Limiter:
             if key not in rates and key in denied and room[key] - used.get(key, 0) <= 0:
                 # Looked at again when a NOTIFY says a slot was freed, or at the poll.
                 full[key] = now_mono + self.poll_interval
-        if full:
-            with self._cond:
-                self._full.update(full)
+        with self._cond:
+            # A slot freed while this claim ran (its NOTIFY came between the
+            # walk and now) may be one take_limit_slots did not see: the
+            # limit is not full for the next claim. (Marking it full here
+            # undid the NOTIFY, and the slot sat free until the poll.)
+            for key in self._freed_since_walk:
+                full.pop(key, None)
+            self._full.update(full)
         return plan
 
     def claimed(self, plan: LimitPlan, claimed_ids: set[int]) -> None:
@@ -330,12 +341,40 @@ class Limiter:
             self._cond.notify_all()  # threads waiting for a slot: new ones came
 
     def _release_idle(self) -> None:
-        """Give back free slots nothing here waits for (caller holds the lock)."""
+        """Give back the free slots nothing here will use (caller holds the
+        lock). Called after every change of what a limit's slots are for
+        (a claim, a walk, a job leaving a thread or this worker's memory),
+        so a free slot never stays owned here on a decision taken before:
+        an idle slot kept by one worker is one the others cannot run with.
+
+        A worker keeps, of each limit, slots for the jobs of it running or
+        waiting here, or up to its share while the table has more of its
+        jobs for this worker (``_more``: its next claim takes them into the
+        slot, with no release and take between); never more than its share.
+        """
         for key, free in self._free.items():
-            if self._more.get(key) and self._owned(key) <= self._share(key):
-                continue  # the table has more of its jobs for this worker
-            while free and self._waiting.get(key, 0) < len(free):
+            if not free:
+                continue
+            in_use = self._in_use.get(key, 0)
+            share = self._share(key)
+            wanted = share if self._more.get(key) else min(share, in_use + self._waiting.get(key, 0))
+            while free and in_use + len(free) > wanted:
                 self._released.append(free.pop())
+
+    def walked(self, rows: Sequence[dict[str, Any]], passed_over: Sequence[str]) -> None:
+        """A limited claim's walk found ``rows`` (``passed_over``: the keys it
+        skipped as full). A limit none of them carries, not passed over, has
+        no job for this worker's claims now: its slots are kept only for the
+        jobs here. Without this, a worker whose shards ran out of a limit's
+        jobs kept its free slots for good (its claims found no candidate, so
+        nothing decided again), while another worker ran one at a time."""
+        seen = {key for row in rows for key in row["limit_keys"] or ()}
+        skipped = set(passed_over)
+        with self._cond:
+            for key in self._more:
+                if key not in seen and key not in skipped:
+                    self._more[key] = False
+            self._release_idle()
 
     # -- threads ------------------------------------------------------------------
 
@@ -401,6 +440,11 @@ class Limiter:
             self._held[job_id] = held
             return True
 
+    def waiting_threads(self, key: str) -> int:
+        """Executor threads waiting here for a slot of ``key``."""
+        with self._cond:
+            return len(self._queue.get(key, ()))
+
     def stop_waiting(self) -> None:
         """Shutdown: threads waiting for a slot give their jobs back now
         rather than wait out the grace period."""
@@ -430,18 +474,13 @@ class Limiter:
                 self._release_idle()
                 return True
             for key, slot_id in held:
+                # Kept for a job waiting for it (a thread queued for a slot
+                # is one of them), within what this worker may keep; given
+                # back otherwise (_release_idle decides for every free slot
+                # of the limit, not only this one).
                 self._in_use[key] -= 1
-                # Kept for a job waiting for it, within what this worker
-                # may keep (_owned no longer counts this slot).
-                wanted = (
-                    self._waiting.get(key, 0) > len(self._free.get(key, ()))
-                    or bool(self._queue.get(key))  # a thread waits for it now
-                    or self._more.get(key)
-                )
-                if wanted and self._owned(key) < self._share(key):
-                    self._free.setdefault(key, []).append(slot_id)
-                else:
-                    self._released.append(slot_id)
+                self._free.setdefault(key, []).append(slot_id)
+            self._release_idle()
             self._cond.notify_all()
             return True
 
@@ -484,8 +523,7 @@ class Limiter:
                     for key in keys:
                         counts[key] = counts.get(key, 0) + 1
             self._waiting = counts
-            if gone:
-                self._release_idle()
+            self._release_idle()
 
     def to_renew(self, holds: Callable[[int], bool]) -> list[int]:
         """The slot ids to keep. Jobs no longer in this worker's memory

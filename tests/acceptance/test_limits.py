@@ -98,22 +98,21 @@ def finished(ids: list[int]) -> bool:
 def test_max_concurrency_3_holds_across_three_workers_and_keeps_3_running(workers, tmp_path):
     ledger = tmp_path / "ledger"
     start_three(workers, ledger)
-    results = shardq.enqueue_many(limit_tasks.three_at_once, [((i,), {}) for i in range(60)])
+    results = shardq.enqueue_many(limit_tasks.three_at_once, [((i,), {}) for i in range(150)])
     ids = [int(r.id) for r in results]
-    wait_until(lambda: finished(ids), timeout=60, message="60 limited jobs finished")
+    wait_until(lambda: finished(ids), timeout=120, message="150 limited jobs finished")
     rows = read_ledger(ledger)
-    assert sum(1 for r in rows if r[0] == "start") == 60
+    assert sum(1 for r in rows if r[0] == "start") == 150
     profile = running_profile(rows)
     assert max(running for _, running in profile) <= 3, "more than 3 ran at once across the workers"
     covered, span = time_at_least(profile, 3)
     pids = {r[3] for r in rows}
     print(f"[limits] max_concurrency=3: 3 running {covered / span:.0%} of {span:.1f}s, {len(pids)} workers ran jobs")
-    if FULL:
-        # The ≥ 80 % target is asserted at full size (make limits-full) only:
-        # in CI an open bug (issue 15's note: a worker keeps a limit's slots
-        # while another runs one job at a time) fails it about one run in
-        # six, and the cap above, the safety property, is asserted always.
-        assert covered >= 0.8 * span, f"3 running only {covered:.2f}s of {span:.2f}s"
+    # 150 jobs of 200 ms, 3 at once: 10 s of work. A slot kept idle by one
+    # worker (the stall this once had: its claims found no more jobs of the
+    # limit, so nothing gave its free slots back) shows here as seconds of
+    # 1 or 2 running.
+    assert covered >= 0.8 * span, f"3 running only {covered:.2f}s of {span:.2f}s"
     # Slots go back once nothing waits for them.
     owned = "SELECT count(*) FROM shardq_limit_slot WHERE worker_id IS NOT NULL AND expires_at > clock_timestamp()"
     wait_until(lambda: scalar(owned) == 0, timeout=10, message="slots given back")
