@@ -199,6 +199,29 @@ status_rank = LEAST(job.status_rank, 2147483646) + 1,
     worker_ids = CASE WHEN picked.start_now THEN job.worker_ids || jsonb_build_array(%(worker)s::text)
                       ELSE job.worker_ids END
 
+-- name: claim_returning
+-- What a claim returns of each job it took (``job``, with ``picked``: its problem, NULL for a
+-- readable row, whether the claim started it, the attempt time before it), in the order of
+-- ClaimedJob's fields (shardq/worker/jobs.py): the worker builds each row positionally once the
+-- names are checked to match. A RETURNING list, included bare by claim_jobs and claim_limited_jobs.
+job.id, job.task_path, job.queue_name, job.priority,
+    CASE WHEN picked.problem IS NULL THEN extract(epoch FROM job.run_after)::float8 END AS run_after,
+    job.shard, job.shard_key, job.ordered,
+    job.args::text AS args_json, job.kwargs::text AS kwargs_json, job.attempts, job.max_attempts,
+    job.fence, job.status_rank,
+    CASE WHEN picked.problem IS NULL THEN job.enqueued_at END AS enqueued_at,
+    CASE WHEN picked.problem IS NULL THEN job.started_at END AS started_at,
+    CASE WHEN picked.problem IS NULL THEN job.last_attempted_at END AS last_attempted_at,
+    -- As text: decoded only when a TaskResult is built (context, signals).
+    job.worker_ids::text AS worker_ids_json, job.errors::text AS errors_json,
+    CASE WHEN jsonb_typeof(job.errors) = 'array' THEN jsonb_array_length(job.errors) ELSE 0 END AS error_count,
+    job.backend,
+    -- JSON size of the arguments: enqueue refuses calls over MAX_PAYLOAD_BYTES,
+    -- the executor fails rows written some other way.
+    octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes,
+    job.worker_losses, picked.problem, picked.start_now AS started,
+    CASE WHEN picked.problem IS NULL THEN picked.previous_attempt_at END AS previous_attempt_at
+
 -- name: claim_jobs
 -- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds, the
 -- highest priorities first across them: one index probe per shard finds its best due priority (no
@@ -351,25 +374,7 @@ SET status = CASE WHEN picked.problem IS NOT NULL THEN 'FAILED'
                                      job.id, picked.problem)))
         END
 FROM picked WHERE job.id = picked.id
--- Columns in the order of ClaimedJob's fields (shardq/worker/jobs.py): the
--- worker builds each row positionally once the names are checked to match.
-RETURNING job.id, job.task_path, job.queue_name, job.priority,
-          CASE WHEN picked.problem IS NULL THEN extract(epoch FROM job.run_after)::float8 END AS run_after,
-          job.shard, job.shard_key, job.ordered,
-          job.args::text AS args_json, job.kwargs::text AS kwargs_json, job.attempts, job.max_attempts,
-          job.fence, job.status_rank,
-          CASE WHEN picked.problem IS NULL THEN job.enqueued_at END AS enqueued_at,
-          CASE WHEN picked.problem IS NULL THEN job.started_at END AS started_at,
-          CASE WHEN picked.problem IS NULL THEN job.last_attempted_at END AS last_attempted_at,
-          -- As text: decoded only when a TaskResult is built (context, signals).
-          job.worker_ids::text AS worker_ids_json, job.errors::text AS errors_json,
-          CASE WHEN jsonb_typeof(job.errors) = 'array' THEN jsonb_array_length(job.errors) ELSE 0 END AS error_count,
-          job.backend,
-          -- JSON size of the arguments: enqueue refuses calls over MAX_PAYLOAD_BYTES,
-          -- the executor fails rows written some other way.
-          octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes,
-          job.worker_losses, picked.problem, picked.start_now AS started,
-          CASE WHEN picked.problem IS NULL THEN picked.previous_attempt_at END AS previous_attempt_at;
+RETURNING {{claim_returning*}};
 
 -- name: start_jobs
 -- Record the real start of claimed jobs, group-committed (one statement per executor pass):
@@ -1227,7 +1232,7 @@ WITH slots AS (
     WHERE r.limit_key = a.key
     RETURNING r.limit_key
 ), picked AS MATERIALIZED (
-    SELECT job.id, s.claim_version, job.last_attempted_at AS previous_attempt_at,
+    SELECT job.id, s.claim_version, job.last_attempted_at AS previous_attempt_at, NULL::text AS problem,
            a.ord <= %(start)s AND NOT job.ordered AND job.worker_losses = 0 AS start_now
     FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS a(id, ord)
     JOIN shardq_job AS job ON job.id = a.id
@@ -1241,18 +1246,7 @@ SET status = CASE WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
 -- always runs to completion).
 FROM picked
 WHERE job.id = picked.id
--- claim_jobs' columns, in ClaimedJob's order.
-RETURNING job.id, job.task_path, job.queue_name, job.priority,
-          extract(epoch FROM job.run_after)::float8 AS run_after,
-          job.shard, job.shard_key, job.ordered,
-          job.args::text AS args_json, job.kwargs::text AS kwargs_json, job.attempts, job.max_attempts,
-          job.fence, job.status_rank, job.enqueued_at, job.started_at, job.last_attempted_at,
-          job.worker_ids::text AS worker_ids_json, job.errors::text AS errors_json,
-          CASE WHEN jsonb_typeof(job.errors) = 'array' THEN jsonb_array_length(job.errors) ELSE 0 END AS error_count,
-          job.backend,
-          octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes,
-          job.worker_losses, NULL::text AS problem, picked.start_now AS started,
-          picked.previous_attempt_at;
+RETURNING {{claim_returning*}};
 
 -- name: release_limit_slots
 -- Give back the slots :slots this worker owns (nothing here needs them) and NOTIFY :channel with
