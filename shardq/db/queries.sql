@@ -1150,7 +1150,7 @@ SELECT EXISTS (SELECT 1 FROM shardq_edge WHERE parent = %(id)s OR child = %(id)s
 
 -- name: claim_limited_candidates
 -- Lock up to :per_shard due READY limited jobs (limit_keys set) of each shard this worker holds in
--- pool :pool, in claim order (priority, run_after, id) over shardq_job_limited_idx, :scan in all,
+-- pool :pool, in claim order (priority, run_after, id) over shardq_job_ready_idx, :scan in all,
 -- FOR UPDATE SKIP LOCKED; jobs with a key in :full (limits known to be full) are passed over
 -- without a lock, so they keep their place and do not hold back other jobs of the shard. Same
 -- queue and backend filters as claim_jobs.
@@ -1159,7 +1159,10 @@ FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
 JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
 CROSS JOIN LATERAL (
     SELECT id, shard, task_path, limit_keys, priority, run_after FROM shardq_job
-    WHERE shard = h.shard AND status = 'READY' AND limit_keys IS NOT NULL
+    -- (limit_keys IS NULL) IS FALSE: written so, it is the equality on
+    -- shardq_job_ready_idx's second column that keeps this walk to the
+    -- shard's limited jobs (limit_keys IS NOT NULL would filter every row).
+    WHERE shard = h.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE
       -- Due now, no look-ahead: a rate token is spent when the job is claimed.
       AND run_after <= clock_timestamp()
       AND NOT (limit_keys ?| %(full)s::text[])
@@ -1276,8 +1279,10 @@ RETURNING id;
 -- on the key, and the rate row's tat (epoch seconds, NULL without one) and the database's now.
 WITH waiting AS (
     SELECT k.key, count(*) AS waiting
-    FROM shardq_job AS j CROSS JOIN LATERAL jsonb_array_elements_text(j.limit_keys) AS k(key)
-    WHERE j.status = 'READY' AND j.limit_keys IS NOT NULL
+    -- Shard by shard: each a range of shardq_job_ready_idx's limited jobs.
+    FROM (SELECT DISTINCT shard FROM shardq_shard) AS sh
+    JOIN shardq_job AS j ON j.shard = sh.shard AND j.status = 'READY' AND (j.limit_keys IS NULL) IS FALSE
+    CROSS JOIN LATERAL jsonb_array_elements_text(j.limit_keys) AS k(key)
     GROUP BY k.key
 ), held AS (
     SELECT s.limit_key AS key, COALESCE(NULLIF(w.name, ''), s.worker_id::text) AS holder, count(*) AS n
