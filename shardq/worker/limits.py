@@ -63,6 +63,10 @@ SCAN_FACTOR = 1.5
 # (acquire), so at most one thread per owned slot waits.
 QUEUED_PER_SLOT = 2
 QUEUED_PER_SLOT_ALL_THREADS = 4
+# When the limit has all the worker's threads: up to this many per slot,
+# LOOKAHEAD_SECONDS of work at the measured task time.
+MAX_QUEUED_PER_SLOT = 256
+LOOKAHEAD_SECONDS = 0.05  # as the unlimited demand's (Worker.demand)
 
 
 @dataclass(slots=True)
@@ -92,7 +96,7 @@ class Limiter:
         heartbeat_seconds: float,
         poll_interval_seconds: float,
         concurrency: int = 1,
-        live_workers: Callable[[], int] = lambda: 1,
+        task_seconds: Callable[[], float | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.worker_id = worker_id
@@ -102,7 +106,8 @@ class Limiter:
         self.heartbeat = heartbeat_seconds
         self.poll_interval = poll_interval_seconds
         self.concurrency = concurrency
-        self.live_workers = live_workers
+        # () -> the executors' average task time (None: none measured yet)
+        self.task_seconds = task_seconds
         self.clock = clock
         # One lock (a condition: threads wait on it for a slot) over all
         # the state below.
@@ -162,10 +167,13 @@ class Limiter:
         return spec_for_key(key, self._resolve, self.queue_limits)
 
     def _share(self, key: str) -> int:
-        """How many slots of ``key`` this worker may keep: its fair share,
-        or its threads when that is more (it can run that many at once)."""
-        cap = self._caps.get(key, 1)
-        return max(-(-cap // max(1, self.live_workers())), self.concurrency)
+        """How many slots of ``key`` this worker may own: as many as it can
+        run at once (its threads), never more than the cap. A slot beyond
+        the threads runs nothing here and is one another worker's thread
+        could run with: a worker that started first took all 40 slots of
+        River's case (its share then counted it alone) and ran 10, while the
+        other three waited for its jobs to end to get theirs."""
+        return min(self._caps.get(key, 1), self.concurrency)
 
     def _owned(self, key: str) -> int:
         return len(self._free.get(key, ())) + self._in_use.get(key, 0)
@@ -238,8 +246,16 @@ class Limiter:
         # A waiting job may hold a thread while it waits (acquire): one per
         # slot at most, unless this worker's threads are all the limit's
         # anyway (owned >= concurrency), when a deeper queue costs no thread
-        # another task could use and hides a longer claim.
-        per_slot = QUEUED_PER_SLOT_ALL_THREADS if owned >= self.concurrency else QUEUED_PER_SLOT
+        # another task could use and hides a longer claim: then as deep as
+        # the unlimited look-ahead (LOOKAHEAD_SECONDS of the measured task
+        # time), so short tasks are claimed in batches, not a claim (3-5
+        # statements) every few jobs.
+        per_slot = QUEUED_PER_SLOT
+        if owned >= self.concurrency:
+            per_slot = QUEUED_PER_SLOT_ALL_THREADS
+            seconds = self.task_seconds()
+            if seconds is not None:
+                per_slot = max(per_slot, min(MAX_QUEUED_PER_SLOT, int(LOOKAHEAD_SECONDS / max(seconds, 1e-6))))
         return max(0, owned * per_slot - busy)
 
     def new_slot_keys(self, slots: dict[str, tuple[int, int]]) -> dict[str, int]:
