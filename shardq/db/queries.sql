@@ -203,7 +203,8 @@ status_rank = LEAST(job.status_rank, 2147483646) + 1,
 -- What a claim returns of each job it took (``job``, with ``picked``: its problem, NULL for a
 -- readable row, whether the claim started it, the attempt time before it), in the order of
 -- ClaimedJob's fields (shardq/worker/jobs.py): the worker builds each row positionally once the
--- names are checked to match. A RETURNING list, included bare by claim_jobs and claim_limited_jobs.
+-- names are checked to match. A RETURNING list, included bare by claim_jobs, claim_limited_jobs and
+-- claim_limited_owned.
 job.id, job.task_path, job.queue_name, job.priority,
     CASE WHEN picked.problem IS NULL THEN extract(epoch FROM job.run_after)::float8 END AS run_after,
     job.shard, job.shard_key, job.ordered,
@@ -220,7 +221,9 @@ job.id, job.task_path, job.queue_name, job.priority,
     -- the executor fails rows written some other way.
     octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes,
     job.worker_losses, picked.problem, picked.start_now AS started,
-    CASE WHEN picked.problem IS NULL THEN picked.previous_attempt_at END AS previous_attempt_at
+    CASE WHEN picked.problem IS NULL THEN picked.previous_attempt_at END AS previous_attempt_at,
+    -- The limits it counts against (NULL: none), for the worker's limiter.
+    job.limit_keys
 
 -- name: claim_jobs
 -- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds, the
@@ -1176,6 +1179,59 @@ CROSS JOIN LATERAL (
 WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
 ORDER BY j.priority DESC, j.run_after, j.id
 LIMIT %(scan)s;
+
+-- name: claim_limited_owned
+-- The limited claim in one statement, for the jobs this worker already owns slots for (no slot to
+-- take, no rate to debit): walk up to :per_shard due READY limited jobs of each shard it holds,
+-- in claim order, FOR UPDATE SKIP LOCKED, passing over (without a lock) jobs with a key not in
+-- :keys (a limit it owns no room of, or a rate limit); take, in claim order, the ones every key
+-- of has room (:rooms, one per key of :keys; a job's place among a key's candidates counts
+-- against that key's room, so no key gets more than its room), :limit in all, under each shard's
+-- current claim version; the first :start are started as claim_jobs starts them. Same queue and
+-- backend filters as claim_jobs. Returns claim_jobs' columns.
+WITH held AS MATERIALIZED (
+    SELECT s.shard, s.claim_version
+    FROM unnest(%(shards)s::int[]) AS h(shard)
+    JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
+    WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
+), candidates AS MATERIALIZED (
+    SELECT j.id, j.limit_keys, j.ordered, j.worker_losses, j.last_attempted_at, held.claim_version,
+           row_number() OVER (ORDER BY j.priority DESC, j.run_after, j.id) AS place
+    FROM held
+    CROSS JOIN LATERAL (
+        SELECT id, limit_keys, ordered, worker_losses, last_attempted_at, priority, run_after
+        FROM shardq_job
+        -- (limit_keys IS NULL) IS FALSE: shardq_job_ready_idx's limited range (as claim_limited_candidates).
+        WHERE shard = held.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE
+          AND run_after <= clock_timestamp()
+          AND limit_keys <@ %(keys_json)s::jsonb
+          AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
+          AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
+          AND (backend = %(backend)s OR %(any_backend)s)
+        ORDER BY priority DESC, run_after, id
+        LIMIT %(per_shard)s
+        FOR UPDATE SKIP LOCKED
+    ) AS j
+), fits AS (
+    SELECT x.id
+    FROM (SELECT c.id, e.key, row_number() OVER (PARTITION BY e.key ORDER BY c.place) AS n
+          FROM candidates AS c CROSS JOIN LATERAL jsonb_array_elements_text(c.limit_keys) AS e(key)) AS x
+    JOIN unnest(%(keys)s::text[], %(rooms)s::int[]) AS r(key, room) ON r.key = x.key
+    GROUP BY x.id
+    HAVING bool_and(x.n <= r.room)
+), picked AS MATERIALIZED (
+    SELECT c.id, c.claim_version, c.last_attempted_at AS previous_attempt_at, NULL::text AS problem,
+           row_number() OVER (ORDER BY c.place) <= %(start)s AND NOT c.ordered AND c.worker_losses = 0 AS start_now
+    FROM candidates AS c JOIN fits ON fits.id = c.id
+    ORDER BY c.place
+    LIMIT %(limit)s
+)
+UPDATE shardq_job AS job
+SET status = CASE WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
+    {{claim_start_set*}}
+FROM picked
+WHERE job.id = picked.id
+RETURNING {{claim_returning*}};
 
 -- name: ensure_limit_slots
 -- Create the slot rows 0 .. cap-1 of each concurrency limit key that do not exist yet (a lowered

@@ -38,6 +38,7 @@ claimed for idle threads, so they start when their token is spent.
 """
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -135,6 +136,9 @@ class Limiter:
         self._full: dict[str, float] = {}
         # Limits a NOTIFY said had a slot freed since the current claim's walk began.
         self._freed_since_walk: set[str] = set()
+        # When the last full claim began, and whether a NOTIFY asked for one since.
+        self._last_full_claim = -1e18
+        self._look_again = False
         self._ensured_slots: set[tuple[str, int]] = set()
         self._ensured_rates: set[str] = set()
         self._last_renew = -1e18
@@ -186,6 +190,8 @@ class Limiter:
         with self._cond:
             # Slots freed from here on are seen by this claim's pick (below).
             self._freed_since_walk.clear()
+            self._last_full_claim = now
+            self._look_again = False
             for key in [k for k, until in self._full.items() if until <= now]:
                 del self._full[key]
             return sorted(self._full)
@@ -203,6 +209,7 @@ class Limiter:
         left jobs of it in the table (wake the fetcher)."""
         with self._cond:
             self._freed_since_walk.add(key)
+            self._look_again = True
             passed_over = self._full.pop(key, None) is not None
             return passed_over or bool(self._more.get(key))
 
@@ -255,7 +262,12 @@ class Limiter:
             per_slot = QUEUED_PER_SLOT_ALL_THREADS
             seconds = self.task_seconds()
             if seconds is not None:
-                per_slot = max(per_slot, min(MAX_QUEUED_PER_SLOT, int(LOOKAHEAD_SECONDS / max(seconds, 1e-6))))
+                # One running and the look-ahead's waiting: the worker's
+                # demand (concurrency + look-ahead) in all, so a claim comes
+                # when a demand batch is free and has room for all of it (with
+                # fewer, 10 ms tasks were claimed 5 at a time).
+                ahead = math.ceil(LOOKAHEAD_SECONDS / max(seconds, 1e-6))
+                per_slot = max(per_slot, min(MAX_QUEUED_PER_SLOT, 1 + ahead))
         return max(0, owned * per_slot - busy)
 
     def new_slot_keys(self, slots: dict[str, tuple[int, int]]) -> dict[str, int]:
@@ -340,6 +352,59 @@ class Limiter:
                 full.pop(key, None)
             self._full.update(full)
         return plan
+
+    # -- the one-statement claim, into owned slots ----------------------------------
+
+    def owned_rooms(self) -> dict[str, int]:
+        """{key: jobs it may still claim} of the concurrency limits (no rate)
+        this worker owns slots of and has room in: what the one-statement
+        claim (``claim_limited_owned``) may take with no slot to take and no
+        token to spend. Empty: only the full claim can take anything."""
+        rooms = {}
+        with self._cond:
+            for key in self._caps:
+                if not self._owned(key):
+                    continue
+                spec = self.spec(key)
+                if spec is None or spec.rate is not None or spec.max_concurrency is None:
+                    continue
+                room = self._room(key)
+                if room > 0:
+                    rooms[key] = room
+        return rooms
+
+    def claimed_owned(self, rows: Sequence[Any], rooms: dict[str, int], limit: int) -> None:
+        """A one-statement claim committed ``rows`` (ClaimedJobs) with ``rooms``:
+        its jobs wait here for the slots; a limit whose room it did not fill
+        (nor the claim's ``limit``) has no more jobs for this worker now."""
+        taken: dict[str, int] = {}
+        with self._cond:
+            for job in rows:
+                keys = list(job.limit_keys or ())
+                self._jobs[job.id] = keys
+                for key in keys:
+                    self._waiting[key] = self._waiting.get(key, 0) + 1
+                    taken[key] = taken.get(key, 0) + 1
+            for key, room in rooms.items():
+                self._more[key] = taken.get(key, 0) >= room or len(rows) >= limit
+            self._release_idle()
+            self._cond.notify_all()
+
+    def full_claim_due(self) -> bool:
+        """After a one-statement claim that came back short: is the full
+        claim (candidates, slots, rates) worth its statements now? When a
+        limit with jobs left could take more slots, when a NOTIFY said a
+        slot was freed, or once a poll interval (new limits, rate limits)."""
+        with self._cond:
+            if self._look_again or self.clock() - self._last_full_claim >= self.poll_interval:
+                return True
+            # A limit with jobs left that the one-statement claim cannot
+            # serve: a rate limit (its tokens are the full claim's), or one
+            # this worker could own more slots of.
+            return any(
+                more and key not in self._full and (key in self._ensured_rates or self._owned(key) < self._share(key))
+                for key, more in self._more.items()
+            )
 
     def claimed(self, plan: LimitPlan, claimed_ids: set[int]) -> None:
         """The claim committed: its slots are this worker's, its jobs wait
