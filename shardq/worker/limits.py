@@ -18,14 +18,15 @@ State model of a slot row::
     owned --(the worker died: no renewal)--> free once expires passes (anyone may take it)
 
 Owned slots pass from a finished job to the next claimed job of the same
-limit in memory, with no statement: a worker claims up to ``owned +
-min(owned, share)`` jobs of a limit, so a job waits in its buffer for the
-slot of one that runs (look-ahead, as unlimited jobs have) instead of a
-claim round trip after every job. ``share`` = ceil(cap / live workers):
-a worker keeps at most ``max(share, --concurrency)`` slots of a limit, so a
-limit of 40 over 4 workers of 10 threads ends 10 + 10 + 10 + 10 even when
-one worker started first (River's case), and a limit of 3 can run 3 on one
-worker when the others have no jobs of it.
+limit in memory, with no statement: a worker claims a few jobs of a limit
+per slot it owns (``_room``), so a job waits in its buffer for the slot of
+one that runs (look-ahead, as unlimited jobs have) instead of a claim round
+trip after every job. A worker owns at most ``min(cap, --concurrency)``
+slots of a limit (``_share``), so a limit of 40 over 4 workers of 10
+threads is 10 + 10 + 10 + 10 even when one worker started first (River's
+case), and a limit of 3 can run 3 on one worker when the others have no
+jobs of it; a free slot is kept only for a job of the limit waiting here
+(``_release_idle``).
 
 A dead worker's slots come back at most LEASE_TTL after its last renewal
 (renewals come every HEARTBEAT / 2); a thread that outlives its job's
