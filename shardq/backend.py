@@ -185,7 +185,9 @@ class ShardqBackend(BaseTaskBackend):
             "task_path": task.module_path,
             "backend": self.alias,
             "queue_name": task.queue_name,
-            "priority": task.priority,
+            # Django's check lets a whole-number float or a bool through
+            # (1.0, True); the column is a smallint.
+            "priority": int(task.priority),
             "run_after": task.run_after,
             "ordered": is_shard_task and task.ordered,
             "max_attempts": task.max_attempts if is_shard_task else 1,
@@ -792,9 +794,13 @@ def _check_dumped(task, text, named) -> None:
     hit may be a false alarm: a literal backslash, a valid surrogate pair, a
     wide but shallow value)."""
     strings = "\\u0000" in text or "\\ud" in text
-    if strings or text.count("[") + text.count("{") > MAX_ARGUMENT_DEPTH:
+    # A dict inside an argument (keyword arguments are one dict themselves):
+    # json.dumps writes a key 1, 1.5, True or None as a string, and the task
+    # would get {"1": ...} for {1: ...}, so such keys are refused.
+    dicts = text.find("{", 1 if text.startswith("{") else 0) != -1
+    if strings or dicts or text.count("[") + text.count("{") > MAX_ARGUMENT_DEPTH:
         for what, value in named():
-            _check_value(task, what, value, strings=strings)
+            _check_value(task, what, value, strings=strings, keys=dicts)
 
 
 def _find_bad_argument(task, named) -> None:
@@ -810,11 +816,12 @@ def _find_bad_argument(task, named) -> None:
 _CONTAINERS = (list, tuple, dict)
 
 
-def _check_value(task, what, value, *, strings=True) -> None:
+def _check_value(task, what, value, *, strings=True, keys=True) -> None:
     """Walk one argument without recursion: refuse nesting deeper than
-    MAX_ARGUMENT_DEPTH and (``strings``) str values or dict keys, at any
-    depth, that PostgreSQL cannot store. Types are left to json.dumps
-    (``_check_json``)."""
+    MAX_ARGUMENT_DEPTH, (``strings``) str values or dict keys, at any
+    depth, that PostgreSQL cannot store, and (``keys``) dict keys that are
+    not strings (JSON would turn them into strings). Other types are left to
+    json.dumps (``_check_json``)."""
     if isinstance(value, str):
         if strings:
             _check_string(task, what, value)
@@ -832,6 +839,8 @@ def _check_value(task, what, value, *, strings=True) -> None:
                 f"dicts deep (at {_path_text(path)}). Pass a flatter value, or store the data "
                 "elsewhere (a model, a file) and pass its id."
             )
+        if keys and isinstance(container, dict):
+            _check_keys(task, what, container, path)
         items = container.items() if isinstance(container, dict) else enumerate(container)
         for step, item in items:
             if strings:
@@ -843,6 +852,20 @@ def _check_value(task, what, value, *, strings=True) -> None:
                     continue
             if isinstance(item, _CONTAINERS):
                 push((item, depth + 1, (path, step)))
+
+
+def _check_keys(task, what, mapping: dict, path) -> None:
+    for key in mapping:
+        if not isinstance(key, str):
+            where = what if path is None else f"{what} at {_path_text(path)}"
+            try:
+                becomes = f"so the task would get the key {json.dumps({key: 0})[1:-4]} instead"
+            except TypeError:
+                becomes = "and json cannot write this one at all"
+            raise ArgumentNotJSON(
+                f"{task.module_path}: {where} has the dict key {key!r} ({type(key).__name__}): JSON object "
+                f"keys are strings, {becomes}. Use string keys (str(key)), or pass a list of pairs."
+            )
 
 
 def _check_string(task, what, text, path=None, key=False) -> None:

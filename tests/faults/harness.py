@@ -28,7 +28,10 @@ import json
 import os
 import random
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+
+import psutil
 
 from shardq.conf import get_config
 from tests.helpers import wait_until
@@ -271,6 +274,59 @@ def wait_all_finished(query: Query, total: int, timeout: float) -> None:
 
 
 # -- fault injectors -------------------------------------------------------------
+
+
+def live_children(supervisor, query: Query) -> dict[int, str]:
+    """pid -> incarnation id of the supervisor's children that hold shards."""
+    pids = [p.pid for p in psutil.Process(supervisor.pid).children() if p.status() != psutil.STATUS_ZOMBIE]
+    if not pids:
+        return {}
+    rows = query(
+        "SELECT w.pid, w.id::text FROM shardq_worker w WHERE w.pid = ANY(%s) AND w.state = 'RUNNING' "
+        "AND EXISTS (SELECT 1 FROM shardq_shard s WHERE s.owner = w.id AND s.lease_expires > clock_timestamp())",
+        [pids],
+    )
+    return dict(rows)
+
+
+def churn_victims(supervisor, query: Query, rng: random.Random, seconds: float, every: float) -> Iterator[tuple]:
+    """SIGKILL churn's pace: while jobs remain (for at most ``seconds``), every
+    ``every`` seconds pick one of the supervisor's children that hold shards,
+    never the last one (nobody would be left to take over), and yield its
+    (pid, worker id) for the caller to kill; the caller's work after the kill
+    counts inside the period."""
+    started = time.monotonic()
+    while time.monotonic() - started < seconds and query(
+        "SELECT 1 FROM shardq_job WHERE status NOT IN ('SUCCESSFUL', 'FAILED') LIMIT 1"
+    ):
+        picked_at = time.monotonic()
+        children = wait_until(
+            lambda: len(c := live_children(supervisor, query)) >= 2 and c,
+            timeout=60,
+            message="two children holding shards",
+        )
+        yield rng.choice(sorted(children.items()))
+        pause = picked_at + every - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)  # pacing the kills: one every ``every`` seconds at most
+
+
+def lost_to_survivors(query: Query, killed: set[str]) -> list:
+    """WorkerLost dead letters with an attempt on a worker that was never
+    killed: under SIGKILL churn a job may honestly lose its worker-loss budget
+    (rescued, started by the next owner just as that one is killed), but only
+    to workers that died: every attempt of it ran on a killed worker (the
+    churn tests' tasks never raise, so no attempt ended otherwise). Returns
+    (id, worker_ids) of the others (should be none)."""
+    rows = query(
+        "SELECT id, worker_ids FROM shardq_job WHERE status = 'FAILED' "
+        "AND errors::text LIKE '%%shardq.exceptions.WorkerLost%%' ORDER BY id"
+    )
+    return [
+        (job, workers)
+        for job, workers in rows
+        if not set(json.loads(workers) if isinstance(workers, str) else workers) <= killed
+    ]
 
 
 class Repeating(threading.Thread):

@@ -7,11 +7,17 @@ children not moved on, and the guarantees (a)-(e) hold."""
 import os
 import random
 import signal
-import time
 
 from shardq import Workflow
-from tests.faults.harness import check_invariants, figures, size, wait_all_finished
-from tests.faults.test_sigkill_churn import live_children
+from tests.faults.harness import (
+    check_invariants,
+    churn_victims,
+    figures,
+    live_children,
+    lost_to_survivors,
+    size,
+    wait_all_finished,
+)
 from tests.helpers import wait_until
 from tests.taskapp import fault_tasks
 from tests.workers import query, scalar
@@ -39,28 +45,18 @@ def test_sigkill_churn_respects_every_edge_and_leaves_nothing_waiting(workers):
     supervisor = workers.start("--processes", str(WORKERS), "--concurrency", "4")
     wait_until(
         lambda: (
-            len(live_children(supervisor)) == WORKERS
+            len(live_children(supervisor, query)) == WORKERS
             and scalar("SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL") == 64
         ),
         timeout=90,
         message=f"{WORKERS} children to share the 64 shards",
     )
     total = enqueue_workflows()
-    kills = 0
-    started = time.monotonic()
-    while time.monotonic() - started < CHURN_SECONDS and scalar(
-        "SELECT count(*) FROM shardq_job WHERE status NOT IN ('SUCCESSFUL', 'FAILED')"
-    ):
-        kill_at = time.monotonic()
-        children = wait_until(
-            lambda: len(c := live_children(supervisor)) >= 2 and c, timeout=60, message="two children holding shards"
-        )
-        pid, _victim = rng.choice(sorted(children.items()))
+    killed: set[str] = set()
+    for pid, victim in churn_victims(supervisor, query, rng, CHURN_SECONDS, KILL_EVERY):
         os.kill(pid, signal.SIGKILL)
-        kills += 1
-        pause = kill_at + KILL_EVERY - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)  # pacing the kills
+        killed.add(victim)
+    kills = len(killed)
 
     wait_all_finished(query, total, timeout=size(240, 900))
     # Nothing stuck: no job waits, no finished parent is left unresolved.
@@ -105,6 +101,7 @@ def test_sigkill_churn_respects_every_edge_and_leaves_nothing_waiting(workers):
             "SELECT count(*) FROM shardq_job WHERE errors::text LIKE '%%WorkerLost%%' AND status = 'FAILED'"
         ), statuses
         report = {"executions": scalar("SELECT count(*) FROM taskapp_execution")}
+    assert lost_to_survivors(query, killed) == []
     assert supervisor.poll() is None
     finish_to_start = [
         float(r[0])

@@ -8,7 +8,9 @@ import pytest
 from django.tasks import TaskContext
 from django.tasks.exceptions import InvalidTask
 
+import shardq
 from shardq import exponential, shard_task
+from shardq.exceptions import ArgumentNotJSON
 from tests.taskapp.tasks import add, echo, keyed
 
 from .conftest import job_count
@@ -76,10 +78,30 @@ def test_a_nul_character_is_refused_because_jsonb_cannot_hold_it(nothing_stored)
         echo.enqueue(text="a\x00b")
 
 
-def test_a_non_string_dict_key_is_refused(nothing_stored):
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({(1, 2): "tuple key"}, r"positional argument 0 has the dict key \(1, 2\) \(tuple\)"),
+        ({1: "one"}, r'positional argument 0 has the dict key 1 \(int\).*would get the key "1" instead'),
+        ([{"rows": {None: 0}}], r"positional argument 0 at \[0\]\['rows'\] has the dict key None"),
+        ({"ok": {1.5: 0}}, r"at \['ok'\] has the dict key 1.5 \(float\).*the key \"1.5\""),
+        ({True: 0}, r'the dict key True \(bool\).*the key "true"'),
+    ],
+)
+def test_a_non_string_dict_key_is_refused(value, message, nothing_stored):
     # json.dumps would turn the key 1 into "1" and the task would get a different dict.
-    with pytest.raises(InvalidTask, match="positional argument 0 is not JSON"):
-        echo.enqueue({(1, 2): "tuple key"})
+    with pytest.raises(ArgumentNotJSON, match=message):
+        echo.enqueue(value)
+    with pytest.raises(ArgumentNotJSON, match=message.replace("positional argument 0", "keyword argument 'text'")):
+        echo.enqueue(text=value)
+    with pytest.raises(ArgumentNotJSON, match=message):
+        shardq.enqueue_many(echo, [((value,), {})])
+
+
+def test_string_keys_and_braces_in_strings_are_stored_as_given():
+    value = {"a": [{"b": 1}], "{": "}{"}
+    assert echo.enqueue(value).args == [value]
+    assert echo.enqueue(text="{1: 2}").kwargs == {"text": "{1: 2}"}
 
 
 @pytest.mark.parametrize("priority", [101, -101, 1000])
@@ -93,6 +115,15 @@ def test_a_priority_out_of_range_is_refused(priority, nothing_stored):
 @pytest.mark.parametrize("priority", [100, -100])
 def test_the_priority_bounds_are_accepted(priority):
     assert add.using(priority=priority).enqueue(1, 2).task.priority == priority
+
+
+@pytest.mark.parametrize("priority", [True, 1.0, -100.0, 7.0])
+def test_a_priority_djangos_check_lets_through_is_stored_as_its_whole_number(priority):
+    # BaseTaskBackend.validate_task accepts any value with int(p) == p.
+    result = add.using(priority=priority).enqueue(1, 2)
+    assert add.get_result(result.id).task.priority == int(priority)
+    [bulk] = shardq.enqueue_many(add.using(priority=priority), [((1, 2), {})])
+    assert add.get_result(bulk.id).task.priority == int(priority)
 
 
 def test_a_naive_run_after_is_refused():

@@ -25,6 +25,9 @@ from django.test import override_settings
         (["--backend", "nope"], "--backend 'nope' names no backend in TASKS"),
         (["--queues", "default", "--exclude-queues", "emails"], "--queues and --exclude-queues cannot be used"),
         (["--exclude-queues", "nope"], "--exclude-queues names unknown queue(s) nope"),
+        (["--queues", ""], "--queues '' names no queue"),
+        (["--queues", " , ,"], "--queues ' , ,' names no queue"),
+        (["--exclude-queues", ","], "--exclude-queues ',' names no queue"),
         (["--exclude-queues", "default,emails,reports"], "--exclude-queues leaves no queue to serve"),
     ],
 )

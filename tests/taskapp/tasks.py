@@ -83,11 +83,8 @@ def flaky(fail_times: int, tag: str) -> int:
     return attempts + 1
 
 
-@shard_task(takes_context=True, max_attempts=5)
-def ledger(context: TaskContext, n: int = 0, sleep: float = 0.0) -> int:
-    """Writes one ledger row in its own transaction (an execution record)."""
-    if sleep:
-        time.sleep(sleep)
+def write_ledger_row(context: TaskContext) -> None:
+    """One ledger row for this attempt (job, attempt, fence, worker), in its own transaction."""
     with transaction.atomic():
         Ledger.objects.create(
             job_id=int(context.task_result.id),
@@ -95,6 +92,14 @@ def ledger(context: TaskContext, n: int = 0, sleep: float = 0.0) -> int:
             fence=getattr(context, "fence", 0),
             worker=context.task_result.worker_ids[-1],
         )
+
+
+@shard_task(takes_context=True, max_attempts=5)
+def ledger(context: TaskContext, n: int = 0, sleep: float = 0.0) -> int:
+    """Writes one ledger row in its own transaction (an execution record)."""
+    if sleep:
+        time.sleep(sleep)
+    write_ledger_row(context)
     return n
 
 
@@ -190,13 +195,7 @@ def ordered_step(user_id: int, n: int, sleep: float = 0.0) -> int:
 def wf_node(context: TaskContext, tag: str, fail: bool = False, read_parents: bool = True) -> dict:
     """A workflow step (tests/integration/test_workflows.py): writes one ledger
     row, returns its tag and what it saw of its parents, or fails."""
-    with transaction.atomic():
-        Ledger.objects.create(
-            job_id=int(context.task_result.id),
-            attempt=context.attempt,
-            fence=getattr(context, "fence", 0),
-            worker=context.task_result.worker_ids[-1],
-        )
+    write_ledger_row(context)
     if fail:
         raise RuntimeError(f"{tag} fails on purpose")
     parents = {}
@@ -216,11 +215,5 @@ def wf_fan_in(context: TaskContext) -> int:
 
     parents = Edge.objects.filter(child=int(context.task_result.id)).values("parent")
     seen = Ledger.objects.filter(job_id__in=parents).count()
-    with transaction.atomic():
-        Ledger.objects.create(
-            job_id=int(context.task_result.id),
-            attempt=context.attempt,
-            fence=getattr(context, "fence", 0),
-            worker=context.task_result.worker_ids[-1],
-        )
+    write_ledger_row(context)
     return seen

@@ -35,9 +35,11 @@ class Command(BaseCommand):
             default="default",
             help="The TASKS alias to serve: only its jobs are claimed (default 'default').",
         )
-        parser.add_argument("--queues", default="", help="Comma-separated queue names (default: every queue).")
+        parser.add_argument("--queues", default=None, help="Comma-separated queue names (default: every queue).")
         parser.add_argument(
-            "--exclude-queues", default="", help="Comma-separated queue names to leave alone: serve every other queue."
+            "--exclude-queues",
+            default=None,
+            help="Comma-separated queue names to leave alone: serve every other queue.",
         )
         parser.add_argument("--concurrency", default="4", help="Threads for sync tasks per process (default 4).")
         parser.add_argument(
@@ -168,12 +170,22 @@ def shardq_backend_config(alias: str) -> dict:
     return config
 
 
-def served_queues(alias: str, config: dict, queues_text: str, exclude_text: str) -> tuple[list[str], list[str]]:
+def served_queues(
+    alias: str, config: dict, queues_text: str | None, exclude_text: str | None
+) -> tuple[list[str], list[str]]:
     """(--queues, --exclude-queues) as lists, each name checked against
     ``TASKS[alias]["QUEUES"]``; an empty QUEUES allows any name, as Django's
-    backend does (BaseTaskBackend.validate_task)."""
-    queues = [q.strip() for q in queues_text.split(",") if q.strip()]
-    excluded = [q.strip() for q in exclude_text.split(",") if q.strip()]
+    backend does (BaseTaskBackend.validate_task). A flag given with no name
+    in it (``--queues "$QUEUE"`` with the variable unset) is refused: left
+    out, the worker would serve every queue instead of the one meant."""
+    queues = [q.strip() for q in (queues_text or "").split(",") if q.strip()]
+    excluded = [q.strip() for q in (exclude_text or "").split(",") if q.strip()]
+    for flag, text, names in (("--queues", queues_text, queues), ("--exclude-queues", exclude_text, excluded)):
+        if text is not None and not names:
+            raise CommandError(
+                f"{flag} {printable(text)!r} names no queue: give comma-separated queue names, "
+                f"or leave {flag} out to serve every queue."
+            )
     starred = [q for q in queues + excluded if q.startswith("*")]
     if starred:
         raise CommandError(
