@@ -36,6 +36,9 @@ DEFAULTS = {
     # than ZOMBIE_GRACE seconds, the worker process stops and is replaced.
     "MAX_ZOMBIES": 2,
     "ZOMBIE_GRACE": 300.0,
+    # Queue limits, {"emails": {"max_concurrency": 20, "rate_limit": "50/s"}},
+    # or a list of names (no limits); read by shardq/limits.py (docs/limits.md).
+    "QUEUES": None,
 }
 
 

@@ -2,7 +2,7 @@
 these models are the one schema source and what the admin reads."""
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import ExpressionWrapper, F, Q
 from django.tasks import TaskResultStatus
 
 # Django's four statuses plus CLAIMED: taken into a worker's memory but not
@@ -65,18 +65,24 @@ class Job(models.Model):
     class Meta:
         db_table = "shardq_job"
         indexes = [
-            # The per-shard claim walks this index range (DESIGN §5).
+            # The per-shard claims walk this index range (DESIGN §5): a
+            # shard's unlimited READY jobs in claim order for claim_jobs
+            # (``limit_keys IS NULL``), its limited ones for
+            # claim_limited_candidates (``(limit_keys IS NULL) IS FALSE``),
+            # each an equality on the second column, so neither walk passes
+            # over the other's rows: a backlog of limited jobs (a rate limit's,
+            # say) costs the unlimited claim nothing. (A partial index of
+            # limited jobs beside one of every READY job, as before, made each
+            # claim_jobs probe filter out every limited row of the shard: 11 ms
+            # a claim at 20,000 of them, linear in the backlog.)
             models.Index(
-                fields=["shard", "-priority", "run_after", "id"],
+                F("shard"),
+                ExpressionWrapper(Q(limit_keys__isnull=True), output_field=models.BooleanField()),
+                F("priority").desc(),
+                F("run_after"),
+                F("id"),
                 condition=Q(status="READY"),
                 name="shardq_job_ready_idx",
-            ),
-            # The claim of limited jobs walks this one (a shard's READY
-            # limited jobs in claim order); it is empty when no limit is used.
-            models.Index(
-                fields=["shard", "-priority", "run_after", "id"],
-                condition=Q(status="READY", limit_keys__isnull=False),
-                name="shardq_job_limited_idx",
             ),
             # An idle fetcher finds when the next deferred job falls due.
             models.Index(fields=["run_after"], condition=Q(status="READY"), name="shardq_job_due_idx"),

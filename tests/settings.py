@@ -22,6 +22,11 @@ for _key in ("MAX_ZOMBIES", "ZOMBIE_GRACE"):
         SHARDQ[_key] = (
             float(os.environ[f"SHARDQ_{_key}"]) if _key == "ZOMBIE_GRACE" else int(os.environ[f"SHARDQ_{_key}"])
         )
+# The queue-limit test starts workers with limits in SHARDQ["QUEUES"] (JSON).
+if os.environ.get("SHARDQ_TEST_QUEUES"):
+    import json
+
+    SHARDQ["QUEUES"] = json.loads(os.environ["SHARDQ_TEST_QUEUES"])
 # Workers started by the periodic-task test import its schedules; no other
 # process does (a per-second schedule would add jobs to every other test).
 if os.environ.get("SHARDQ_TEST_PERIODIC"):

@@ -199,6 +199,32 @@ status_rank = LEAST(job.status_rank, 2147483646) + 1,
     worker_ids = CASE WHEN picked.start_now THEN job.worker_ids || jsonb_build_array(%(worker)s::text)
                       ELSE job.worker_ids END
 
+-- name: claim_returning
+-- What a claim returns of each job it took (``job``, with ``picked``: its problem, NULL for a
+-- readable row, whether the claim started it, the attempt time before it), in the order of
+-- ClaimedJob's fields (shardq/worker/jobs.py): the worker builds each row positionally once the
+-- names are checked to match. A RETURNING list, included bare by claim_jobs, claim_limited_jobs and
+-- claim_limited_owned.
+job.id, job.task_path, job.queue_name, job.priority,
+    CASE WHEN picked.problem IS NULL THEN extract(epoch FROM job.run_after)::float8 END AS run_after,
+    job.shard, job.shard_key, job.ordered,
+    job.args::text AS args_json, job.kwargs::text AS kwargs_json, job.attempts, job.max_attempts,
+    job.fence, job.status_rank,
+    CASE WHEN picked.problem IS NULL THEN job.enqueued_at END AS enqueued_at,
+    CASE WHEN picked.problem IS NULL THEN job.started_at END AS started_at,
+    CASE WHEN picked.problem IS NULL THEN job.last_attempted_at END AS last_attempted_at,
+    -- As text: decoded only when a TaskResult is built (context, signals).
+    job.worker_ids::text AS worker_ids_json, job.errors::text AS errors_json,
+    CASE WHEN jsonb_typeof(job.errors) = 'array' THEN jsonb_array_length(job.errors) ELSE 0 END AS error_count,
+    job.backend,
+    -- JSON size of the arguments: enqueue refuses calls over MAX_PAYLOAD_BYTES,
+    -- the executor fails rows written some other way.
+    octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes,
+    job.worker_losses, picked.problem, picked.start_now AS started,
+    CASE WHEN picked.problem IS NULL THEN picked.previous_attempt_at END AS previous_attempt_at,
+    -- The limits it counts against (NULL: none), for the worker's limiter.
+    job.limit_keys
+
 -- name: claim_jobs
 -- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds, the
 -- highest priorities first across them: one index probe per shard finds its best due priority (no
@@ -351,25 +377,7 @@ SET status = CASE WHEN picked.problem IS NOT NULL THEN 'FAILED'
                                      job.id, picked.problem)))
         END
 FROM picked WHERE job.id = picked.id
--- Columns in the order of ClaimedJob's fields (shardq/worker/jobs.py): the
--- worker builds each row positionally once the names are checked to match.
-RETURNING job.id, job.task_path, job.queue_name, job.priority,
-          CASE WHEN picked.problem IS NULL THEN extract(epoch FROM job.run_after)::float8 END AS run_after,
-          job.shard, job.shard_key, job.ordered,
-          job.args::text AS args_json, job.kwargs::text AS kwargs_json, job.attempts, job.max_attempts,
-          job.fence, job.status_rank,
-          CASE WHEN picked.problem IS NULL THEN job.enqueued_at END AS enqueued_at,
-          CASE WHEN picked.problem IS NULL THEN job.started_at END AS started_at,
-          CASE WHEN picked.problem IS NULL THEN job.last_attempted_at END AS last_attempted_at,
-          -- As text: decoded only when a TaskResult is built (context, signals).
-          job.worker_ids::text AS worker_ids_json, job.errors::text AS errors_json,
-          CASE WHEN jsonb_typeof(job.errors) = 'array' THEN jsonb_array_length(job.errors) ELSE 0 END AS error_count,
-          job.backend,
-          -- JSON size of the arguments: enqueue refuses calls over MAX_PAYLOAD_BYTES,
-          -- the executor fails rows written some other way.
-          octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes,
-          job.worker_losses, picked.problem, picked.start_now AS started,
-          CASE WHEN picked.problem IS NULL THEN picked.previous_attempt_at END AS previous_attempt_at;
+RETURNING {{claim_returning*}};
 
 -- name: start_jobs
 -- Record the real start of claimed jobs, group-committed (one statement per executor pass):
@@ -1146,7 +1154,7 @@ SELECT EXISTS (SELECT 1 FROM shardq_edge WHERE parent = %(id)s OR child = %(id)s
 
 -- name: claim_limited_candidates
 -- Lock up to :per_shard due READY limited jobs (limit_keys set) of each shard this worker holds in
--- pool :pool, in claim order (priority, run_after, id) over shardq_job_limited_idx, :scan in all,
+-- pool :pool, in claim order (priority, run_after, id) over shardq_job_ready_idx, :scan in all,
 -- FOR UPDATE SKIP LOCKED; jobs with a key in :full (limits known to be full) are passed over
 -- without a lock, so they keep their place and do not hold back other jobs of the shard. Same
 -- queue and backend filters as claim_jobs.
@@ -1155,7 +1163,10 @@ FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
 JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
 CROSS JOIN LATERAL (
     SELECT id, shard, task_path, limit_keys, priority, run_after FROM shardq_job
-    WHERE shard = h.shard AND status = 'READY' AND limit_keys IS NOT NULL
+    -- (limit_keys IS NULL) IS FALSE: written so, it is the equality on
+    -- shardq_job_ready_idx's second column that keeps this walk to the
+    -- shard's limited jobs (limit_keys IS NOT NULL would filter every row).
+    WHERE shard = h.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE
       -- Due now, no look-ahead: a rate token is spent when the job is claimed.
       AND run_after <= clock_timestamp()
       AND NOT (limit_keys ?| %(full)s::text[])
@@ -1169,6 +1180,59 @@ CROSS JOIN LATERAL (
 WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
 ORDER BY j.priority DESC, j.run_after, j.id
 LIMIT %(scan)s;
+
+-- name: claim_limited_owned
+-- The limited claim in one statement, for the jobs this worker already owns slots for (no slot to
+-- take, no rate to debit): walk up to :per_shard due READY limited jobs of each shard it holds,
+-- in claim order, FOR UPDATE SKIP LOCKED, passing over (without a lock) jobs with a key not in
+-- :keys (a limit it owns no room of, or a rate limit); take, in claim order, the ones every key
+-- of has room (:rooms, one per key of :keys; a job's place among a key's candidates counts
+-- against that key's room, so no key gets more than its room), :limit in all, under each shard's
+-- current claim version; the first :start are started as claim_jobs starts them. Same queue and
+-- backend filters as claim_jobs. Returns claim_jobs' columns.
+WITH held AS MATERIALIZED (
+    SELECT s.shard, s.claim_version
+    FROM unnest(%(shards)s::int[]) AS h(shard)
+    JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
+    WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
+), candidates AS MATERIALIZED (
+    SELECT j.id, j.limit_keys, j.ordered, j.worker_losses, j.last_attempted_at, held.claim_version,
+           row_number() OVER (ORDER BY j.priority DESC, j.run_after, j.id) AS place
+    FROM held
+    CROSS JOIN LATERAL (
+        SELECT id, limit_keys, ordered, worker_losses, last_attempted_at, priority, run_after
+        FROM shardq_job
+        -- (limit_keys IS NULL) IS FALSE: shardq_job_ready_idx's limited range (as claim_limited_candidates).
+        WHERE shard = held.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE
+          AND run_after <= clock_timestamp()
+          AND limit_keys <@ %(keys_json)s::jsonb
+          AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
+          AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
+          AND (backend = %(backend)s OR %(any_backend)s)
+        ORDER BY priority DESC, run_after, id
+        LIMIT %(per_shard)s
+        FOR UPDATE SKIP LOCKED
+    ) AS j
+), fits AS (
+    SELECT x.id
+    FROM (SELECT c.id, e.key, row_number() OVER (PARTITION BY e.key ORDER BY c.place) AS n
+          FROM candidates AS c CROSS JOIN LATERAL jsonb_array_elements_text(c.limit_keys) AS e(key)) AS x
+    JOIN unnest(%(keys)s::text[], %(rooms)s::int[]) AS r(key, room) ON r.key = x.key
+    GROUP BY x.id
+    HAVING bool_and(x.n <= r.room)
+), picked AS MATERIALIZED (
+    SELECT c.id, c.claim_version, c.last_attempted_at AS previous_attempt_at, NULL::text AS problem,
+           row_number() OVER (ORDER BY c.place) <= %(start)s AND NOT c.ordered AND c.worker_losses = 0 AS start_now
+    FROM candidates AS c JOIN fits ON fits.id = c.id
+    ORDER BY c.place
+    LIMIT %(limit)s
+)
+UPDATE shardq_job AS job
+SET status = CASE WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
+    {{claim_start_set*}}
+FROM picked
+WHERE job.id = picked.id
+RETURNING {{claim_returning*}};
 
 -- name: ensure_limit_slots
 -- Create the slot rows 0 .. cap-1 of each concurrency limit key that do not exist yet (a lowered
@@ -1228,7 +1292,7 @@ WITH slots AS (
     WHERE r.limit_key = a.key
     RETURNING r.limit_key
 ), picked AS MATERIALIZED (
-    SELECT job.id, s.claim_version, job.last_attempted_at AS previous_attempt_at,
+    SELECT job.id, s.claim_version, job.last_attempted_at AS previous_attempt_at, NULL::text AS problem,
            a.ord <= %(start)s AND NOT job.ordered AND job.worker_losses = 0 AS start_now
     FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS a(id, ord)
     JOIN shardq_job AS job ON job.id = a.id
@@ -1242,18 +1306,7 @@ SET status = CASE WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
 -- always runs to completion).
 FROM picked
 WHERE job.id = picked.id
--- claim_jobs' columns, in ClaimedJob's order.
-RETURNING job.id, job.task_path, job.queue_name, job.priority,
-          extract(epoch FROM job.run_after)::float8 AS run_after,
-          job.shard, job.shard_key, job.ordered,
-          job.args::text AS args_json, job.kwargs::text AS kwargs_json, job.attempts, job.max_attempts,
-          job.fence, job.status_rank, job.enqueued_at, job.started_at, job.last_attempted_at,
-          job.worker_ids::text AS worker_ids_json, job.errors::text AS errors_json,
-          CASE WHEN jsonb_typeof(job.errors) = 'array' THEN jsonb_array_length(job.errors) ELSE 0 END AS error_count,
-          job.backend,
-          octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes,
-          job.worker_losses, NULL::text AS problem, picked.start_now AS started,
-          picked.previous_attempt_at;
+RETURNING {{claim_returning*}};
 
 -- name: release_limit_slots
 -- Give back the slots :slots this worker owns (nothing here needs them) and NOTIFY :channel with
@@ -1283,8 +1336,10 @@ RETURNING id;
 -- on the key, and the rate row's tat (epoch seconds, NULL without one) and the database's now.
 WITH waiting AS (
     SELECT k.key, count(*) AS waiting
-    FROM shardq_job AS j CROSS JOIN LATERAL jsonb_array_elements_text(j.limit_keys) AS k(key)
-    WHERE j.status = 'READY' AND j.limit_keys IS NOT NULL
+    -- Shard by shard: each a range of shardq_job_ready_idx's limited jobs.
+    FROM (SELECT DISTINCT shard FROM shardq_shard) AS sh
+    JOIN shardq_job AS j ON j.shard = sh.shard AND j.status = 'READY' AND (j.limit_keys IS NULL) IS FALSE
+    CROSS JOIN LATERAL jsonb_array_elements_text(j.limit_keys) AS k(key)
     GROUP BY k.key
 ), held AS (
     SELECT s.limit_key AS key, COALESCE(NULLIF(w.name, ''), s.worker_id::text) AS holder, count(*) AS n

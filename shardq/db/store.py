@@ -29,6 +29,7 @@ import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 from psycopg import sql
 from psycopg.rows import RowFactory, RowMaker, TupleRow, dict_row, tuple_row
+from psycopg.types.json import Jsonb
 
 from ..conf import get_config
 from ..core import pools
@@ -660,6 +661,7 @@ class WorkerStore:
         choose (at most ``limit`` jobs), then write slots, tokens and claims
         together, the first ``start`` jobs started. Returns the claimed jobs
         (``row_factory`` rows) and the plan (None: no candidate)."""
+        full = limiter.full_keys()
         params = {
             "worker": worker,
             "shards": shards,
@@ -671,7 +673,7 @@ class WorkerStore:
             "any_backend": backend is None,
             "per_shard": per_shard,
             "scan": scan,
-            "full": limiter.full_keys(),
+            "full": full,
         }
         ensured: tuple[dict[str, int], list[str]] = ({}, [])
 
@@ -682,6 +684,7 @@ class WorkerStore:
             # current result at once, so one cursor cannot change shapes.
             with conn.transaction(), conn.cursor(row_factory=dict_row) as named:
                 rows = self._execute(named, "claim_limited_candidates", params, binary=True)
+                limiter.walked(rows, full)
                 if not rows:
                     return [], None
                 slots, rates = limiter.needs(rows, limit)
@@ -742,6 +745,47 @@ class WorkerStore:
         limiter.slots_ensured(ensured[0])
         limiter.rates_ensured(ensured[1])
         return result
+
+    def claim_limited_owned(
+        self,
+        *,
+        worker: str,
+        shards: list[int],
+        pool: str,
+        queues: list[str] | None,
+        exclude_queues: list[str] | None,
+        backend: str | None,
+        per_shard: int,
+        rooms: dict[str, int],
+        limit: int,
+        start: int,
+        row_factory: "type[DataclassInstance]",
+    ) -> list[Any]:
+        """The limited claim of jobs whose every limit has room in the
+        slots this worker owns (``rooms``: key -> jobs it may still claim):
+        one statement, no transaction of its own (``claim_limited_owned``)."""
+        keys = list(rooms)
+        params = {
+            "worker": worker,
+            "shards": shards,
+            "pool": pool,
+            "queues": queues or [],
+            "all_queues": not queues,
+            "exclude_queues": exclude_queues or [],
+            "backend": backend or "",
+            "any_backend": backend is None,
+            "per_shard": per_shard,
+            "keys_json": Jsonb(keys),
+            "keys": keys,
+            "rooms": list(rooms.values()),
+            "limit": limit,
+            "start": start,
+        }
+        return self.guarded(
+            "claim_limited_owned",
+            lambda cursor: self._execute(cursor, "claim_limited_owned", params, binary=True),
+            row_factory=fields_row(row_factory),
+        )
 
     def release_limit_slots(self, worker: str, slots: list[int], channel: str) -> None:
         """Give back this worker's ``slots`` and NOTIFY each freed key on ``channel``."""

@@ -134,12 +134,34 @@ class Fetcher(Service):
         self.idle_threads = idle_threads or (lambda: 0)
         self.lease_ttl = lease_ttl_seconds
         self.limit_channel = limit_channel
+        # The last claim_jobs found nothing (and when it ran), and no NOTIFY
+        # of new jobs came since: see plain_claim_due.
+        self._plain_empty = False
+        self._plain_checked = -math.inf
+        self._plain_unknown = True
+        self._limited_took = False
 
     def interrupt(self) -> None:
         self._wake.set()
 
     def wake(self) -> None:
         self._wake.set()
+
+    def jobs_notified(self) -> None:
+        """A NOTIFY told of new jobs in a shard held here (of any kind)."""
+        self._plain_unknown = True
+
+    def plain_claim_due(self, limited: bool) -> bool:
+        """Run the ordinary claim (claim_jobs) this round? Always, unless
+        the last round's limited claim brought jobs and the last ordinary
+        claim found nothing, with no NOTIFY of new jobs since and less than
+        half the look-ahead ago (so a deferred job is still claimed before
+        it is due): a drain of limited jobs then pays no empty claim_jobs a
+        round (a quarter of its fetcher's time, profiled), and a job of
+        another task waits at most that for its claim when no NOTIFY comes."""
+        if not limited or not self._limited_took or self._plain_unknown or not self._plain_empty:
+            return True
+        return time.monotonic() >= self._plain_checked + min(self.poll_interval, LOOKAHEAD_SECONDS / 2)
 
     def notified(self, priority: int) -> None:
         """A NOTIFY told of a job of ``priority`` in a shard held here."""
@@ -209,10 +231,17 @@ class Fetcher(Service):
             # few shards drains at full speed.
             per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
             self.in_flight_lowest = self._last_lowest
+            rows: list[ClaimedJob] = []
             try:
-                rows = self._claim(order, per_shard, free, self.start_now())
-                if not isinstance(rows, list):
-                    return rows
+                if self.plain_claim_due(limited):
+                    self._plain_unknown = False
+                    checked = time.monotonic()
+                    claimed = self._claim(order, per_shard, free, self.start_now())
+                    if not isinstance(claimed, list):
+                        self._plain_unknown = True  # failed: look again next round
+                        return claimed
+                    rows = claimed
+                    self._plain_empty, self._plain_checked = not rows, checked
                 if rows:
                     self._last_lowest = min(job.priority for job in rows)
                     self.take(rows)
@@ -221,8 +250,13 @@ class Fetcher(Service):
             # Limited jobs have their own claim (claim_jobs leaves them out),
             # for the demand the ordinary claim left.
             took_limited = self.claim_limited(order, free - len(rows)) if limited else 0
+            self._limited_took = took_limited > 0
         finally:
             ownership.release_read()
+        if limited:
+            # Slots the claim found nothing here needs go back now, not after
+            # this round's sleep: another worker may be waiting for them.
+            self.keep_limit_slots(renew=False)
         if took_limited:
             return None
         # Fewer rows than asked does not mean empty (per-shard limits, SKIP
@@ -300,13 +334,57 @@ class Fetcher(Service):
     # -- limits (docs/limits.md) -------------------------------------------------
 
     def claim_limited(self, order: list[int], wanted: int) -> int:
-        """Claim limited jobs (their slots and tokens in the same
-        transaction, see WorkerStore.claim_limited) for up to ``wanted`` of
-        the demand. The caller holds the ownership read lock. Returns how
-        many were claimed."""
+        """Claim limited jobs for up to ``wanted`` of the demand: first into
+        the slots this worker owns, in one statement (``claim_limited_owned``);
+        then, when that came back short and more may come of it
+        (``Limiter.full_claim_due``), the full claim, which takes slots and
+        tokens in the same transaction (WorkerStore.claim_limited). The
+        caller holds the ownership read lock. Returns how many were claimed."""
         limiter = self.limiter
         if limiter is None or wanted <= 0:
             return 0
+        took = 0
+        rooms = limiter.owned_rooms()
+        if rooms:
+            took = self.claim_limited_owned(order, wanted, rooms)
+            if took >= wanted or not limiter.full_claim_due():
+                return took
+        return took + self.claim_limited_full(order, wanted - took)
+
+    def claim_limited_owned(self, order: list[int], wanted: int, rooms: dict[str, int]) -> int:
+        limiter = self.limiter
+        assert limiter is not None
+        try:
+            rows = self.store.claim_limited_owned(
+                worker=self.worker_id,
+                shards=order,
+                pool=self.leaser.pool,
+                queues=self.queues,
+                exclude_queues=self.exclude_queues,
+                backend=self.backend,
+                per_shard=max(1, math.ceil(SCAN_FACTOR * wanted / len(order))),
+                rooms=rooms,
+                limit=wanted,
+                start=min(wanted, self.start_now()),
+                row_factory=ClaimedJob,
+            )
+        except DatabaseUnavailable as exc:
+            self.claim_uncertain = True
+            self.stats.add("db_errors")
+            logger.warning("limited claim failed, retrying: %s", exc)
+            return 0
+        except StatementRejected as exc:
+            self.stats.add("claim_errors")
+            logger.error("limited claim refused by PostgreSQL, retrying at the next poll: %s", exc)
+            return 0
+        limiter.claimed_owned(rows, rooms, wanted)
+        if rows:
+            self.take(rows)
+        return len(rows)
+
+    def claim_limited_full(self, order: list[int], wanted: int) -> int:
+        limiter = self.limiter
+        assert limiter is not None
         try:
             rows, plan = self.store.claim_limited(
                 limiter,
@@ -346,18 +424,22 @@ class Fetcher(Service):
             self.take(rows)
         return len(rows)
 
-    def keep_limit_slots(self) -> None:
+    def keep_limit_slots(self, renew: bool = True) -> None:
         """Give back the slots nothing here needs any more, and renew the
-        rest once per half heartbeat (their lease is LEASE_TTL)."""
+        rest once per half heartbeat (their lease is LEASE_TTL). With
+        ``renew`` False (right after a claim): only write the releases."""
         limiter = self.limiter
         if limiter is None:
             return
-        limiter.forget_gone(self.holds)
+        if renew:
+            limiter.forget_gone(self.holds)
         released = limiter.take_released()
+        if not released and not renew:
+            return
         try:
             if released:
                 self.store.release_limit_slots(self.worker_id, released, self.limit_channel)
-            if limiter.renew_due():
+            if renew and limiter.renew_due():
                 self.store.renew_limit_slots(self.worker_id, limiter.to_renew(self.holds), self.lease_ttl)
         except (DatabaseUnavailable, StatementRejected) as exc:
             # Unwritten releases are the renewal's to free (it frees every
@@ -674,6 +756,9 @@ class Listener(Service):
             return
         shard, priority = notice
         if shard in self.leaser.held:
+            # New jobs in a held shard: the next round runs the ordinary
+            # claim even if its last one found nothing (Fetcher.jobs_notified).
+            self.fetcher.jobs_notified()
             if priority is not None:
                 # Recorded even when the claim is put off: the one the
                 # limiter delivers later takes it.

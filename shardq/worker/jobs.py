@@ -47,6 +47,8 @@ class ClaimedJob:
     # ``previous_attempt_at`` lets a hand-back take that start back.
     started: bool = False
     previous_attempt_at: datetime | None = None
+    # The limits it counts against (sorted keys, docs/limits.md), None: none.
+    limit_keys: list[str] | None = None
     # -- not columns: set in this worker --
     # Set by the start write: this worker id was appended to worker_ids.
     started_by: str | None = None

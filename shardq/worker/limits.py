@@ -18,14 +18,15 @@ State model of a slot row::
     owned --(the worker died: no renewal)--> free once expires passes (anyone may take it)
 
 Owned slots pass from a finished job to the next claimed job of the same
-limit in memory, with no statement: a worker claims up to ``owned +
-min(owned, share)`` jobs of a limit, so a job waits in its buffer for the
-slot of one that runs (look-ahead, as unlimited jobs have) instead of a
-claim round trip after every job. ``share`` = ceil(cap / live workers):
-a worker keeps at most ``max(share, --concurrency)`` slots of a limit, so a
-limit of 40 over 4 workers of 10 threads ends 10 + 10 + 10 + 10 even when
-one worker started first (River's case), and a limit of 3 can run 3 on one
-worker when the others have no jobs of it.
+limit in memory, with no statement: a worker claims a few jobs of a limit
+per slot it owns (``_room``), so a job waits in its buffer for the slot of
+one that runs (look-ahead, as unlimited jobs have) instead of a claim round
+trip after every job. A worker owns at most ``min(cap, --concurrency)``
+slots of a limit (``_share``), so a limit of 40 over 4 workers of 10
+threads is 10 + 10 + 10 + 10 even when one worker started first (River's
+case), and a limit of 3 can run 3 on one worker when the others have no
+jobs of it; a free slot is kept only for a job of the limit waiting here
+(``_release_idle``).
 
 A dead worker's slots come back at most LEASE_TTL after its last renewal
 (renewals come every HEARTBEAT / 2); a thread that outlives its job's
@@ -38,6 +39,7 @@ claimed for idle threads, so they start when their token is spent.
 """
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -63,6 +65,10 @@ SCAN_FACTOR = 1.5
 # (acquire), so at most one thread per owned slot waits.
 QUEUED_PER_SLOT = 2
 QUEUED_PER_SLOT_ALL_THREADS = 4
+# When the limit has all the worker's threads: up to this many per slot,
+# LOOKAHEAD_SECONDS of work at the measured task time.
+MAX_QUEUED_PER_SLOT = 256
+LOOKAHEAD_SECONDS = 0.05  # as the unlimited demand's (Worker.demand)
 
 
 @dataclass(slots=True)
@@ -92,7 +98,7 @@ class Limiter:
         heartbeat_seconds: float,
         poll_interval_seconds: float,
         concurrency: int = 1,
-        live_workers: Callable[[], int] = lambda: 1,
+        task_seconds: Callable[[], float | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.worker_id = worker_id
@@ -102,7 +108,8 @@ class Limiter:
         self.heartbeat = heartbeat_seconds
         self.poll_interval = poll_interval_seconds
         self.concurrency = concurrency
-        self.live_workers = live_workers
+        # () -> the executors' average task time (None: none measured yet)
+        self.task_seconds = task_seconds
         self.clock = clock
         # One lock (a condition: threads wait on it for a slot) over all
         # the state below.
@@ -128,6 +135,11 @@ class Limiter:
         # given (a freed slot's NOTIFY or the poll for concurrency, the next
         # token for a rate).
         self._full: dict[str, float] = {}
+        # Limits a NOTIFY said had a slot freed since the current claim's walk began.
+        self._freed_since_walk: set[str] = set()
+        # When the last full claim began, and whether a NOTIFY asked for one since.
+        self._last_full_claim = -1e18
+        self._look_again = False
         self._ensured_slots: set[tuple[str, int]] = set()
         self._ensured_rates: set[str] = set()
         self._last_renew = -1e18
@@ -160,10 +172,13 @@ class Limiter:
         return spec_for_key(key, self._resolve, self.queue_limits)
 
     def _share(self, key: str) -> int:
-        """How many slots of ``key`` this worker may keep: its fair share,
-        or its threads when that is more (it can run that many at once)."""
-        cap = self._caps.get(key, 1)
-        return max(-(-cap // max(1, self.live_workers())), self.concurrency)
+        """How many slots of ``key`` this worker may own: as many as it can
+        run at once (its threads), never more than the cap. A slot beyond
+        the threads runs nothing here and is one another worker's thread
+        could run with: a worker that started first took all 40 slots of
+        River's case (its share then counted it alone) and ran 10, while the
+        other three waited for its jobs to end to get theirs."""
+        return min(self._caps.get(key, 1), self.concurrency)
 
     def _owned(self, key: str) -> int:
         return len(self._free.get(key, ())) + self._in_use.get(key, 0)
@@ -171,8 +186,13 @@ class Limiter:
     # -- the claim ----------------------------------------------------------------
 
     def full_keys(self) -> list[str]:
+        """The limits a claim starting now passes over (known to be full)."""
         now = self.clock()
         with self._cond:
+            # Slots freed from here on are seen by this claim's pick (below).
+            self._freed_since_walk.clear()
+            self._last_full_claim = now
+            self._look_again = False
             for key in [k for k, until in self._full.items() if until <= now]:
                 del self._full[key]
             return sorted(self._full)
@@ -189,6 +209,8 @@ class Limiter:
         True when this worker was passing that limit over, or its last claim
         left jobs of it in the table (wake the fetcher)."""
         with self._cond:
+            self._freed_since_walk.add(key)
+            self._look_again = True
             passed_over = self._full.pop(key, None) is not None
             return passed_over or bool(self._more.get(key))
 
@@ -232,8 +254,21 @@ class Limiter:
         # A waiting job may hold a thread while it waits (acquire): one per
         # slot at most, unless this worker's threads are all the limit's
         # anyway (owned >= concurrency), when a deeper queue costs no thread
-        # another task could use and hides a longer claim.
-        per_slot = QUEUED_PER_SLOT_ALL_THREADS if owned >= self.concurrency else QUEUED_PER_SLOT
+        # another task could use and hides a longer claim: then as deep as
+        # the unlimited look-ahead (LOOKAHEAD_SECONDS of the measured task
+        # time), so short tasks are claimed in batches, not a claim (3-5
+        # statements) every few jobs.
+        per_slot = QUEUED_PER_SLOT
+        if owned >= self.concurrency:
+            per_slot = QUEUED_PER_SLOT_ALL_THREADS
+            seconds = self.task_seconds()
+            if seconds is not None:
+                # One running and the look-ahead's waiting: the worker's
+                # demand (concurrency + look-ahead) in all, so a claim comes
+                # when a demand batch is free and has room for all of it (with
+                # fewer, 10 ms tasks were claimed 5 at a time).
+                ahead = math.ceil(LOOKAHEAD_SECONDS / max(seconds, 1e-6))
+                per_slot = max(per_slot, min(MAX_QUEUED_PER_SLOT, 1 + ahead))
         return max(0, owned * per_slot - busy)
 
     def new_slot_keys(self, slots: dict[str, tuple[int, int]]) -> dict[str, int]:
@@ -309,10 +344,68 @@ class Limiter:
             if key not in rates and key in denied and room[key] - used.get(key, 0) <= 0:
                 # Looked at again when a NOTIFY says a slot was freed, or at the poll.
                 full[key] = now_mono + self.poll_interval
-        if full:
-            with self._cond:
-                self._full.update(full)
+        with self._cond:
+            # A slot freed while this claim ran (its NOTIFY came between the
+            # walk and now) may be one take_limit_slots did not see: the
+            # limit is not full for the next claim. (Marking it full here
+            # undid the NOTIFY, and the slot sat free until the poll.)
+            for key in self._freed_since_walk:
+                full.pop(key, None)
+            self._full.update(full)
         return plan
+
+    # -- the one-statement claim, into owned slots ----------------------------------
+
+    def owned_rooms(self) -> dict[str, int]:
+        """{key: jobs it may still claim} of the concurrency limits (no rate)
+        this worker owns slots of and has room in: what the one-statement
+        claim (``claim_limited_owned``) may take with no slot to take and no
+        token to spend. Empty: only the full claim can take anything."""
+        rooms = {}
+        with self._cond:
+            for key in self._caps:
+                if not self._owned(key):
+                    continue
+                spec = self.spec(key)
+                if spec is None or spec.rate is not None or spec.max_concurrency is None:
+                    continue
+                room = self._room(key)
+                if room > 0:
+                    rooms[key] = room
+        return rooms
+
+    def claimed_owned(self, rows: Sequence[Any], rooms: dict[str, int], limit: int) -> None:
+        """A one-statement claim committed ``rows`` (ClaimedJobs) with ``rooms``:
+        its jobs wait here for the slots; a limit whose room it did not fill
+        (nor the claim's ``limit``) has no more jobs for this worker now."""
+        taken: dict[str, int] = {}
+        with self._cond:
+            for job in rows:
+                keys = list(job.limit_keys or ())
+                self._jobs[job.id] = keys
+                for key in keys:
+                    self._waiting[key] = self._waiting.get(key, 0) + 1
+                    taken[key] = taken.get(key, 0) + 1
+            for key, room in rooms.items():
+                self._more[key] = taken.get(key, 0) >= room or len(rows) >= limit
+            self._release_idle()
+            self._cond.notify_all()
+
+    def full_claim_due(self) -> bool:
+        """After a one-statement claim that came back short: is the full
+        claim (candidates, slots, rates) worth its statements now? When a
+        limit with jobs left could take more slots, when a NOTIFY said a
+        slot was freed, or once a poll interval (new limits, rate limits)."""
+        with self._cond:
+            if self._look_again or self.clock() - self._last_full_claim >= self.poll_interval:
+                return True
+            # A limit with jobs left that the one-statement claim cannot
+            # serve: a rate limit (its tokens are the full claim's), or one
+            # this worker could own more slots of.
+            return any(
+                more and key not in self._full and (key in self._ensured_rates or self._owned(key) < self._share(key))
+                for key, more in self._more.items()
+            )
 
     def claimed(self, plan: LimitPlan, claimed_ids: set[int]) -> None:
         """The claim committed: its slots are this worker's, its jobs wait
@@ -330,12 +423,40 @@ class Limiter:
             self._cond.notify_all()  # threads waiting for a slot: new ones came
 
     def _release_idle(self) -> None:
-        """Give back free slots nothing here waits for (caller holds the lock)."""
+        """Give back the free slots nothing here will use (caller holds the
+        lock). Called after every change of what a limit's slots are for
+        (a claim, a walk, a job leaving a thread or this worker's memory),
+        so a free slot never stays owned here on a decision taken before:
+        an idle slot kept by one worker is one the others cannot run with.
+
+        A worker keeps, of each limit, slots for the jobs of it running or
+        waiting here, or up to its share while the table has more of its
+        jobs for this worker (``_more``: its next claim takes them into the
+        slot, with no release and take between); never more than its share.
+        """
         for key, free in self._free.items():
-            if self._more.get(key) and self._owned(key) <= self._share(key):
-                continue  # the table has more of its jobs for this worker
-            while free and self._waiting.get(key, 0) < len(free):
+            if not free:
+                continue
+            in_use = self._in_use.get(key, 0)
+            share = self._share(key)
+            wanted = share if self._more.get(key) else min(share, in_use + self._waiting.get(key, 0))
+            while free and in_use + len(free) > wanted:
                 self._released.append(free.pop())
+
+    def walked(self, rows: Sequence[dict[str, Any]], passed_over: Sequence[str]) -> None:
+        """A limited claim's walk found ``rows`` (``passed_over``: the keys it
+        skipped as full). A limit none of them carries, not passed over, has
+        no job for this worker's claims now: its slots are kept only for the
+        jobs here. Without this, a worker whose shards ran out of a limit's
+        jobs kept its free slots for good (its claims found no candidate, so
+        nothing decided again), while another worker ran one at a time."""
+        seen = {key for row in rows for key in row["limit_keys"] or ()}
+        skipped = set(passed_over)
+        with self._cond:
+            for key in self._more:
+                if key not in seen and key not in skipped:
+                    self._more[key] = False
+            self._release_idle()
 
     # -- threads ------------------------------------------------------------------
 
@@ -401,6 +522,11 @@ class Limiter:
             self._held[job_id] = held
             return True
 
+    def waiting_threads(self, key: str) -> int:
+        """Executor threads waiting here for a slot of ``key``."""
+        with self._cond:
+            return len(self._queue.get(key, ()))
+
     def stop_waiting(self) -> None:
         """Shutdown: threads waiting for a slot give their jobs back now
         rather than wait out the grace period."""
@@ -430,18 +556,13 @@ class Limiter:
                 self._release_idle()
                 return True
             for key, slot_id in held:
+                # Kept for a job waiting for it (a thread queued for a slot
+                # is one of them), within what this worker may keep; given
+                # back otherwise (_release_idle decides for every free slot
+                # of the limit, not only this one).
                 self._in_use[key] -= 1
-                # Kept for a job waiting for it, within what this worker
-                # may keep (_owned no longer counts this slot).
-                wanted = (
-                    self._waiting.get(key, 0) > len(self._free.get(key, ()))
-                    or bool(self._queue.get(key))  # a thread waits for it now
-                    or self._more.get(key)
-                )
-                if wanted and self._owned(key) < self._share(key):
-                    self._free.setdefault(key, []).append(slot_id)
-                else:
-                    self._released.append(slot_id)
+                self._free.setdefault(key, []).append(slot_id)
+            self._release_idle()
             self._cond.notify_all()
             return True
 
@@ -484,8 +605,7 @@ class Limiter:
                     for key in keys:
                         counts[key] = counts.get(key, 0) + 1
             self._waiting = counts
-            if gone:
-                self._release_idle()
+            self._release_idle()
 
     def to_renew(self, holds: Callable[[int], bool]) -> list[int]:
         """The slot ids to keep. Jobs no longer in this worker's memory

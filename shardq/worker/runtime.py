@@ -157,7 +157,7 @@ class Worker:
                 heartbeat_seconds=self.config.heartbeat_seconds,
                 poll_interval_seconds=self.config.poll_interval_seconds,
                 concurrency=concurrency,
-                live_workers=lambda: self.leaser.live_workers,
+                task_seconds=lambda: self.executor.measured_task_seconds(),
             ),
             idle_threads=self.idle_threads,
             lease_ttl_seconds=self.config.lease_ttl_seconds,

@@ -8,6 +8,7 @@ limits-full`` (SHARDQ_LIMITS_FULL=1) runs the 30-second rate figure.
 """
 
 import itertools
+import json
 import os
 import signal
 import time
@@ -65,9 +66,11 @@ def time_at_least(profile, level: int) -> tuple[float, float]:
     return covered, profile[-1][0] - profile[0][0]
 
 
-def start_three(workers, ledger: Path):
+def start_three(workers, ledger: Path, **env):
     procs = [
-        workers.start("--concurrency", "8", env={"SHARDQ_LIMIT_LEDGER": str(ledger), "SHARDQ_EXPECTED_WORKERS": "3"})
+        workers.start(
+            "--concurrency", "8", env={"SHARDQ_LIMIT_LEDGER": str(ledger), "SHARDQ_EXPECTED_WORKERS": "3", **env}
+        )
         for _ in range(3)
     ]
     for proc in procs:
@@ -98,22 +101,21 @@ def finished(ids: list[int]) -> bool:
 def test_max_concurrency_3_holds_across_three_workers_and_keeps_3_running(workers, tmp_path):
     ledger = tmp_path / "ledger"
     start_three(workers, ledger)
-    results = shardq.enqueue_many(limit_tasks.three_at_once, [((i,), {}) for i in range(60)])
+    results = shardq.enqueue_many(limit_tasks.three_at_once, [((i,), {}) for i in range(150)])
     ids = [int(r.id) for r in results]
-    wait_until(lambda: finished(ids), timeout=60, message="60 limited jobs finished")
+    wait_until(lambda: finished(ids), timeout=120, message="150 limited jobs finished")
     rows = read_ledger(ledger)
-    assert sum(1 for r in rows if r[0] == "start") == 60
+    assert sum(1 for r in rows if r[0] == "start") == 150
     profile = running_profile(rows)
     assert max(running for _, running in profile) <= 3, "more than 3 ran at once across the workers"
     covered, span = time_at_least(profile, 3)
     pids = {r[3] for r in rows}
     print(f"[limits] max_concurrency=3: 3 running {covered / span:.0%} of {span:.1f}s, {len(pids)} workers ran jobs")
-    if FULL:
-        # The ≥ 80 % target is asserted at full size (make limits-full) only:
-        # in CI an open bug (issue 15's note: a worker keeps a limit's slots
-        # while another runs one job at a time) fails it about one run in
-        # six, and the cap above, the safety property, is asserted always.
-        assert covered >= 0.8 * span, f"3 running only {covered:.2f}s of {span:.2f}s"
+    # 150 jobs of 200 ms, 3 at once: 10 s of work. A slot kept idle by one
+    # worker (the stall this once had: its claims found no more jobs of the
+    # limit, so nothing gave its free slots back) shows here as seconds of
+    # 1 or 2 running.
+    assert covered >= 0.8 * span, f"3 running only {covered:.2f}s of {span:.2f}s"
     # Slots go back once nothing waits for them.
     owned = "SELECT count(*) FROM shardq_limit_slot WHERE worker_id IS NOT NULL AND expires_at > clock_timestamp()"
     wait_until(lambda: scalar(owned) == 0, timeout=10, message="slots given back")
@@ -200,3 +202,27 @@ def test_jobs_held_back_by_a_limit_keep_their_place_and_do_not_block_their_shard
         assert job in sorted(set(held) - set(started[:i]))[:3], f"job {job} overtook older jobs"
     limited = [r for r in read_ledger(ledger) if r[1] in held]
     assert max(n for _, n in running_profile(limited)) == 3
+
+
+def test_a_queue_limit_holds_at_run_time_across_three_workers(workers, tmp_path, settings):
+    """SHARDQ["QUEUES"] = {"emails": {"max_concurrency": 20, "rate_limit": "50/s"}}
+    in the workers and at enqueue: 24 threads, tasks of the queue sleeping
+    0.5 s (the rate alone would let 25 run at once), so the cap of 20 is
+    what holds them, and the rate what spaces their starts."""
+    queues = {"emails": {"max_concurrency": 20, "rate_limit": "50/s"}}
+    settings.SHARDQ = {**settings.SHARDQ, "QUEUES": queues}
+    ledger = tmp_path / "ledger"
+    start_three(workers, ledger, SHARDQ_TEST_QUEUES=json.dumps(queues))
+    ids = [int(r.id) for r in shardq.enqueue_many(limit_tasks.email_sleep, [((i,), {}) for i in range(120)])]
+    wait_until(lambda: finished(ids), timeout=60, message="120 jobs of the limited queue finished")
+    rows = read_ledger(ledger)
+    starts = sorted(r[2] for r in rows if r[0] == "start")
+    assert len(starts) == 120
+    profile = running_profile(rows)
+    peak = max(running for _, running in profile)
+    worst = max(sum(1 for u in starts if t <= u < t + 1.0) for t in starts)
+    burst = parse_rate("50/s").burst
+    print(f"[limits] queue emails (20 at once, 50/s): peak {peak} running, worst 1-s window {worst} starts")
+    # Reached and never passed: the cap, not the threads or the rate, held them.
+    assert peak == 20, f"{peak} jobs of the queue ran at once (cap 20)"
+    assert worst <= 50 + burst, f"{worst} starts in one second (rate 50/s + burst {burst})"

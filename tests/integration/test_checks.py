@@ -195,6 +195,15 @@ def test_misspelled_shardq_settings_fail_e011_with_a_did_you_mean():
     ]
 
 
+def test_queue_limits_in_shardq_settings_pass_the_checks():
+    # docs/limits.md's own example: a worker refused to start with it (E011).
+    with shardq_overridden(QUEUES={"emails": {"max_concurrency": 20, "rate_limit": "50/s"}}):
+        messages = list(add.get_backend().check())
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+
+    assert messages == []
+
+
 def test_manage_py_check_reports_a_misspelled_setting():
     with shardq_overridden(LEASE_TLL=30), pytest.raises(SystemCheckError, match=r"did you mean 'LEASE_TTL'"):
         call_command("check", stdout=StringIO(), stderr=StringIO())

@@ -60,6 +60,13 @@ def generous_noop() -> None:
     return None
 
 
+@shard_task(takes_context=True, queue_name="emails")
+def email_sleep(context: TaskContext, n: int = 0, sleep: float = 0.5) -> int:
+    """No limit of its own: the test sets one on its queue (SHARDQ["QUEUES"])."""
+    _run(context, sleep)
+    return n
+
+
 @shard_task(takes_context=True)
 def unlimited_sleep(context: TaskContext, n: int = 0, sleep: float = 0.01) -> int:
     time.sleep(sleep)
