@@ -162,6 +162,7 @@ def test_failover_to_the_standby_loses_no_committed_job_and_jobs_flow_again(pair
         # waits in the socket and arrives after the kill.)
         sender = primary.walsender()
         sender.suspend()
+        stall_wall = time.time()
         time.sleep(STALL_SECONDS)  # pacing: the stall being measured
         with psycopg.connect(f"postgres://postgres@127.0.0.1:{primary.port}/postgres", autocommit=True) as conn:
             (lag_bytes,) = conn.execute(
@@ -266,7 +267,12 @@ def test_failover_to_the_standby_loses_no_committed_job_and_jobs_flow_again(pair
         else:
             # What asynchronous replication loses is what was committed while
             # the standby lagged: within the stall, never before it.
-            assert missing, "asynchronous replication lost nothing committed during the stall"
+            # An enqueue that returned during the stall is lost; on a loaded
+            # box the enqueuer may get no commit in those 0.5 s, and then
+            # there is nothing of its own to lose.
+            during_stall = [i for i, when in committed.items() if stall_wall < when < kill_wall]
+            if during_stall:
+                assert missing, f"{len(during_stall)} enqueues returned during the stall and none was lost"
             assert loss_window <= STALL_SECONDS + 0.5, loss_window
         assert errors, "the enqueuer saw the primary go (the kill happened under load)"
     finally:

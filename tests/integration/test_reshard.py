@@ -11,6 +11,7 @@ import shardq
 from shardq.core.hashing import shard_key_hash
 from shardq.management.commands.shardq_reshard import RESHARD_LOCK
 from tests.conftest import wait_until
+from tests.helpers import scalar
 from tests.taskapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -146,6 +147,17 @@ def test_a_second_reshard_is_refused_while_one_runs_and_an_interrupted_one_is_re
             reshard("--resume")
     finally:
         holder.close()  # the command died: its lock goes with its session
+    # The server ends the closed session (and frees its lock) a moment later.
+    wait_until(
+        lambda: (
+            not scalar(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s AND granted",
+                [RESHARD_LOCK["classid"], RESHARD_LOCK["objid"]],
+            )
+        ),
+        timeout=10,
+        message="the dead command's session to release the reshard lock",
+    )
 
     with pytest.raises(CommandError, match=r"was interrupted.*--resume"):
         reshard("--to", "256")
