@@ -9,6 +9,11 @@
 * **river**: ``--sleepers`` READY jobs sleeping 10 ms, drained by four
   worker commands of concurrency 10: ``max_concurrency=40`` (River's
   GlobalLimit 40 over 4 clients, river#1145) against no limit. Target: >= 0.9x.
+* **by_key**: ``--jobs`` READY no-op jobs over 1,000 keys drained by one
+  worker (``--concurrency 4``): ``max_concurrency=2, limit_by`` the shard key
+  (slot rows per key) against the same keyed task with no limit. Measures
+  what the slot table costs a limit the one owner of the key could enforce
+  alone (docs/limits.md, "A limit partitioned by the shard key").
 
 Rate = jobs / (first start .. last finish, from the rows). Prints one JSON
 document. Used by ``make bench`` (phase ``limits``) and on its own.
@@ -28,31 +33,42 @@ GENEROUS = "tests.taskapp.limit_tasks.generous_noop"
 NOOP = "tests.taskapp.tasks.noop"
 FORTY = "tests.taskapp.limit_tasks.forty_at_once"
 SLEEPER = "tests.taskapp.limit_tasks.unlimited_sleep"
+PER_KEY = "tests.taskapp.limit_tasks.two_per_key_noop"
+KEYED = "tests.taskapp.limit_tasks.keyed_noop"
+KEYS = 1000
 
 
-def fill(bench, task: str, n: int, limited: bool, kwargs: str = "{}") -> None:
+def fill(bench, task: str, n: int, limited: bool, kwargs: str = "{}", keyed: bool = False) -> None:
     """``n`` READY jobs of ``task`` in one statement (setup, not measured),
-    with the task's own limit key when ``limited``, as enqueue writes it."""
+    with the task's own limit key when ``limited``, as enqueue writes it;
+    ``keyed``: over KEYS customers (kwargs {"customer": c}, one shard per
+    key, a partitioned limit key per customer when ``limited``)."""
     bench.sql(
         """
         INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard,
             key_hash, shard_key, ordered, status, status_rank, fence, attempts, max_attempts,
             args, kwargs, errors, worker_ids, enqueued_at, limit_keys)
-        SELECT %(task)s::text, 'default', 'default', 0, t, h & 63, h, NULL, false, 'READY', 0, 0, 0, 1,
-               '[]'::jsonb, %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, t,
-               CASE WHEN %(limited)s THEN jsonb_build_array('t:' || %(task)s::text) END
-        FROM (SELECT (random() * 4294967295 - 2147483648)::bigint::int AS h, clock_timestamp() AS t
-              FROM generate_series(1, %(n)s)) AS g
+        SELECT %(task)s::text, 'default', 'default', 0, t, h & 63, h,
+               CASE WHEN %(keyed)s THEN c::text END, false, 'READY', 0, 0, 0, 1,
+               '[]'::jsonb, CASE WHEN %(keyed)s THEN jsonb_build_object('customer', c) ELSE %(kwargs)s::jsonb END,
+               '[]'::jsonb, '[]'::jsonb, t,
+               CASE WHEN %(limited)s AND %(keyed)s THEN jsonb_build_array('t:' || %(task)s::text || '=' || c)
+                    WHEN %(limited)s THEN jsonb_build_array('t:' || %(task)s::text) END
+        FROM (SELECT CASE WHEN %(keyed)s THEN hashint4(g %% %(keys)s) ELSE (random() * 4294967295 - 2147483648)::bigint::int END AS h,
+                     g %% %(keys)s AS c, clock_timestamp() AS t
+              FROM generate_series(1, %(n)s) AS g) AS g
         """,
-        {"task": task, "n": n, "limited": limited, "kwargs": kwargs},
+        {"task": task, "n": n, "limited": limited, "kwargs": kwargs, "keyed": keyed, "keys": KEYS},
     )
     bench.sql("ANALYZE shardq_job")
 
 
-def drain(bench, task: str, n: int, limited: bool, workers: int, concurrency: int, kwargs: str = "{}") -> dict:
+def drain(
+    bench, task: str, n: int, limited: bool, workers: int, concurrency: int, kwargs: str = "{}", keyed: bool = False
+) -> dict:
     bench.reset()
     bench.sql("TRUNCATE shardq_limit_slot, shardq_limit_rate")
-    fill(bench, task, n, limited, kwargs)
+    fill(bench, task, n, limited, kwargs, keyed)
     procs = [bench.start_worker(1, name=f"limits-{i}", concurrency=concurrency) for i in range(workers)]
     try:
         bench.wait_empty(timeout=max(300.0, n / 20), proc=procs[0])
@@ -67,14 +83,25 @@ def drain(bench, task: str, n: int, limited: bool, workers: int, concurrency: in
     return {"jobs": done, "rate": done / (last - first), "slot_rows": peak}
 
 
-def ab(bench, rounds: int, *, limited_task: str, plain_task: str, n: int, workers: int, concurrency: int, kwargs="{}"):
+def ab(
+    bench,
+    rounds: int,
+    *,
+    limited_task: str,
+    plain_task: str,
+    n: int,
+    workers: int,
+    concurrency: int,
+    kwargs="{}",
+    keyed=False,
+):
     runs: dict[str, list[dict]] = {"limited": [], "unlimited": []}
     for i in range(rounds):
         # Alternated, and the side that goes first alternates too.
         order = ("unlimited", "limited") if i % 2 == 0 else ("limited", "unlimited")
         for side in order:
             task = limited_task if side == "limited" else plain_task
-            runs[side].append(drain(bench, task, n, side == "limited", workers, concurrency, kwargs))
+            runs[side].append(drain(bench, task, n, side == "limited", workers, concurrency, kwargs, keyed))
             bench.step(f"limits: {side} {task.rsplit('.', 1)[1]}")
     ratios = [lim["rate"] / free["rate"] for lim, free in zip(runs["limited"], runs["unlimited"], strict=True)]
     return {
@@ -98,6 +125,9 @@ def run(bench, rounds: int, jobs: int, sleepers: int = 6000) -> dict:
             workers=4,
             concurrency=10,
             kwargs='{"sleep": 0.01}',
+        ),
+        "by_key": ab(
+            bench, rounds, limited_task=PER_KEY, plain_task=KEYED, n=jobs, workers=1, concurrency=4, keyed=True
         ),
     }
 
@@ -131,6 +161,7 @@ def main() -> None:
     for name, r in (
         ("generous max_concurrency=1000, no-op", raw["generous"]),
         ("max_concurrency=40 over 4 workers, 10 ms", raw["river"]),
+        ("max_concurrency=2 limit_by the shard key, 1,000 keys, no-op", raw["by_key"]),
     ):
         print(
             f"{name}: {r['limited_rate']:.0f} vs {r['unlimited_rate']:.0f} jobs/s unlimited, ratio {r['ratio']:.2f} (rounds {', '.join(f'{x:.2f}' for x in r['ratios'])})"

@@ -81,3 +81,15 @@ def _region(args: tuple, kwargs: dict) -> object:
 @shard_task(max_concurrency=1, limit_by=_region)
 def by_region(region: str = "eu") -> str:
     return region
+
+
+@shard_task(key="customer", max_concurrency=2, limit_by="customer")
+def two_per_key_noop(customer: int) -> None:
+    """A limit partitioned by the shard key (bench/limits.py's by_key case)."""
+    return None
+
+
+@shard_task(key="customer")
+def keyed_noop(customer: int) -> None:
+    """by_key's unlimited side: the same keys, no limit."""
+    return None
