@@ -54,6 +54,32 @@ METRICS_LOCK = (0x73687271, 1)
 LEASE_CHANNEL = "shardq_lease"
 
 
+def claim_scope(
+    worker: str,
+    shards: list[int],
+    pool: str,
+    queues: list[str] | None,
+    exclude_queues: list[str] | None,
+    backend: str | None,
+    per_shard: int,
+) -> dict[str, Any]:
+    """The parameters every claim statement shares: who claims, which shards,
+    the worker's queues (``queues`` None: all; ``exclude_queues``: all but
+    these, --exclude-queues), its backend alias (None: any alias's jobs,
+    else only jobs stored by that alias, --backend) and the per-shard cap."""
+    return {
+        "worker": worker,
+        "shards": shards,
+        "pool": pool,
+        "queues": queues or [],
+        "all_queues": not queues,
+        "exclude_queues": exclude_queues or [],
+        "backend": backend or "",
+        "any_backend": backend is None,
+        "per_shard": per_shard,
+    }
+
+
 class JobRef(Protocol):
     """A claimed job as the store reads it (``ClaimedJob`` in the worker)."""
 
@@ -611,21 +637,11 @@ class WorkerStore:
         or more are taken."""
         # Binary results: timestamps and numbers decode without parsing text.
         params = {
-            "worker": worker,
-            "shards": shards,
-            "queues": queues or [],
-            "all_queues": not queues,
-            # Served when not named here (--exclude-queues).
-            "exclude_queues": exclude_queues or [],
-            # Only this alias's jobs (--backend); None: any alias's.
-            "backend": backend or "",
-            "any_backend": backend is None,
-            "per_shard": per_shard,
+            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
             "limit": limit,
             "min_priority": min_priority,
             "lookahead": lookahead,
             "start": start,
-            "pool": pool,
         }
         if row_factory is None:
             return self.run("claim_jobs", params, binary=True, named=True)
@@ -663,15 +679,7 @@ class WorkerStore:
         (``row_factory`` rows) and the plan (None: no candidate)."""
         full = limiter.full_keys()
         params = {
-            "worker": worker,
-            "shards": shards,
-            "pool": pool,
-            "queues": queues or [],
-            "all_queues": not queues,
-            "exclude_queues": exclude_queues or [],
-            "backend": backend or "",
-            "any_backend": backend is None,
-            "per_shard": per_shard,
+            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
             "scan": scan,
             "full": full,
         }
@@ -766,15 +774,7 @@ class WorkerStore:
         one statement, no transaction of its own (``claim_limited_owned``)."""
         keys = list(rooms)
         params = {
-            "worker": worker,
-            "shards": shards,
-            "pool": pool,
-            "queues": queues or [],
-            "all_queues": not queues,
-            "exclude_queues": exclude_queues or [],
-            "backend": backend or "",
-            "any_backend": backend is None,
-            "per_shard": per_shard,
+            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
             "keys_json": Jsonb(keys),
             "keys": keys,
             "rooms": list(rooms.values()),
