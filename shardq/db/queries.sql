@@ -186,6 +186,14 @@ SELECT shard, pg_notify(%(channel)s, %(worker)s::text) FROM logged;
 UPDATE shardq_worker SET state = 'STOPPED', heartbeat_at = clock_timestamp(), stats = %(stats)s::jsonb
 WHERE id = %(worker)s;
 
+-- name: served_jobs
+-- A worker's filter on a job row (a WHERE fragment, included bare by the claims): jobs of its
+-- queues (:queues; every queue but :exclude_queues when :all_queues) stored by its backend alias
+-- (:backend; any alias's when :any_backend).
+(queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
+    AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
+    AND (backend = %(backend)s OR %(any_backend)s)
+
 -- name: claim_start_set
 -- What a claim writes on each job it takes (``job``, from ``picked``: its claim_version and whether
 -- the claim starts it): the fence, the rank, and for a job started by the claim the attempt, the
@@ -286,9 +294,7 @@ WITH held AS MATERIALIZED (
           -- Limited jobs (docs/limits.md) are claimed by claim_limited_jobs,
           -- which takes their slots and tokens: never here.
           AND limit_keys IS NULL
-          AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
-          AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
-          AND (backend = %(backend)s OR %(any_backend)s)
+          AND {{served_jobs*}}
         ORDER BY priority DESC, run_after, id
         LIMIT 1
     ) AS top
@@ -331,9 +337,7 @@ WITH held AS MATERIALIZED (
         WHERE shard = held.shard AND status = 'READY' AND priority >= held.floor
           AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
           AND limit_keys IS NULL  -- limited jobs: claim_limited_jobs (as above)
-          AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
-          AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
-          AND (backend = %(backend)s OR %(any_backend)s)
+          AND {{served_jobs*}}
           -- Several pools can claim one shard's jobs (docs/architecture.md,
           -- "Pools"): where another pool holds this shard, an ordered job is
           -- claimed only when no earlier job of its key is due before it
@@ -1170,9 +1174,7 @@ CROSS JOIN LATERAL (
       -- Due now, no look-ahead: a rate token is spent when the job is claimed.
       AND run_after <= clock_timestamp()
       AND NOT (limit_keys ?| %(full)s::text[])
-      AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
-      AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
-      AND (backend = %(backend)s OR %(any_backend)s)
+      AND {{served_jobs*}}
     ORDER BY priority DESC, run_after, id
     LIMIT %(per_shard)s
     FOR UPDATE SKIP LOCKED
@@ -1206,9 +1208,7 @@ WITH held AS MATERIALIZED (
         WHERE shard = held.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE
           AND run_after <= clock_timestamp()
           AND limit_keys <@ %(keys_json)s::jsonb
-          AND (queue_name = ANY(%(queues)s::text[]) OR %(all_queues)s)
-          AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
-          AND (backend = %(backend)s OR %(any_backend)s)
+          AND {{served_jobs*}}
         ORDER BY priority DESC, run_after, id
         LIMIT %(per_shard)s
         FOR UPDATE SKIP LOCKED
