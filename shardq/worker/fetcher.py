@@ -368,19 +368,27 @@ class Fetcher(Service):
                 start=min(wanted, self.start_now()),
                 row_factory=ClaimedJob,
             )
-        except DatabaseUnavailable as exc:
-            self.claim_uncertain = True
-            self.stats.add("db_errors")
-            logger.warning("limited claim failed, retrying: %s", exc)
-            return 0
-        except StatementRejected as exc:
-            self.stats.add("claim_errors")
-            logger.error("limited claim refused by PostgreSQL, retrying at the next poll: %s", exc)
-            return 0
+        except (DatabaseUnavailable, StatementRejected) as exc:
+            return self.limited_claim_failed(exc)
         limiter.claimed_owned(rows, rooms, wanted)
         if rows:
             self.take(rows)
         return len(rows)
+
+    def limited_claim_failed(self, exc: DatabaseUnavailable | StatementRejected) -> int:
+        """Count and log a limited claim that did not happen; 0 jobs claimed.
+        A lost answer (DatabaseUnavailable) leaves the claim uncertain: its
+        jobs and slots committed or not together, and CLAIMED jobs it may
+        have left are handed back by the lost-claim sweep, slots freed by the
+        next renewal (their jobs are not in memory here)."""
+        if isinstance(exc, DatabaseUnavailable):
+            self.claim_uncertain = True
+            self.stats.add("db_errors")
+            logger.warning("limited claim failed, retrying: %s", exc)
+        else:
+            self.stats.add("claim_errors")
+            logger.error("limited claim refused by PostgreSQL, retrying at the next poll: %s", exc)
+        return 0
 
     def claim_limited_full(self, order: list[int], wanted: int) -> int:
         limiter = self.limiter
@@ -405,18 +413,8 @@ class Fetcher(Service):
                 limit=wanted,
                 start=min(wanted, self.start_now()),
             )
-        except DatabaseUnavailable as exc:
-            # Its jobs and slots committed or not together: a lost answer
-            # leaves CLAIMED jobs the lost-claim sweep hands back, and slots
-            # the next renewal frees (their jobs are not in memory here).
-            self.claim_uncertain = True
-            self.stats.add("db_errors")
-            logger.warning("limited claim failed, retrying: %s", exc)
-            return 0
-        except StatementRejected as exc:
-            self.stats.add("claim_errors")
-            logger.error("limited claim refused by PostgreSQL, retrying at the next poll: %s", exc)
-            return 0
+        except (DatabaseUnavailable, StatementRejected) as exc:
+            return self.limited_claim_failed(exc)
         if plan is None:
             return 0
         limiter.claimed(plan, {job.id for job in rows})
