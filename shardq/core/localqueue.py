@@ -259,52 +259,10 @@ class LocalQueue:
 
         With ``min_priority``: None as well when the best ready job is below
         it (the starter's out-of-turn start of jobs that outrank the ones it
-        started ahead)."""
-        with self._index_lock:
-            delayed = self._delayed
-            if delayed:
-                due_at = delayed.next_time()
-                if due_at is not None and due_at <= now:  # not None: delayed is non-empty
-                    self._promote(delayed.pop_due(now))
-            with self._lanes_lock:
-                active = self._active
-                if not active:
-                    return None
-                if len(active) == 1:
-                    index, lane = next(iter(active.items()))
-                    if min_priority is not None:
-                        head = lane.peek()
-                        assert head is not None  # an active lane is never empty
-                        if -head[0] < min_priority:  # an entry starts with -priority
-                            return None
-                    job = lane.pop()
-                    if not lane:
-                        del active[index]
-                else:
-                    best: Entry[int, QueuedJob] | None = None
-                    best_index = -1
-                    for index, lane in active.items():
-                        head = lane.peek()
-                        assert head is not None  # an active lane is never empty
-                        if best is None or head < best:
-                            best = head
-                            best_index = index
-                    assert best is not None  # two active lanes or more
-                    if min_priority is not None and -best[0] < min_priority:
-                        return None
-                    lane = active[best_index]
-                    job = lane.pop()
-                    if not lane:
-                        del active[best_index]
-            job_id = job.id
-            del self._jobs[job_id]
-            ids = self._by_shard[job.shard]
-            ids.discard(job_id)
-            if not ids:
-                del self._by_shard[job.shard]
-            with self._processing_lock:
-                self._processing[job_id] = job
-            return job
+        started ahead). ``pop_many`` of one: the starter pops one job per
+        group this way, the rest of the group with ``pop_many``."""
+        jobs = self.pop_many(now, 1, min_priority)
+        return jobs[0] if jobs else None
 
     def pop_many(self, now: float, limit: int, min_priority: int | None = None) -> list[QueuedJob]:
         """Up to ``limit`` jobs, best first, as that many ``pop`` calls would
