@@ -72,7 +72,7 @@ from .db import enqueue as enqueue_statements
 from .db import operations
 from .dispatch import SignalGate
 from .exceptions import ArgumentNotJSON
-from .limits import limit_keys, queue_limits, static_keys
+from .limits import call_limits, queue_limits, static_keys
 from .tasks import (
     ShardTask,
     bind_arguments,
@@ -174,8 +174,9 @@ class ShardqBackend(BaseTaskBackend):
             "kwargs": kwargs_json,
         }
         if getattr(task, "limit_by", None) is not None:
-            # A partitioned limit: its key depends on this call's value.
-            keys = limit_keys(task, args, kwargs, self.queue_limits)
+            # A partitioned limit: its key depends on this call's value, and
+            # one partitioned by the shard key is kept by the key's owner.
+            keys, row["key_limited"] = call_limits(task, args, kwargs, key, self.queue_limits)
             row["limit_keys"] = None if keys is None else json.dumps(keys)
         return row
 
@@ -198,6 +199,7 @@ class ShardqBackend(BaseTaskBackend):
             # The limits every call of the task counts against (docs/limits.md);
             # job_row replaces it for a task limited per argument value.
             "limit_keys": _json_or_none(static_keys(task, self.queue_limits)),
+            "key_limited": False,
         }
 
     def enqueue(self, task, args, kwargs):

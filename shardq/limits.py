@@ -1,6 +1,6 @@
 """Which limits apply to a job, and what each allows (docs/limits.md).
 
-At enqueue, ``limit_keys`` names the limits of one call (stored in
+At enqueue, ``call_limits`` names the limits of one call (stored in
 ``shardq_job.limit_keys``; None for the common, unlimited job). In the
 worker, ``spec_for_key`` turns a key back into what it allows, from the
 task's decorator or ``SHARDQ["QUEUES"]``: capacity lives in code and
@@ -89,7 +89,7 @@ def task_spec(task: Task) -> LimitSpec | None:
 
 def static_keys(task: Task, queues: dict[str, LimitSpec]) -> list[str] | None:
     """The limit keys every call of ``task`` has, sorted (None: none); a
-    task limited ``limit_by`` adds its partition's key per call (``limit_keys``)."""
+    task limited ``limit_by`` adds its partition's key per call (``call_limits``)."""
     keys = []
     if task_spec(task) is not None and not getattr(task, "limit_by", None):
         keys.append(TASK_PREFIX + task.module_path)
@@ -98,17 +98,41 @@ def static_keys(task: Task, queues: dict[str, LimitSpec]) -> list[str] | None:
     return sorted(keys) or None
 
 
-def limit_keys(task: Task, args: tuple, kwargs: dict, queues: dict[str, LimitSpec]) -> list[str] | None:
-    """The limit keys of one call, sorted (None: no limit applies)."""
+def call_limits(
+    task: Task, args: tuple, kwargs: dict, shard_key: str | None, queues: dict[str, LimitSpec]
+) -> tuple[list[str] | None, bool]:
+    """The limit keys of one call (sorted; None: none) and whether its limit
+    is kept by the owner of its shard key instead (``key_limited``).
+
+    A ``limit_by`` partition whose value is the call's shard key, of a task
+    with ``max_concurrency`` and nothing else limiting it (no rate limit, no
+    queue limit) and no ``salt``, needs no coordination: every job of that
+    value is in one shard, and one worker of a pool owns it. Such a call gets
+    no limit keys (the ordinary claim takes it) and ``key_limited``: the
+    owner's local queue runs at most ``max_concurrency`` of the key at once
+    (docs/limits.md, "Limits by the shard key"). Every other partition is a
+    key of the slot table, as before."""
     keys = static_keys(task, queues) or []
     by = getattr(task, "limit_by", None)
     if by is not None:
-        keys.append(TASK_PREFIX + task.module_path + PARTITION + partition_value(task, by, args, kwargs))
-    return sorted(keys) or None
+        text = partition_text(task, by, args, kwargs)
+        if (
+            not keys
+            and shard_key is not None
+            and text == shard_key
+            and getattr(task, "rate_limit", None) is None
+            and getattr(task, "max_concurrency", None) is not None
+            and not getattr(task, "salt", None)
+        ):
+            return None, True
+        if len(text) > MAX_KEY_CHARS:
+            text = "#sha256:" + hashlib.sha256(text.encode()).hexdigest()
+        keys.append(TASK_PREFIX + task.module_path + PARTITION + text)
+    return sorted(keys) or None, False
 
 
-def partition_value(task: Task, by: str | Callable[[tuple, dict], Any], args: tuple, kwargs: dict) -> str:
-    """The value a ``limit_by`` call is limited by, as key text (long values as a digest)."""
+def partition_text(task: Task, by: str | Callable[[tuple, dict], Any], args: tuple, kwargs: dict) -> str:
+    """The value a ``limit_by`` call is limited by, as key text (as a shard key is written)."""
     if callable(by):
         value = by(args, kwargs)
         what = f"returned by limit_by={getattr(by, '__qualname__', type(by).__name__)}"
@@ -124,8 +148,6 @@ def partition_value(task: Task, by: str | Callable[[tuple, dict], Any], args: tu
             "key (a str, int or JSON value without NUL characters): make limit_by name such an "
             f"argument or return such a value. ({exc})"
         ) from None
-    if len(text) > MAX_KEY_CHARS:
-        text = "#sha256:" + hashlib.sha256(text.encode()).hexdigest()
     return text
 
 
@@ -141,6 +163,37 @@ def spec_for_key(key: str, resolve: Callable[[str], Task | None], queues: dict[s
         task = resolve(path)
         return None if task is None else task_spec(task)
     return None
+
+
+class KeyCaps:
+    """task path -> the ``max_concurrency`` its key_limited jobs are held to
+    per shard key (None: the task is not defined here with a limit_by and a
+    cap, so the job is not held back), for the worker's local queue
+    (``Buffer``). Read from the task as defined in this process, as
+    ``spec_for_key`` reads the slot table's limits; remembered per path, at
+    most ``size`` of them (a row can name any path)."""
+
+    def __init__(self, resolve: Callable[[str], Task | None], size: int = 1024) -> None:
+        self._resolve = resolve
+        self._size = size
+        self._caps: dict[str, int | None] = {}
+
+    def __call__(self, path: str) -> int | None:
+        try:
+            return self._caps[path]
+        except KeyError:
+            pass
+        try:
+            task = self._resolve(path)
+        except Exception:  # an unknown or broken task: not held back here
+            task = None
+        cap = None
+        if isinstance(task, ShardTask) and task.limit_by is not None and task.max_concurrency is not None:
+            cap = task.max_concurrency
+        if len(self._caps) >= self._size:
+            self._caps.clear()
+        self._caps[path] = cap
+        return cap
 
 
 def configured_queue_limits() -> dict[str, LimitSpec]:
@@ -171,10 +224,14 @@ def limit_report(using: str = "default") -> list[dict[str, Any]]:
             return None
 
     report = []
-    for key, in_use, holders, waiting, tat, now in operations.run("limit_usage", using=using):
+    for key, in_use, holders, waiting, tat, now, by_shard_key in operations.run("limit_usage", using=using):
         spec = spec_for_key(key, find, queues)
         if key.startswith(QUEUE_PREFIX):
             kind = "queue"
+        elif by_shard_key:
+            # Kept by the key's owner in its local queue (no slots): in use
+            # are the key's running jobs, held by the workers running them.
+            kind = "partition by shard key"
         elif PARTITION in key:
             kind = "partition"
         else:

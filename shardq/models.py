@@ -61,6 +61,12 @@ class Job(models.Model):
     # A JSON array of text (jsonb: ``?|`` tests it against a list of keys,
     # with no need for django.contrib.postgres in INSTALLED_APPS).
     limit_keys = models.JSONField(null=True, blank=True)
+    # A limit partitioned by the shard key itself (max_concurrency with
+    # limit_by naming the key, no salt, no other limit): the key's one owner
+    # enforces it in its local queue (docs/limits.md, "Limits by the shard
+    # key"), so the job has no limit_keys and takes the ordinary claim. Set
+    # so claim_jobs can hold such a job back where two pools hold its shard.
+    key_limited = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         db_table = "shardq_job"
@@ -99,6 +105,13 @@ class Job(models.Model):
                 fields=["shard", "shard_key", "id"],
                 condition=Q(ordered=True, status__in=["READY", "CLAIMED", "RUNNING"]),
                 name="shardq_job_ordered_idx",
+            ),
+            # The same check for a job limited by its shard key (key_limited):
+            # its task's earlier jobs of the key in flight under another lease.
+            models.Index(
+                fields=["shard", "shard_key", "id"],
+                condition=Q(key_limited=True, status__in=["READY", "CLAIMED", "RUNNING"]),
+                name="shardq_job_key_limited_idx",
             ),
             # The resolver finds its shards' finished parents whose children
             # it has not moved on yet (empty when no workflow is running).

@@ -16,12 +16,16 @@ Where a buffered job lives
   (-priority, run_after, sequence). One sequence counter is shared by all
   lanes, so FIFO ties break the same way across lanes. ``pop`` takes the best
   head over the non-empty lanes.
-* **key wait list** — an ``ordered`` job whose key already has a job in a
-  lane or in processing. Per-key FIFO: each key has at most one *holder*
-  (the job in a lane or processing); the rest wait, in the order they became
-  ready, and the next one enters its lane only when the holder is ``done``
-  (or removed by ``drop_shard``/``drain``). The gate is on the key string
-  alone, across queues. Unordered jobs are never gated.
+* **key wait list** — a *gated* job whose key already has as many jobs in
+  lanes or in processing as it allows. An ``ordered`` job allows one: per-key
+  FIFO, each key has at most one *holder* (the job in a lane or
+  processing). A job with a ``cap`` (a limit partitioned by its shard key,
+  docs/limits.md) allows ``cap`` holders of its key. The rest wait, in the
+  order they became ready, and the next one enters its lane only when a
+  holder is ``done`` (or removed by ``drop_shard``/``drain``). The gate is on
+  the key string alone, across queues (the worker writes a capped job's key
+  as NUL + task path + NUL + shard key: never an ordered job's key). Other
+  jobs are never gated.
 
 Popped jobs move to **processing** (by job id) until ``done``.
 
@@ -35,7 +39,7 @@ Three lock domains, always taken in this order, never the reverse:
 3. ``_processing_lock`` — processing jobs by id.
 
 ``push``/``pop``/``drop_shard``/``drain`` take 1, then 2 and/or 3 nested.
-``done`` takes 3 alone, releases it, and only then (for an ordered job) takes
+``done`` takes 3 alone, releases it, and only then (for a gated job) takes
 1 → 2 to pass the key on: it never holds 3 while asking for 1. Between the
 two steps the key is still held, so no second job of that key can start
 early. Read-only properties read a ``len()`` without locks (atomic under the
@@ -82,6 +86,12 @@ class QueuedJob:
     key: str | None = None
     ordered: bool = False
     payload: object = None
+    # Holders its key may have at once (0: not capped); ordered allows one.
+    cap: int = 0
+
+    @property
+    def gated(self) -> bool:
+        return self.key is not None and (self.ordered or self.cap > 0)
 
 
 class QueueSnapshot(TypedDict):
@@ -132,8 +142,8 @@ class LocalQueue:
         self._by_shard: dict[int, set[int]] = {}  # shard -> set of buffered job ids
         # Sized by capacity: the delayed index never holds more than that.
         self._delayed: DelayedIndex[int, QueuedJob] = make_delayed_index(capacity)
-        self._holders: dict[str, int] = {}  # ordered key -> id of its job in a lane or processing
-        # ordered key -> OrderedDict(id -> job) not yet admitted
+        self._holders: dict[str, set[int]] = {}  # gated key -> ids of its jobs in a lane or processing
+        # gated key -> OrderedDict(id -> job) not yet admitted
         self._waiting: dict[str, OrderedDict[int, QueuedJob]] = {}
         self._processing: dict[int, QueuedJob] = {}  # job id -> job
         self._index_lock = Lock()
@@ -192,8 +202,8 @@ class LocalQueue:
             ids.add(job_id)
             if job.run_after > now:
                 self._delayed.add(job_id, job.run_after, job)
-            elif job.ordered and job.key is not None:
-                self._admit_ordered(job)
+            elif job.gated:
+                self._admit_gated(job)
             else:
                 self._to_lane(job)
 
@@ -205,9 +215,9 @@ class LocalQueue:
 
         Processing is read once, under lock 3 nested in lock 1: it only
         grows inside lock 1, so what it holds can only shrink meanwhile and
-        the checks stay conservative, as ``push``'s are. Unordered jobs due
-        now go to their lanes together under lock 2, flushed before an
-        ordered job is admitted, so lane sequence numbers follow the order
+        the checks stay conservative, as ``push``'s are. Ungated jobs due
+        now go to their lanes together under lock 2, flushed before a
+        gated job is admitted, so lane sequence numbers follow the order
         of ``jobs`` exactly as single pushes would."""
         refused: list[QueuedJob] = []
         buffered = self._jobs
@@ -231,11 +241,11 @@ class LocalQueue:
                 ids.add(job_id)
                 if job.run_after > now:
                     self._delayed.add(job_id, job.run_after, job)
-                elif job.ordered and job.key is not None:
+                elif job.gated:
                     if to_lanes:
                         self._to_lanes(to_lanes)
                         to_lanes = []
-                    self._admit_ordered(job)
+                    self._admit_gated(job)
                 else:
                     to_lanes.append(job)
             if to_lanes:
@@ -320,7 +330,7 @@ class LocalQueue:
             job = self._processing.pop(job_id, None)
         if job is None:
             raise KeyError(f"job {job_id} is not processing in this local queue")
-        if job.ordered and job.key is not None:
+        if job.gated:
             # Lock 3 is released: taking 1 now keeps the lock order.
             with self._index_lock:
                 self._release_key(job.key, job_id)
@@ -363,8 +373,9 @@ class LocalQueue:
                 self._active.clear()
             with self._processing_lock:
                 processing = self._processing
-                # Only keys held by a processing job stay held.
-                self._holders = {key: job_id for key, job_id in self._holders.items() if job_id in processing}
+                # Only keys held by a processing job stay held, by those jobs.
+                holders = {key: ids & processing.keys() for key, ids in self._holders.items()}
+                self._holders = {key: ids for key, ids in holders.items() if ids}
             return out
 
     def next_due(self) -> float | None:
@@ -395,36 +406,49 @@ class LocalQueue:
             lane.push(job.id, job.priority, job.run_after, job)
             self._active[index] = lane
 
-    def _admit_ordered(self, job: QueuedJob) -> None:
+    def _admit_gated(self, job: QueuedJob) -> None:
         key = job.key
-        assert key is not None  # only ordered jobs with a key come here
-        if key in self._holders:
-            waiting = self._waiting.get(key)
-            if waiting is None:
-                waiting = self._waiting[key] = OrderedDict()
-            waiting[job.id] = job
-        else:
-            self._holders[key] = job.id
+        assert key is not None  # only gated jobs come here
+        holders = self._holders.get(key)
+        if holders is None:
+            self._holders[key] = {job.id}
             self._to_lane(job)
+            return
+        waiting = self._waiting.get(key)
+        if waiting is None and len(holders) < _allowed(job):
+            holders.add(job.id)
+            self._to_lane(job)
+            return
+        # Behind the key's holders, and behind any job already waiting (FIFO).
+        if waiting is None:
+            waiting = self._waiting[key] = OrderedDict()
+        waiting[job.id] = job
 
     def _promote(self, due: list[QueuedJob]) -> None:
         for job in due:
-            if job.ordered and job.key is not None:
-                self._admit_ordered(job)
+            if job.gated:
+                self._admit_gated(job)
             else:
                 self._to_lane(job)
 
     def _release_key(self, key: str, job_id: int) -> None:
-        if self._holders.get(key) != job_id:
+        holders = self._holders.get(key)
+        if holders is None or job_id not in holders:
             return
+        holders.discard(job_id)
         waiting = self._waiting.get(key)
-        if waiting:
-            _, nxt = waiting.popitem(last=False)
-            if not waiting:
-                del self._waiting[key]
-            self._holders[key] = nxt.id
+        # Admit waiting jobs, oldest first, while the key has room for the
+        # next (its cap is the next job's: a deploy may have changed it).
+        while waiting:
+            nxt = next(iter(waiting.values()))
+            if len(holders) >= _allowed(nxt):
+                break
+            del waiting[nxt.id]
+            holders.add(nxt.id)
             self._to_lane(nxt)
-        else:
+        if waiting is not None and not waiting:
+            del self._waiting[key]
+        if not holders:
             del self._holders[key]
 
     def _unlink(self, job: QueuedJob) -> None:
@@ -433,7 +457,9 @@ class LocalQueue:
         if self._delayed.remove(job_id):
             return
         key = job.key
-        if job.ordered and key is not None:
+        gated = job.gated
+        if gated:
+            assert key is not None
             waiting = self._waiting.get(key)
             if waiting is not None and job_id in waiting:
                 del waiting[job_id]
@@ -446,9 +472,15 @@ class LocalQueue:
             lane.remove(job_id)
             if not lane:
                 self._active.pop(index, None)
-        if job.ordered and key is not None:
+        if gated:
+            assert key is not None
             self._release_key(key, job_id)
 
 
 def _job_id(job: QueuedJob) -> int:
     return job.id
+
+
+def _allowed(job: QueuedJob) -> int:
+    """How many holders a gated job's key may have with it admitted."""
+    return 1 if job.ordered else job.cap

@@ -57,6 +57,7 @@ _COPY_ORDER = (
     "worker_ids",
     "enqueued_at",
     "limit_keys",
+    "key_limited",
 )
 JOB_COLUMNS = tuple(name.strip() for name in QUERIES["job_columns"].split(","))
 if JOB_COLUMNS != _COPY_ORDER:
@@ -183,7 +184,8 @@ def copy_jobs(
                     f"{job_id}\t{head}\t{row['shard']}\t{row['key_hash']}\t"
                     f"{_COPY_NULL if key is None else copy_text(key)}\t{middle}\t"
                     f"{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t{tail}"
-                    f"{static_limits if 'limit_keys' not in row else limits_field(row)}\n"
+                    f"{static_limits if 'limit_keys' not in row else limits_field(row)}\t"
+                    f"{'t' if row.get('key_limited') else 'f'}\n"
                 )
                 on_job(index, job_id, enqueued_at)
                 flush_chunk(copy, lines)
@@ -287,7 +289,7 @@ def copy_graph(
                     f"{row['key_hash']}\t{_COPY_NULL if key is None else copy_text(key)}\t"
                     f"{'t' if row['ordered'] else 'f'}\t{'WAITING' if row['waiting'] else 'READY'}\t0\t0\t0\t"
                     f"{row['max_attempts']}\t{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t"
-                    f"[]\t[]\t{stamp}\t{limits_field(row)}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
+                    f"[]\t[]\t{stamp}\t{limits_field(row)}\t{'t' if row.get('key_limited') else 'f'}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
                 )
                 flush_chunk(copy, lines)
             flush_chunk(copy, lines, last=True)

@@ -9,7 +9,8 @@
 -- The columns a new job is written with, in order: every INSERT of a job and the bulk COPY use
 -- this list (shardq/db/enqueue.py writes COPY rows in this order and checks it at import).
 id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key, ordered, status,
-    status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at, limit_keys
+    status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at, limit_keys,
+    key_limited
 
 -- name: shard_count_now
 -- The cluster's shard count (shardq_cluster, changed by shardq_reshard), or :shard_count
@@ -26,7 +27,8 @@ WITH job AS (
     VALUES (DEFAULT, %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
-        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb)
+        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb,
+        %(key_limited)s)
     RETURNING id, shard, priority, enqueued_at, run_after
 )
 SELECT id, enqueued_at, run_after,
@@ -65,7 +67,8 @@ WITH live AS MATERIALIZED (
     SELECT new_job.id, %(task_path)s, %(backend)s, %(queue_name)s, %(priority)s,
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
-        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb
+        %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb,
+        %(key_limited)s
     FROM new_job JOIN claim ON claim.job_id = new_job.id
     RETURNING id, shard, priority, enqueued_at, run_after
 )
@@ -231,7 +234,9 @@ job.id, job.task_path, job.queue_name, job.priority,
     job.worker_losses, picked.problem, picked.start_now AS started,
     CASE WHEN picked.problem IS NULL THEN picked.previous_attempt_at END AS previous_attempt_at,
     -- The limits it counts against (NULL: none), for the worker's limiter.
-    job.limit_keys
+    job.limit_keys,
+    -- Limited by its own shard key: the local queue holds it to the cap.
+    job.key_limited
 
 -- name: claim_jobs
 -- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds, the
@@ -247,7 +252,7 @@ job.id, job.task_path, job.queue_name, job.priority,
 -- Only jobs of the worker's queues (:queues, or every queue but :exclude_queues when :all_queues)
 -- and of its backend alias (:backend, or any when :any_backend); these are filters on the walk,
 -- not index columns.
--- The first :start jobs (priority order) that are due, unordered and never lost a worker are
+-- The first :start jobs (priority order) that are due, unordered, not key_limited and never lost a worker are
 -- started at once (RUNNING, the attempt counted, started_at, last_attempted_at, worker_ids: as
 -- start_jobs does): they are what this worker's threads run next, so a separate start write would
 -- only add a statement per job. The rest are CLAIMED; nothing is counted for them until
@@ -305,7 +310,7 @@ WITH held AS MATERIALIZED (
     SELECT second, COALESCE(second, %(min_priority)s) AS floor
     FROM (SELECT (SELECT priority FROM tops ORDER BY priority DESC LIMIT 1 OFFSET 1) AS second) AS s
 ), candidates AS MATERIALIZED (
-    SELECT j.id, j.problem, j.priority, j.run_after, j.ordered, j.worker_losses,
+    SELECT j.id, j.problem, j.priority, j.run_after, j.ordered, j.key_limited, j.worker_losses,
            j.last_attempted_at, held.claim_version
     -- Level by level: only jobs of the runner-up's priority or more, so every
     -- job taken outranks or equals every job left, however the limits cut.
@@ -319,7 +324,7 @@ WITH held AS MATERIALIZED (
           WHERE tops.priority >= runner_up.floor
           ORDER BY tops.priority > runner_up.floor DESC, tops.ord) AS held
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_after, ordered, worker_losses, last_attempted_at,
+        SELECT id, priority, run_after, ordered, key_limited, worker_losses, last_attempted_at,
                CASE
                    WHEN status_rank NOT BETWEEN 0 AND 2147483000 THEN format('status_rank %%s is out of range', status_rank)
                    WHEN attempts NOT BETWEEN 0 AND 2147483000 THEN format('attempts %%s is out of range', attempts)
@@ -353,6 +358,19 @@ WITH held AS MATERIALIZED (
                     AND e.status IN ('READY', 'CLAIMED', 'RUNNING') AND e.id < shardq_job.id
                     AND CASE WHEN e.status = 'READY' THEN e.run_after <= shardq_job.run_after
                              ELSE e.fence <> held.claim_version END)
+              -- A job limited by its shard key (key_limited; docs/limits.md):
+              -- its owner's local queue keeps the cap, so all of a key's jobs
+              -- in flight must be under one lease. The same test over the
+              -- task's jobs of the key: none earlier due before it, none in
+              -- flight under another lease.
+              WHEN key_limited AND (held.shared OR held.family IS NOT NULL) THEN NOT EXISTS (
+                  SELECT 1 FROM shardq_job AS e
+                  WHERE e.shard = ANY(COALESCE(held.family, ARRAY[held.shard]::int[]))
+                    AND e.shard_key = shardq_job.shard_key AND e.key_limited
+                    AND e.task_path = shardq_job.task_path
+                    AND e.status IN ('READY', 'CLAIMED', 'RUNNING') AND e.id < shardq_job.id
+                    AND CASE WHEN e.status = 'READY' THEN e.run_after <= shardq_job.run_after
+                             ELSE e.fence <> held.claim_version END)
               ELSE true END
         ORDER BY priority DESC, run_after, id
         LIMIT CASE WHEN held.priority > held.second THEN %(limit)s ELSE %(per_shard)s END
@@ -361,8 +379,8 @@ WITH held AS MATERIALIZED (
     LIMIT %(limit)s
 ), picked AS MATERIALIZED (
     SELECT c.id, c.problem, c.claim_version, c.last_attempted_at AS previous_attempt_at,
-           c.problem IS NULL AND c.place <= %(start)s AND NOT c.ordered AND c.worker_losses = 0
-               AND c.run_after <= clock_timestamp() AS start_now
+           c.problem IS NULL AND c.place <= %(start)s AND NOT c.ordered AND NOT c.key_limited
+               AND c.worker_losses = 0 AND c.run_after <= clock_timestamp() AS start_now
     FROM (SELECT candidates.*,
                  row_number() OVER (ORDER BY priority DESC, run_after, id) AS place
           FROM candidates) AS c
@@ -1198,11 +1216,11 @@ WITH held AS MATERIALIZED (
     JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
     WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
 ), candidates AS MATERIALIZED (
-    SELECT j.id, j.limit_keys, j.ordered, j.worker_losses, j.last_attempted_at, held.claim_version,
+    SELECT j.id, j.limit_keys, j.ordered, j.key_limited, j.worker_losses, j.last_attempted_at, held.claim_version,
            row_number() OVER (ORDER BY j.priority DESC, j.run_after, j.id) AS place
     FROM held
     CROSS JOIN LATERAL (
-        SELECT id, limit_keys, ordered, worker_losses, last_attempted_at, priority, run_after
+        SELECT id, limit_keys, ordered, key_limited, worker_losses, last_attempted_at, priority, run_after
         FROM shardq_job
         -- (limit_keys IS NULL) IS FALSE: shardq_job_ready_idx's limited range (as claim_limited_candidates).
         WHERE shard = held.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE
@@ -1222,7 +1240,8 @@ WITH held AS MATERIALIZED (
     HAVING bool_and(x.n <= r.room)
 ), picked AS MATERIALIZED (
     SELECT c.id, c.claim_version, c.last_attempted_at AS previous_attempt_at, NULL::text AS problem,
-           row_number() OVER (ORDER BY c.place) <= %(start)s AND NOT c.ordered AND c.worker_losses = 0 AS start_now
+           row_number() OVER (ORDER BY c.place) <= %(start)s AND NOT c.ordered AND NOT c.key_limited
+               AND c.worker_losses = 0 AS start_now
     FROM candidates AS c JOIN fits ON fits.id = c.id
     ORDER BY c.place
     LIMIT %(limit)s
@@ -1277,7 +1296,7 @@ FOR UPDATE;
 -- The limited claim's writes, in its transaction: make this worker the owner of the slot rows
 -- :slot_ids with a lease of :ttl seconds, move each rate key's tat to :rate_tats, and claim the
 -- jobs :ids (in claim order) under the shard's current version, only on shards this worker holds.
--- The first :start of them that are unordered and never lost a worker are started at once, as
+-- The first :start of them that are unordered, not key_limited and never lost a worker are started at once, as
 -- claim_jobs starts them (RUNNING, the attempt counted, started_at, last_attempted_at,
 -- worker_ids); the rest are CLAIMED. Returns claim_jobs' columns.
 WITH slots AS (
@@ -1293,7 +1312,7 @@ WITH slots AS (
     RETURNING r.limit_key
 ), picked AS MATERIALIZED (
     SELECT job.id, s.claim_version, job.last_attempted_at AS previous_attempt_at, NULL::text AS problem,
-           a.ord <= %(start)s AND NOT job.ordered AND job.worker_losses = 0 AS start_now
+           a.ord <= %(start)s AND NOT job.ordered AND NOT job.key_limited AND job.worker_losses = 0 AS start_now
     FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS a(id, ord)
     JOIN shardq_job AS job ON job.id = a.id
     JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = job.shard
@@ -1333,7 +1352,9 @@ RETURNING id;
 -- name: limit_usage
 -- Operator view of every limit key in use or waited on: key, slots owned by workers (lease not
 -- expired), holders as a JSON object of worker (name or id) -> slots, READY limited jobs waiting
--- on the key, and the rate row's tat (epoch seconds, NULL without one) and the database's now.
+-- on the key, the rate row's tat (epoch seconds, NULL without one), the database's now, and
+-- whether the key is a limit by the shard key (kept in its owner's local queue: no slot rows; in
+-- use are its jobs RUNNING, held by the workers running them, waiting its jobs READY or CLAIMED).
 WITH waiting AS (
     SELECT k.key, count(*) AS waiting
     -- Shard by shard: each a range of shardq_job_ready_idx's limited jobs.
@@ -1341,21 +1362,35 @@ WITH waiting AS (
     JOIN shardq_job AS j ON j.shard = sh.shard AND j.status = 'READY' AND (j.limit_keys IS NULL) IS FALSE
     CROSS JOIN LATERAL jsonb_array_elements_text(j.limit_keys) AS k(key)
     GROUP BY k.key
+), by_key AS MATERIALIZED (
+    -- Limits by the shard key: shardq_job_key_limited_idx holds exactly these rows.
+    SELECT 't:' || j.task_path || '=' || j.shard_key AS key, j.status,
+           CASE WHEN j.status = 'RUNNING' AND jsonb_typeof(j.worker_ids) = 'array' THEN j.worker_ids ->> -1 END AS worker
+    FROM shardq_job AS j
+    WHERE j.key_limited AND j.status IN ('READY', 'CLAIMED', 'RUNNING') AND j.shard_key IS NOT NULL
 ), held AS (
     SELECT s.limit_key AS key, COALESCE(NULLIF(w.name, ''), s.worker_id::text) AS holder, count(*) AS n
     FROM shardq_limit_slot AS s LEFT JOIN shardq_worker AS w ON w.id = s.worker_id
     WHERE s.worker_id IS NOT NULL AND s.expires_at > clock_timestamp()
     GROUP BY 1, 2
+    UNION ALL
+    SELECT b.key, COALESCE(NULLIF(w.name, ''), b.worker, '?') AS holder, count(*) AS n
+    FROM by_key AS b LEFT JOIN shardq_worker AS w ON w.id::text = b.worker
+    WHERE b.status = 'RUNNING'
+    GROUP BY 1, 2
 ), keys AS (
     SELECT key FROM waiting UNION SELECT key FROM held
     UNION SELECT limit_key FROM shardq_limit_rate
     UNION SELECT DISTINCT limit_key FROM shardq_limit_slot
+    UNION SELECT key FROM by_key
 )
 SELECT keys.key,
        COALESCE((SELECT sum(n) FROM held WHERE held.key = keys.key), 0)::int AS in_use,
        COALESCE((SELECT jsonb_object_agg(holder, n) FROM held WHERE held.key = keys.key), '{}'::jsonb) AS holders,
-       COALESCE((SELECT waiting FROM waiting WHERE waiting.key = keys.key), 0)::int AS waiting,
+       (COALESCE((SELECT waiting FROM waiting WHERE waiting.key = keys.key), 0)
+        + (SELECT count(*) FROM by_key AS b WHERE b.key = keys.key AND b.status <> 'RUNNING'))::int AS waiting,
        (SELECT extract(epoch FROM tat)::float8 FROM shardq_limit_rate AS r WHERE r.limit_key = keys.key) AS tat,
-       extract(epoch FROM clock_timestamp())::float8 AS now
+       extract(epoch FROM clock_timestamp())::float8 AS now,
+       EXISTS (SELECT 1 FROM by_key AS b WHERE b.key = keys.key) AS by_shard_key
 FROM keys
 ORDER BY keys.key;

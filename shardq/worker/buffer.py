@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import cast
 
 from ..core.hashing import lane_count
@@ -26,9 +27,14 @@ class Buffer:
     # Every QueuedJob pushed here carries its ClaimedJob as the payload, hence
     # the casts where a payload comes back.
 
-    def __init__(self, capacity: int, lanes: int | None = None) -> None:
+    def __init__(
+        self, capacity: int, lanes: int | None = None, key_cap: Callable[[str], int | None] = lambda path: None
+    ) -> None:
         self.queue = LocalQueue(lanes or lane_count(os.cpu_count() or 1), capacity)
         self.capacity = capacity
+        # task path -> its max_concurrency per shard key (None: not limited
+        # here), for key_limited jobs (docs/limits.md, "Limits by the shard key").
+        self.key_cap = key_cap
         self._ready = threading.Condition(threading.Lock())
         self._processing_by_shard: Counter[int] = Counter()
         # Buffered jobs by priority: counted before they are pushed and
@@ -64,7 +70,9 @@ class Buffer:
             cast(ClaimedJob, queued.payload)
             for queued in self.queue.push_many(
                 [
-                    QueuedJob(
+                    self._capped(job)
+                    if job.key_limited
+                    else QueuedJob(
                         job.id, job.queue_name, job.priority, job.run_after, job.shard, job.shard_key, job.ordered, job
                     )
                     for job in jobs
@@ -79,6 +87,21 @@ class Buffer:
         with self._ready:
             self._ready.notify(len(jobs) - len(refused))
         return refused
+
+    def _capped(self, job: ClaimedJob) -> QueuedJob:
+        """A key_limited job as the local queue gates it: at most its task's
+        max_concurrency of its shard key at once, on a key of their own (NUL
+        never occurs in a task path or a shard key, so it cannot meet an
+        ordered job's key). Ungated when the task is not defined here with a
+        cap (an unknown task fails as it would anyway) or the row has no key;
+        an ordered job keeps its one-at-a-time gate, which is stricter."""
+        cap = None if job.ordered or job.shard_key is None else self.key_cap(job.task_path)
+        if not cap:
+            return QueuedJob(
+                job.id, job.queue_name, job.priority, job.run_after, job.shard, job.shard_key, job.ordered, job
+            )
+        gate = f"\0{job.task_path}\0{job.shard_key}"
+        return QueuedJob(job.id, job.queue_name, job.priority, job.run_after, job.shard, gate, False, job, cap)
 
     def _uncount(self, priority: int) -> None:
         """One buffered job of ``priority`` fewer (caller holds _count_lock)."""
@@ -163,7 +186,7 @@ class Buffer:
             else:
                 del self._processing_by_shard[job.shard]
         self.queue.done(job.id)
-        if job.ordered:
+        if job.ordered or job.key_limited:
             # The key's next job may now be admitted to its lane.
             with self._ready:
                 self._ready.notify()

@@ -49,6 +49,9 @@ class ClaimedJob:
     previous_attempt_at: datetime | None = None
     # The limits it counts against (sorted keys, docs/limits.md), None: none.
     limit_keys: list[str] | None = None
+    # Limited by its own shard key (docs/limits.md): the local queue runs at
+    # most the task's max_concurrency of the key at once.
+    key_limited: bool = False
     # -- not columns: set in this worker --
     # Set by the start write: this worker id was appended to worker_ids.
     started_by: str | None = None

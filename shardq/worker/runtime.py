@@ -17,14 +17,15 @@ import socket
 import threading
 import time
 import uuid
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ..conf import get_config
 from ..core import pools
 from ..cron import schedules
 from ..db.store import DatabaseGuard, WorkerStore
-from ..limits import queue_limits
-from ..tasks import autodiscover
+from ..limits import KeyCaps, queue_limits
+from ..tasks import autodiscover, resolve
 from . import shutdown as shutdown_signals
 from .buffer import Buffer
 from .completer import Completer
@@ -87,7 +88,10 @@ class Worker:
         # The look-ahead (jobs claimed beyond the running ones) is at most
         # ``prefetch``; how much of it is used follows the measured task time.
         self.max_prefetch = prefetch if prefetch else 512
-        self.buffer = Buffer(concurrency + self.max_prefetch + OUTRANKING_ROOM)
+        self.buffer = Buffer(
+            concurrency + self.max_prefetch + OUTRANKING_ROOM,
+            key_cap=KeyCaps(partial(resolve, extra_modules=self.config.task_modules)),
+        )
         # One circuit breaker for the process: when PostgreSQL is down every
         # service sees "database unavailable" and one probe goes out per backoff.
         self.database_guard = DatabaseGuard()
