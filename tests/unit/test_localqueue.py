@@ -11,7 +11,18 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from shardq.core.localqueue import DuplicateJob, LocalQueue, QueuedJob, QueueFull
 
 QUEUES = ["default", "emails", "reports", "q3"]
-KEY_SHARD = {"a": 0, "b": 1, "c": 1, "d": 3}  # a key always maps to one shard
+CAPPED_2 = "\0app.tasks.sync\0acme"
+CAPPED_3 = "\0app.tasks.sync\0globex"
+CAPS = {CAPPED_2: 2, CAPPED_3: 3}
+KEY_SHARD = {"a": 0, "b": 1, "c": 1, "d": 3, CAPPED_2: 2, CAPPED_3: 1}  # a key always maps to one shard
+
+
+def gated(job):
+    return job.key is not None and (job.ordered or job.cap > 0)
+
+
+def allowed(job):
+    return 1 if job.ordered else job.cap
 
 
 class Model:
@@ -23,7 +34,7 @@ class Model:
         self.delayed = []  # ids in push order
         self.lane = {}  # eligible id -> lane sequence
         self.waiting = {}  # key -> [ids] in FIFO order
-        self.holder = {}  # key -> id in a lane or processing
+        self.holder = {}  # key -> ids in a lane or processing (one for ordered, up to cap for capped)
         self.processing = {}
         self.counter = 0
 
@@ -32,11 +43,12 @@ class Model:
         self.counter += 1
 
     def _ready(self, job):
-        if job.ordered and job.key is not None:
-            if job.key in self.holder:
+        if gated(job):
+            holders = self.holder.setdefault(job.key, [])
+            if job.key in self.waiting or len(holders) >= allowed(job):
                 self.waiting.setdefault(job.key, []).append(job.id)
                 return
-            self.holder[job.key] = job.id
+            holders.append(job.id)
         self._to_lane(job)
 
     def push(self, job, now):
@@ -63,34 +75,36 @@ class Model:
         return job
 
     def _release(self, key, job_id):
-        if self.holder.get(key) != job_id:
+        holders = self.holder.get(key, [])
+        if job_id not in holders:
             return
-        queue = self.waiting.get(key)
-        if queue:
+        holders.remove(job_id)
+        queue = self.waiting.get(key, [])
+        while queue and len(holders) < allowed(self.jobs[queue[0]]):
             nxt = queue.pop(0)
-            if not queue:
-                del self.waiting[key]
-            self.holder[key] = nxt
+            holders.append(nxt)
             self._to_lane(self.jobs[nxt])
-        else:
+        if key in self.waiting and not queue:
+            del self.waiting[key]
+        if not holders:
             del self.holder[key]
 
     def done(self, job_id):
         job = self.processing.pop(job_id)
-        if job.ordered and job.key is not None:
+        if gated(job):
             self._release(job.key, job_id)
 
     def _unlink(self, job):
         if job.id in self.delayed:
             self.delayed.remove(job.id)
             return
-        if job.ordered and job.key is not None and job.id in self.waiting.get(job.key, []):
+        if gated(job) and job.id in self.waiting.get(job.key, []):
             self.waiting[job.key].remove(job.id)
             if not self.waiting[job.key]:
                 del self.waiting[job.key]
             return
         del self.lane[job.id]
-        if job.ordered and job.key is not None:
+        if gated(job):
             self._release(job.key, job.id)
 
     def drop_shard(self, shard):
@@ -107,7 +121,8 @@ class Model:
         self.delayed.clear()
         self.lane.clear()
         self.waiting.clear()
-        self.holder = {k: i for k, i in self.holder.items() if i in self.processing}
+        holders = {k: [i for i in ids if i in self.processing] for k, ids in self.holder.items()}
+        self.holder = {k: ids for k, ids in holders.items() if ids}
         return out
 
 
@@ -123,11 +138,18 @@ class LocalQueueMachine(RuleBasedStateMachine):
         queue=st.sampled_from(QUEUES),
         priority=st.sampled_from([-5, 0, 0, 5]),
         delay=st.sampled_from([-1.0, 0.0, 0.0, 0.0, 0.5, 2.0]),
-        key=st.sampled_from([None, "a", "b", "c", "d"]),
+        key=st.sampled_from([None, "a", "b", "c", "d", CAPPED_2, CAPPED_2, CAPPED_2, CAPPED_3, CAPPED_3]),
         ordered=st.booleans(),
         free_shard=st.integers(min_value=0, max_value=3),
+        redeployed=st.sampled_from([False, False, False, True]),
     )
-    def push(self, queue, priority, delay, key, ordered, free_shard):
+    def push(self, queue, priority, delay, key, ordered, free_shard, redeployed):
+        # A capped key (a limit by the shard key: the worker writes it as
+        # NUL + task + NUL + key) is never an ordered job's; its cap is the
+        # task's, which a deploy may change between two jobs of the key.
+        cap = 0
+        if key in CAPS:
+            ordered, cap = False, CAPS[key] + (1 if redeployed else 0)
         job = QueuedJob(
             id=self.next_id,
             queue_name=queue,
@@ -136,6 +158,7 @@ class LocalQueueMachine(RuleBasedStateMachine):
             shard=KEY_SHARD[key] if key else free_shard,
             key=key,
             ordered=ordered,
+            cap=cap,
         )
         if len(self.model.jobs) + len(self.model.processing) >= self.model.capacity:
             with pytest.raises(QueueFull):
@@ -144,6 +167,19 @@ class LocalQueueMachine(RuleBasedStateMachine):
         self.next_id += 1
         self.q.push(job, self.now)
         self.model.push(job, self.now)
+
+    @rule(key=st.sampled_from(sorted(CAPS)), extra=st.integers(min_value=0, max_value=2))
+    def push_a_capped_burst(self, key, extra):
+        """More jobs of one capped key at once than its cap: some must wait."""
+        for _ in range(CAPS[key] + extra):
+            job = QueuedJob(self.next_id, "default", 0, self.now, KEY_SHARD[key], key, cap=CAPS[key])
+            if len(self.model.jobs) + len(self.model.processing) >= self.model.capacity:
+                with pytest.raises(QueueFull):
+                    self.q.push(job, self.now)
+                return
+            self.next_id += 1
+            self.q.push(job, self.now)
+            self.model.push(job, self.now)
 
     @precondition(lambda self: self.model.jobs or self.model.processing)
     @rule(data=st.data())
@@ -205,6 +241,12 @@ class LocalQueueMachine(RuleBasedStateMachine):
         keys = [j.key for j in self.model.processing.values() if j.ordered and j.key]
         assert len(keys) == len(set(keys))
 
+    @invariant()
+    def a_capped_key_has_at_most_its_cap_processing(self):
+        for key, base in CAPS.items():
+            running = [j for j in self.q._processing.values() if j.key == key]
+            assert len(running) <= base + 1  # the cap, or a redeployed job's cap one higher
+
 
 TestLocalQueueAgainstModel = LocalQueueMachine.TestCase
 TestLocalQueueAgainstModel.settings = settings(max_examples=120, stateful_step_count=80, deadline=None)
@@ -251,6 +293,37 @@ def test_a_keys_next_ordered_job_waits_until_the_previous_is_done():
     assert q.pop(0.0) is None
     q.done(1)
     assert q.pop(0.0).id == 2
+
+
+def test_a_capped_key_runs_up_to_its_cap_and_admits_the_next_in_order_as_one_ends():
+    q = LocalQueue(2, 20)
+    for i in range(1, 6):
+        q.push(QueuedJob(i, "default", 0, 0.0, 0, CAPPED_2, cap=2), 0.0)
+    q.push(QueuedJob(6, "default", 0, 0.0, 1, CAPPED_3, cap=3), 0.0)
+    q.push(job(7, priority=-1), 0.0)
+    assert q.snapshot()["waiting"] == 3  # jobs 3, 4, 5 behind the key's two holders
+    assert [j.id for j in q.pop_many(0.0, 10)] == [1, 2, 6, 7]
+    assert q.pop(0.0) is None
+    q.done(2)
+    assert q.pop(0.0).id == 3  # the oldest waiting one
+    assert q.pop(0.0) is None  # 1 and 3 run: the key is full again
+    q.done(1)
+    q.done(3)
+    assert [j.id for j in q.pop_many(0.0, 10)] == [4, 5]
+
+
+def test_a_capped_key_waiting_job_keeps_its_turn_when_a_holder_is_dropped_with_its_shard():
+    q = LocalQueue(1, 20)
+    q.push(QueuedJob(1, "default", 0, 0.0, 5, CAPPED_2, cap=1), 0.0)  # a holder in a lane, shard 5
+    q.push(QueuedJob(2, "default", 0, 0.0, 6, CAPPED_2, cap=1), 0.0)  # waits behind it
+    assert [j.id for j in q.drop_shard(5)] == [1]
+    assert q.pop(0.0).id == 2
+    q.push(QueuedJob(3, "default", 0, 0.0, 6, CAPPED_2, cap=1), 0.0)
+    assert q.drain() == [QueuedJob(3, "default", 0, 0.0, 6, CAPPED_2, cap=1)]
+    q.push(QueuedJob(4, "default", 0, 0.0, 6, CAPPED_2, cap=1), 0.0)
+    assert q.pop(0.0) is None  # job 2 still runs and still holds the key after the drain
+    q.done(2)
+    assert q.pop(0.0).id == 4
 
 
 def test_unordered_jobs_with_a_key_are_not_gated():
@@ -379,7 +452,7 @@ job_specs = st.lists(
         st.sampled_from(QUEUES),
         st.integers(-2, 2),  # priority
         st.sampled_from([0.0, 0.5, 2.0]),  # run_after (now is 1.0: the 2.0 ones are delayed)
-        st.sampled_from([None, "a", "b", "c"]),  # key (ordered when set)
+        st.sampled_from([None, "a", "b", "c", CAPPED_2, CAPPED_3]),  # key (ordered when a letter, capped when in CAPS)
     ),
     max_size=40,
 )
@@ -388,6 +461,8 @@ job_specs = st.lists(
 def _queued(spec):
     job_id, queue, priority, run_after, key = spec
     shard = KEY_SHARD[key] if key else job_id % 4
+    if key in CAPS:
+        return QueuedJob(job_id, queue, priority, run_after, shard, key, cap=CAPS[key])
     return QueuedJob(job_id, queue, priority, run_after, shard, key, key is not None)
 
 

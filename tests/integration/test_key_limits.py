@@ -1,0 +1,133 @@
+"""A limit partitioned by the shard key is kept by the key's owner in its
+local queue (docs/limits.md, "Limits by the shard key"): which calls get
+``key_limited`` (and no ``limit_keys``) on every enqueue path, that the
+claim never starts such a job itself, and that where two pools hold one
+shard only one lease at a time has a key's jobs in flight. The cap itself,
+across real workers, is tests/acceptance/test_key_limits.py's."""
+
+import json
+
+import pytest
+
+import shardq
+from shardq.core.limits import LimitSpec
+from shardq.db.store import WorkerStore
+from shardq.limits import KeyCaps, call_limits
+from shardq.worker.jobs import ClaimedJob
+from tests.helpers import leased_shard_factory, sql
+from tests.taskapp import key_limit_tasks as t
+from tests.taskapp import limit_tasks, tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def stored(result) -> tuple[bool, list | None]:
+    [(key_limited, keys)] = sql("SELECT key_limited, limit_keys FROM shardq_job WHERE id = %s", [int(result.id)])
+    return key_limited, keys if keys is None or isinstance(keys, list) else json.loads(keys)
+
+
+def test_a_limit_by_the_shard_key_is_key_limited_with_no_limit_keys_on_every_enqueue_path():
+    one = t.per_account.enqueue("acme", n=1)
+    many = shardq.enqueue_many(t.per_account, [(("acme",), {"n": i}) for i in range(3)])
+    unique = t.per_account_unique.enqueue("acme", n=7)
+    flow = shardq.Workflow()
+    first = flow.add(t.per_account, "acme", n=1)
+    flow.add(t.per_account, "acme", n=2, after=[first])
+    graph = flow.enqueue()
+    by_callable = t.per_account_by_callable.enqueue(account="acme")
+    ordered = t.per_account_ordered.enqueue("acme")
+    for result in [one, *many, unique, *graph, by_callable, ordered]:
+        assert stored(result) == (True, None), result.task.name
+
+
+def test_other_partitions_stay_in_the_slot_table():
+    cases = {
+        "limited by another argument": (t.per_region.enqueue("acme", region="eu"), "t:{}=eu"),
+        "salted key": (t.per_account_salted.enqueue("acme"), "t:{}=acme"),
+        "with a rate limit": (t.per_account_with_rate.enqueue("acme"), "t:{}=acme"),
+        # The call's shard key is not the limit's value: its jobs may be on
+        # another shard than the value's other jobs.
+        "shard key set by using()": (t.per_account.using(shard_key="other").enqueue("acme"), "t:{}=acme"),
+        "no key": (limit_tasks.two_per_customer.enqueue(customer="acme"), "t:{}=acme"),
+    }
+    for what, (result, key) in cases.items():
+        path = result.task.module_path
+        assert stored(result) == (False, [key.format(path)]), what
+
+
+def test_a_queue_limit_keeps_the_partition_in_the_slot_table_with_the_queue_key():
+    queues = {"default": LimitSpec(max_concurrency=5, rate=None)}
+    keys, local = call_limits(t.per_account, ("acme",), {}, "acme", queues)
+    assert (keys, local) == (["q:default", f"t:{t.per_account.module_path}=acme"], False)
+    assert call_limits(t.per_account, ("acme",), {}, "acme", {}) == (None, True)
+    # A value too long for a slot key is still the key: compared in full.
+    long = "x" * 500
+    assert call_limits(t.per_account, (long,), {}, long, {}) == (None, True)
+    assert call_limits(t.per_account, (long,), {}, long[:-1] + "y", {})[1] is False
+
+
+def test_the_worker_reads_the_cap_from_the_task_and_holds_back_nothing_it_does_not_know():
+    from shardq.tasks import resolve
+
+    caps = KeyCaps(resolve)
+    assert caps(t.per_account.module_path) == 2
+    assert caps(t.per_account_by_callable.module_path) == 3
+    assert caps(tasks.noop.module_path) is None  # no limit_by
+    assert caps("tests.taskapp.key_limit_tasks.no_such_task") is None
+    assert caps("os.system") is None  # never imported: not an installed app's
+    small = KeyCaps(resolve, size=2)
+    for path in [t.per_account.module_path, "a.b", "c.d", t.per_account.module_path]:
+        small(path)
+    assert len(small._caps) <= 2
+
+
+def claim(worker, pool="*", start=10):
+    store = WorkerStore(application_name="test-key-limits")
+    try:
+        return store.claim_jobs(
+            worker, [0], None, 20, 20, lookahead=1.0, row_factory=ClaimedJob, start=start, pool=pool
+        )
+    finally:
+        store.close()
+
+
+def key_jobs(n: int, account: str = "k") -> list[int]:
+    results = shardq.enqueue_many(t.per_account.using(shard_key=account), [((account,), {"n": i}) for i in range(n)])
+    ids = [int(r.id) for r in results]
+    sql("UPDATE shardq_job SET shard = 0 WHERE id = ANY(%s)", [ids])
+    assert all(stored(r) == (True, None) for r in results)
+    return ids
+
+
+def test_the_claim_takes_key_limited_jobs_but_never_starts_them():
+    worker, _ = leased_shard_factory([0])
+    ids = key_jobs(4)
+    [plain] = [int(r.id) for r in [tasks.noop.using(shard_key="z").enqueue()]]
+    sql("UPDATE shardq_job SET shard = 0 WHERE id = %s", [plain])
+    jobs = claim(worker, start=10)
+    assert sorted(j.id for j in jobs) == sorted([*ids, plain])  # one lease: no guard, all of them
+    assert {j.id for j in jobs if j.started} == {plain}
+    assert all(j.key_limited for j in jobs if j.id in ids)
+    assert sql("SELECT DISTINCT status FROM shardq_job WHERE id = ANY(%s)", [ids]) == [("CLAIMED",)]
+
+
+def test_where_two_pools_hold_a_shard_one_lease_at_a_time_has_a_keys_jobs_in_flight():
+    sql(
+        "INSERT INTO shardq_shard (pool, shard, owner, lease_expires, claim_version) "
+        "VALUES ('default', 0, NULL, NULL, 0) ON CONFLICT DO NOTHING"
+    )
+    a, _ = leased_shard_factory([0], pool="*")
+    b, _ = leased_shard_factory([0], pool="default")
+    ids = key_jobs(4)
+    other = key_jobs(1, account="j")
+    # A's claim: a job whose earlier job of the key is READY waits for it.
+    assert sorted(j.id for j in claim(a, "*")) == sorted([ids[0], *other])
+    # B's: the key's earlier job is in flight under A's lease.
+    assert claim(b, "default") == []
+    # A again: its own job in flight is no obstacle, one more of the key.
+    assert [j.id for j in claim(a, "*")] == [ids[1]]
+    # A's jobs end: B may take the key now, one by one.
+    sql("UPDATE shardq_job SET status = 'SUCCESSFUL' WHERE id = ANY(%s)", [ids[:2]])
+    assert [j.id for j in claim(b, "default")] == [ids[2]]
+    assert claim(a, "*") == []  # now B's lease has the key in flight
+    assert [j.id for j in claim(b, "default")] == [ids[3]]
