@@ -330,10 +330,11 @@ class LocalQueue:
             job = self._processing.pop(job_id, None)
         if job is None:
             raise KeyError(f"job {job_id} is not processing in this local queue")
-        if job.gated:
+        key = job.key
+        if key is not None and job.gated:
             # Lock 3 is released: taking 1 now keeps the lock order.
             with self._index_lock:
-                self._release_key(job.key, job_id)
+                self._release_key(key, job_id)
 
     # -- bulk removal ----------------------------------------------------------
     def drop_shard(self, shard: int) -> list[QueuedJob]:
