@@ -207,6 +207,8 @@ class Drainer:
                 "start": self.batch if limit is None else limit,
                 "lookahead": 0.0,
                 "min_priority": ANY_PRIORITY,
+                "full_tasks": [],
+                "full_keys": [],
                 "pool": pools.ALL,  # a worker serving every queue
             },
             prepare=True,

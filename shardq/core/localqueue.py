@@ -112,6 +112,7 @@ class LocalQueue:
         "_by_shard",
         "_capacity",
         "_delayed",
+        "_held_back",
         "_holders",
         "_index_lock",
         "_jobs",
@@ -145,6 +146,8 @@ class LocalQueue:
         self._holders: dict[str, set[int]] = {}  # gated key -> ids of its jobs in a lane or processing
         # gated key -> OrderedDict(id -> job) not yet admitted
         self._waiting: dict[str, OrderedDict[int, QueuedJob]] = {}
+        # Capped (not ordered) jobs waiting at their key's gate: see held_back.
+        self._held_back = 0
         self._processing: dict[int, QueuedJob] = {}  # job id -> job
         self._index_lock = Lock()
         self._lanes_lock = Lock()
@@ -168,6 +171,19 @@ class LocalQueue:
     def processing(self) -> int:
         """Jobs handed out by ``pop`` and not yet ``done``."""
         return len(self._processing)
+
+    @property
+    def held_back(self) -> int:
+        """Capped jobs waiting at their key's gate (buffered, not ready to
+        run however many threads are idle): the fetcher's demand leaves them
+        out, so a key at its cap does not stop the claim of other jobs."""
+        return self._held_back
+
+    def full_keys(self) -> list[str]:
+        """The capped keys with jobs waiting at their gate (the claim passes
+        over their jobs until the gate opens), a snapshot."""
+        with self._index_lock:
+            return [key for key, waiting in self._waiting.items() if next(iter(waiting.values())).cap]
 
     @property
     def free(self) -> int:
@@ -368,6 +384,7 @@ class LocalQueue:
             self._by_shard.clear()
             self._delayed.clear()
             self._waiting.clear()
+            self._held_back = 0
             with self._lanes_lock:
                 for lane in self._lanes:
                     lane.clear()
@@ -424,6 +441,8 @@ class LocalQueue:
         if waiting is None:
             waiting = self._waiting[key] = OrderedDict()
         waiting[job.id] = job
+        if not job.ordered:
+            self._held_back += 1
 
     def _promote(self, due: list[QueuedJob]) -> None:
         for job in due:
@@ -445,6 +464,8 @@ class LocalQueue:
             if len(holders) >= _allowed(nxt):
                 break
             del waiting[nxt.id]
+            if not nxt.ordered:
+                self._held_back -= 1
             holders.add(nxt.id)
             self._to_lane(nxt)
         if waiting is not None and not waiting:
@@ -464,6 +485,8 @@ class LocalQueue:
             waiting = self._waiting.get(key)
             if waiting is not None and job_id in waiting:
                 del waiting[job_id]
+                if not job.ordered:
+                    self._held_back -= 1
                 if not waiting:
                     del self._waiting[key]
                 return

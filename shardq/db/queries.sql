@@ -197,6 +197,15 @@ WHERE id = %(worker)s;
     AND NOT (queue_name = ANY(%(exclude_queues)s::text[]))
     AND (backend = %(backend)s OR %(any_backend)s)
 
+-- name: open_gates
+-- claim_jobs' filter on a job row (a WHERE fragment, included bare): not a key_limited job of a
+-- key whose gate in the worker's local queue has jobs waiting already (:full_tasks and :full_keys,
+-- pairwise: task path and shard key; empty arrays: none). Such a job would only wait in memory
+-- too, so it keeps its place in the table and the claim goes on to other keys' jobs
+-- (docs/limits.md, "Limits by the shard key"). A row with no shard key is never passed over.
+NOT (key_limited AND EXISTS (SELECT 1 FROM unnest(%(full_tasks)s::text[], %(full_keys)s::text[]) AS f(task, key)
+                             WHERE f.task = task_path AND f.key = shard_key))
+
 -- name: claim_start_set
 -- What a claim writes on each job it takes (``job``, from ``picked``: its claim_version and whether
 -- the claim starts it): the fence, the rank, and for a job started by the claim the attempt, the
@@ -300,6 +309,7 @@ WITH held AS MATERIALIZED (
           -- which takes their slots and tokens: never here.
           AND limit_keys IS NULL
           AND {{served_jobs*}}
+          AND {{open_gates*}}
         ORDER BY priority DESC, run_after, id
         LIMIT 1
     ) AS top
@@ -343,6 +353,7 @@ WITH held AS MATERIALIZED (
           AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
           AND limit_keys IS NULL  -- limited jobs: claim_limited_jobs (as above)
           AND {{served_jobs*}}
+          AND {{open_gates*}}
           -- Several pools can claim one shard's jobs (docs/architecture.md,
           -- "Pools"): where another pool holds this shard, an ordered job is
           -- claimed only when no earlier job of its key is due before it

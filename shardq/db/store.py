@@ -629,12 +629,15 @@ class WorkerStore:
         backend: str | None = None,
         pool: str = pools.ALL,
         min_priority: int = ANY_PRIORITY,
+        full_keys: list[tuple[str, str]] | None = None,
     ) -> list[Any]:
         """Claim a batch of the highest priority level due (rows by name:
         dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
         quarantined, not claimed; one with ``started`` true was started by
         the claim, see queries.sql). Only jobs of priority ``min_priority``
-        or more are taken."""
+        or more are taken; key_limited jobs of ``full_keys`` ((task path,
+        shard key) pairs whose gate in the local queue has jobs waiting)
+        are passed over."""
         # Binary results: timestamps and numbers decode without parsing text.
         params = {
             **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
@@ -642,6 +645,8 @@ class WorkerStore:
             "min_priority": min_priority,
             "lookahead": lookahead,
             "start": start,
+            "full_tasks": [task for task, _ in full_keys or ()],
+            "full_keys": [key for _, key in full_keys or ()],
         }
         if row_factory is None:
             return self.run("claim_jobs", params, binary=True, named=True)

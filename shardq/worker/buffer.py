@@ -103,6 +103,20 @@ class Buffer:
         gate = f"\0{job.task_path}\0{job.shard_key}"
         return QueuedJob(job.id, job.queue_name, job.priority, job.run_after, job.shard, gate, False, job, cap)
 
+    @property
+    def held_back(self) -> int:
+        """key_limited jobs waiting here for their key's gate (LocalQueue.held_back)."""
+        return self.queue.held_back
+
+    def full_keys(self) -> list[tuple[str, str]]:
+        """(task path, shard key) of each key_limited key with jobs waiting
+        at its gate: the claim passes over their jobs until it opens."""
+        out = []
+        for gate in self.queue.full_keys():
+            _, task_path, shard_key = gate.split("\0", 2)
+            out.append((task_path, shard_key))
+        return out
+
     def _uncount(self, priority: int) -> None:
         """One buffered job of ``priority`` fewer (caller holds _count_lock)."""
         left = self._priorities[priority] - 1

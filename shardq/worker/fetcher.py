@@ -310,6 +310,7 @@ class Fetcher(Service):
                 backend=self.backend,
                 pool=self.leaser.pool,
                 min_priority=min_priority,
+                full_keys=self.buffer.full_keys() if self.buffer.held_back else None,
             )
         except DatabaseUnavailable as exc:
             # The claim may have committed with its answer lost: its jobs

@@ -245,7 +245,12 @@ class Worker:
         # are a pipeline stage of their own: counting them here would make
         # the claim wait for the start write and the start for the claim.
         running = self.buffer.processing - self.executor.starter.ready
-        wanted = min(target - self.buffer.buffered - running, self.buffer.free - OUTRANKING_ROOM)
+        # Jobs waiting at their key's gate (a limit by the shard key at its
+        # cap) are not work for idle threads: left out, so the claim goes on
+        # to other keys' jobs (it passes over the full keys', Buffer.full_keys)
+        # up to the buffer's capacity.
+        buffered = self.buffer.buffered - self.buffer.held_back
+        wanted = min(target - buffered - running, self.buffer.free - OUTRANKING_ROOM)
         if self.max_tasks is not None:
             wanted = min(wanted, self.tasks_left())
         return wanted, max(1, target // 4)

@@ -60,6 +60,8 @@ def claim_params(worker, *, per_shard=16, limit=256) -> dict:
         "lookahead": 0.0,
         "start": 0,
         "min_priority": ANY_PRIORITY,
+        "full_tasks": [],
+        "full_keys": [],
         "worker_id": str(worker),
         "pool": "*",
     }

@@ -171,6 +171,8 @@ def test_the_claim_columns_line_up_with_claimed_job_fields(shard0):
                 "start": 0,
                 "pool": "*",
                 "min_priority": ANY_PRIORITY,
+                "full_tasks": [],
+                "full_keys": [],
             },
         )
         names = [column.name for column in cursor.description]

@@ -131,3 +131,65 @@ def test_where_two_pools_hold_a_shard_one_lease_at_a_time_has_a_keys_jobs_in_fli
     assert [j.id for j in claim(b, "default")] == [ids[2]]
     assert claim(a, "*") == []  # now B's lease has the key in flight
     assert [j.id for j in claim(b, "default")] == [ids[3]]
+
+
+def test_a_key_whose_gate_has_jobs_waiting_is_passed_over_and_keeps_its_place():
+    worker, _ = leased_shard_factory([0])
+    full = key_jobs(3, account="full")
+    other = key_jobs(2, account="open")
+    store = WorkerStore(application_name="test-key-limits")
+    try:
+        jobs = store.claim_jobs(
+            worker,
+            [0],
+            None,
+            20,
+            20,
+            row_factory=ClaimedJob,
+            full_keys=[(t.per_account.module_path, "full"), ("another.task", "open")],
+        )
+    finally:
+        store.close()
+    # "open" is full only for another task: its jobs come; "full"'s stay READY, untouched.
+    assert sorted(j.id for j in jobs) == sorted(other)
+    assert sql("SELECT DISTINCT status, status_rank FROM shardq_job WHERE id = ANY(%s)", [full]) == [("READY", 0)]
+    assert sorted(j.id for j in claim(worker)) == sorted(full)  # the gate open: claimed in order
+
+
+def test_a_key_limited_row_without_a_shard_key_is_claimed_and_not_held_back():
+    worker, _ = leased_shard_factory([0])
+    [job_id] = key_jobs(1, account="x")
+    sql("UPDATE shardq_job SET shard_key = NULL WHERE id = %s", [job_id])
+    store = WorkerStore(application_name="test-key-limits")
+    try:
+        jobs = store.claim_jobs(
+            worker, [0], None, 20, 20, row_factory=ClaimedJob, full_keys=[(t.per_account.module_path, "x")]
+        )
+    finally:
+        store.close()
+    assert [j.id for j in jobs] == [job_id]
+    from shardq.worker.buffer import Buffer
+
+    buffer = Buffer(10, lanes=1, key_cap=lambda path: 2)
+    assert buffer.push_many(jobs) == []
+    assert buffer.held_back == 0 and buffer.pop(0.1).id == job_id  # no key: nothing to gate on
+
+
+def test_the_buffer_runs_a_keys_cap_at_once_and_names_the_key_full_while_jobs_wait():
+    from shardq.tasks import resolve
+    from shardq.worker.buffer import Buffer
+
+    worker, _ = leased_shard_factory([0])
+    ids = key_jobs(4, account="k")
+    [plain] = key_jobs(1, account="other")
+    jobs = claim(worker)
+    buffer = Buffer(20, lanes=2, key_cap=KeyCaps(resolve))
+    assert buffer.push_many(jobs) == []
+    assert buffer.held_back == 2
+    assert buffer.full_keys() == [(t.per_account.module_path, "k")]
+    popped = [buffer.pop(0.05) for _ in range(3)]
+    assert sorted(j.id for j in popped) == sorted([ids[0], ids[1], plain])
+    assert buffer.pop(0.05) is None  # two of "k" run: the cap
+    buffer.done(next(j for j in popped if j.id == ids[0]))
+    assert buffer.pop(0.05).id == ids[2]
+    assert buffer.held_back == 1

@@ -229,6 +229,9 @@ class LocalQueueMachine(RuleBasedStateMachine):
         snap = q.snapshot()
         assert snap["delayed"] == len(m.delayed)
         assert snap["waiting"] == sum(len(v) for v in m.waiting.values())
+        held_back = [i for ids in m.waiting.values() for i in ids if m.jobs[i].cap and not m.jobs[i].ordered]
+        assert q.held_back == len(held_back)
+        assert sorted(q.full_keys()) == sorted({m.jobs[i].key for i in held_back})
         assert sum(snap["lanes"]) == len(m.lane)
 
     @invariant()
