@@ -47,3 +47,12 @@ def per_account_ordered(account: str, n: int = 0) -> int:
 def per_account_unique(account: str, n: int = 0) -> int:
     """Local, through the unique insert."""
     return n
+
+
+@shard_task(takes_context=True, key="account", max_concurrency=2, limit_by="account")
+def per_account_sleep(context, account: str, sleep: float = 0.1) -> str:
+    """Logs to $SHARDQ_LIMIT_LEDGER like tests/taskapp/limit_tasks.py's tasks."""
+    from tests.taskapp.limit_tasks import _run
+
+    _run(context, sleep, account)
+    return account
