@@ -209,6 +209,11 @@ class Drainer:
                 "min_priority": ANY_PRIORITY,
                 "full_tasks": [],
                 "full_keys": [],
+                "cap_tasks": [],
+                "caps": [],
+                "room_tasks": [],
+                "room_keys": [],
+                "rooms": [],
                 "pool": pools.ALL,  # a worker serving every queue
             },
             prepare=True,

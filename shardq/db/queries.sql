@@ -261,7 +261,7 @@ job.id, job.task_path, job.queue_name, job.priority,
 -- Only jobs of the worker's queues (:queues, or every queue but :exclude_queues when :all_queues)
 -- and of its backend alias (:backend, or any when :any_backend); these are filters on the walk,
 -- not index columns.
--- The first :start jobs (priority order) that are due, unordered, not key_limited and never lost a worker are
+-- The first :start jobs (priority order) that are due, unordered (key_limited: within room) and never lost a worker are
 -- started at once (RUNNING, the attempt counted, started_at, last_attempted_at, worker_ids: as
 -- start_jobs does): they are what this worker's threads run next, so a separate start write would
 -- only add a statement per job. The rest are CLAIMED; nothing is counted for them until
@@ -320,8 +320,8 @@ WITH held AS MATERIALIZED (
     SELECT second, COALESCE(second, %(min_priority)s) AS floor
     FROM (SELECT (SELECT priority FROM tops ORDER BY priority DESC LIMIT 1 OFFSET 1) AS second) AS s
 ), candidates AS MATERIALIZED (
-    SELECT j.id, j.problem, j.priority, j.run_after, j.ordered, j.key_limited, j.worker_losses,
-           j.last_attempted_at, held.claim_version
+    SELECT j.id, j.problem, j.priority, j.run_after, j.ordered, j.key_limited, j.task_path, j.shard_key,
+           j.worker_losses, j.last_attempted_at, held.claim_version
     -- Level by level: only jobs of the runner-up's priority or more, so every
     -- job taken outranks or equals every job left, however the limits cut.
     -- A shard whose top is above the floor is the only one that has such
@@ -334,7 +334,7 @@ WITH held AS MATERIALIZED (
           WHERE tops.priority >= runner_up.floor
           ORDER BY tops.priority > runner_up.floor DESC, tops.ord) AS held
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_after, ordered, key_limited, worker_losses, last_attempted_at,
+        SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses, last_attempted_at,
                CASE
                    WHEN status_rank NOT BETWEEN 0 AND 2147483000 THEN format('status_rank %%s is out of range', status_rank)
                    WHEN attempts NOT BETWEEN 0 AND 2147483000 THEN format('attempts %%s is out of range', attempts)
@@ -390,10 +390,23 @@ WITH held AS MATERIALIZED (
     LIMIT %(limit)s
 ), picked AS MATERIALIZED (
     SELECT c.id, c.problem, c.claim_version, c.last_attempted_at AS previous_attempt_at,
-           c.problem IS NULL AND c.place <= %(start)s AND NOT c.ordered AND NOT c.key_limited
+           c.problem IS NULL AND c.place <= %(start)s AND NOT c.ordered
+               -- A job limited by its shard key starts here only within its
+               -- key's room in the worker's local queue (:room_* for keys with
+               -- jobs running there, else the task's cap, :cap_*; a task it
+               -- has not seen: none), counting the batch's jobs of the key
+               -- before it: the gate then admits it at once. Else it is
+               -- started when a thread takes it (it may wait at the gate).
+               AND (NOT c.key_limited OR c.key_place <= COALESCE(
+                   (SELECT r.room FROM unnest(%(room_tasks)s::text[], %(room_keys)s::text[], %(rooms)s::int[])
+                        AS r(task, key, room) WHERE r.task = c.task_path AND r.key = c.shard_key),
+                   (SELECT k.cap FROM unnest(%(cap_tasks)s::text[], %(caps)s::int[]) AS k(task, cap)
+                    WHERE k.task = c.task_path),
+                   0))
                AND c.worker_losses = 0 AND c.run_after <= clock_timestamp() AS start_now
     FROM (SELECT candidates.*,
-                 row_number() OVER (ORDER BY priority DESC, run_after, id) AS place
+                 row_number() OVER (ORDER BY priority DESC, run_after, id) AS place,
+                 row_number() OVER (PARTITION BY task_path, shard_key ORDER BY priority DESC, run_after, id) AS key_place
           FROM candidates) AS c
 )
 UPDATE shardq_job AS job

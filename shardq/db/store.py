@@ -40,6 +40,7 @@ from .queries import ANY_PRIORITY, QUERIES, RAW_QUERIES
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
+    from ..worker.buffer import KeyRooms
     from ..worker.limits import Limiter, LimitPlan
 
 logger = logging.getLogger("shardq.store")
@@ -630,6 +631,7 @@ class WorkerStore:
         pool: str = pools.ALL,
         min_priority: int = ANY_PRIORITY,
         full_keys: list[tuple[str, str]] | None = None,
+        key_rooms: "KeyRooms | None" = None,
     ) -> list[Any]:
         """Claim a batch of the highest priority level due (rows by name:
         dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
@@ -637,7 +639,8 @@ class WorkerStore:
         the claim, see queries.sql). Only jobs of priority ``min_priority``
         or more are taken; key_limited jobs of ``full_keys`` ((task path,
         shard key) pairs whose gate in the local queue has jobs waiting)
-        are passed over."""
+        are passed over. Of the first ``start``, a key_limited job is
+        started only within its key's room (``key_rooms``; None: none)."""
         # Binary results: timestamps and numbers decode without parsing text.
         params = {
             **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
@@ -647,6 +650,11 @@ class WorkerStore:
             "start": start,
             "full_tasks": [task for task, _ in full_keys or ()],
             "full_keys": [key for _, key in full_keys or ()],
+            "cap_tasks": list(key_rooms.caps) if key_rooms else [],
+            "caps": list(key_rooms.caps.values()) if key_rooms else [],
+            "room_tasks": [task for task, _, _ in key_rooms.rooms] if key_rooms else [],
+            "room_keys": [key for _, key, _ in key_rooms.rooms] if key_rooms else [],
+            "rooms": [room for _, _, room in key_rooms.rooms] if key_rooms else [],
         }
         if row_factory is None:
             return self.run("claim_jobs", params, binary=True, named=True)

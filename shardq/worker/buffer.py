@@ -12,24 +12,33 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from ..core.hashing import lane_count
 from ..core.localqueue import LocalQueue, QueuedJob
 from .jobs import ClaimedJob
 
+if TYPE_CHECKING:
+    from ..limits import KeyCaps
+
 # Jobs pop_more takes per round of its lock.
 POP_ROUND = 32
+
+
+@dataclass(slots=True)
+class KeyRooms:
+    """Buffer.key_rooms: task path -> cap, and (task path, shard key, room) of busy keys."""
+
+    caps: dict[str, int]
+    rooms: list[tuple[str, str, int]]
 
 
 class Buffer:
     # Every QueuedJob pushed here carries its ClaimedJob as the payload, hence
     # the casts where a payload comes back.
 
-    def __init__(
-        self, capacity: int, lanes: int | None = None, key_cap: Callable[[str], int | None] = lambda path: None
-    ) -> None:
+    def __init__(self, capacity: int, lanes: int | None = None, key_cap: "KeyCaps | None" = None) -> None:
         self.queue = LocalQueue(lanes or lane_count(os.cpu_count() or 1), capacity)
         self.capacity = capacity
         # task path -> its max_concurrency per shard key (None: not limited
@@ -95,13 +104,18 @@ class Buffer:
         ordered job's key). Ungated when the task is not defined here with a
         cap (an unknown task fails as it would anyway) or the row has no key;
         an ordered job keeps its one-at-a-time gate, which is stricter."""
-        cap = None if job.ordered or job.shard_key is None else self.key_cap(job.task_path)
+        key_cap = self.key_cap
+        cap = None if job.ordered or job.shard_key is None or key_cap is None else key_cap(job.task_path)
         if not cap:
             return QueuedJob(
                 job.id, job.queue_name, job.priority, job.run_after, job.shard, job.shard_key, job.ordered, job
             )
         gate = f"\0{job.task_path}\0{job.shard_key}"
-        return QueuedJob(job.id, job.queue_name, job.priority, job.run_after, job.shard, gate, False, job, cap)
+        # Started by its claim (it had room, see key_rooms): it runs now or
+        # goes back (a hand-back takes the start back), never waits started.
+        return QueuedJob(
+            job.id, job.queue_name, job.priority, job.run_after, job.shard, gate, False, job, cap, no_wait=job.started
+        )
 
     @property
     def held_back(self) -> int:
@@ -116,6 +130,21 @@ class Buffer:
             _, task_path, shard_key = gate.split("\0", 2)
             out.append((task_path, shard_key))
         return out
+
+    def key_rooms(self) -> "KeyRooms":
+        """What the claim may start of key_limited jobs (claim_jobs'
+        ``key_room``): each task's cap as this worker knows it (a task not
+        seen here yet: none started, its jobs wait for the starter), and the
+        room left of each key with jobs running here. A job the claim starts
+        within that room is admitted at once by the gate; one that meets a
+        gate filled meanwhile (a delayed job of the key fell due, the
+        outranking claim pushed one) is handed back, its start taken back."""
+        caps = self.key_cap.known() if self.key_cap is not None else {}
+        rooms = []
+        for gate, room in self.queue.rooms().items():
+            _, task_path, shard_key = gate.split("\0", 2)
+            rooms.append((task_path, shard_key, max(0, room)))
+        return KeyRooms(caps, rooms)
 
     def _uncount(self, priority: int) -> None:
         """One buffered job of ``priority`` fewer (caller holds _count_lock)."""

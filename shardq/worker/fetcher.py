@@ -311,6 +311,7 @@ class Fetcher(Service):
                 pool=self.leaser.pool,
                 min_priority=min_priority,
                 full_keys=self.buffer.full_keys() if self.buffer.held_back else None,
+                key_rooms=self.buffer.key_rooms() if start else None,
             )
         except DatabaseUnavailable as exc:
             # The claim may have committed with its answer lost: its jobs

@@ -62,6 +62,11 @@ def claim_params(worker, *, per_shard=16, limit=256) -> dict:
         "min_priority": ANY_PRIORITY,
         "full_tasks": [],
         "full_keys": [],
+        "cap_tasks": [],
+        "caps": [],
+        "room_tasks": [],
+        "room_keys": [],
+        "rooms": [],
         "worker_id": str(worker),
         "pool": "*",
     }

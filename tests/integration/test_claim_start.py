@@ -173,6 +173,11 @@ def test_the_claim_columns_line_up_with_claimed_job_fields(shard0):
                 "min_priority": ANY_PRIORITY,
                 "full_tasks": [],
                 "full_keys": [],
+                "cap_tasks": [],
+                "caps": [],
+                "room_tasks": [],
+                "room_keys": [],
+                "rooms": [],
             },
         )
         names = [column.name for column in cursor.description]

@@ -170,7 +170,7 @@ def test_a_key_limited_row_without_a_shard_key_is_claimed_and_not_held_back():
     assert [j.id for j in jobs] == [job_id]
     from shardq.worker.buffer import Buffer
 
-    buffer = Buffer(10, lanes=1, key_cap=lambda path: 2)
+    buffer = Buffer(10, lanes=1, key_cap=KeyCaps(lambda path: t.per_account))
     assert buffer.push_many(jobs) == []
     assert buffer.held_back == 0 and buffer.pop(0.1).id == job_id  # no key: nothing to gate on
 
@@ -193,3 +193,65 @@ def test_the_buffer_runs_a_keys_cap_at_once_and_names_the_key_full_while_jobs_wa
     buffer.done(next(j for j in popped if j.id == ids[0]))
     assert buffer.pop(0.05).id == ids[2]
     assert buffer.held_back == 1
+
+
+def test_the_claim_starts_key_limited_jobs_only_within_their_keys_room():
+    from shardq.worker.buffer import KeyRooms
+
+    worker, _ = leased_shard_factory([0])
+    k = key_jobs(3, account="k")
+    busy = key_jobs(3, account="busy")
+    full = key_jobs(2, account="full")
+    path = t.per_account.module_path
+    store = WorkerStore(application_name="test-key-limits")
+    try:
+        jobs = store.claim_jobs(
+            worker,
+            [0],
+            None,
+            20,
+            20,
+            row_factory=ClaimedJob,
+            start=20,
+            key_rooms=KeyRooms(caps={path: 2}, rooms=[(path, "busy", 1), (path, "full", 0)]),
+        )
+    finally:
+        store.close()
+    started = {j.id for j in jobs if j.started}
+    # The cap for a key with nothing running here, the room left for a busy
+    # one, none for a key at its cap: in claim order within each key.
+    assert started == {k[0], k[1], busy[0]}
+    assert {j.id for j in jobs} == {*k, *busy, *full}
+    assert sql("SELECT count(*) FROM shardq_job WHERE id = ANY(%s) AND status = 'RUNNING'", [list(started)]) == [(3,)]
+
+
+def test_no_key_limited_job_is_started_by_the_claim_for_a_task_whose_cap_the_worker_has_not_seen():
+    from shardq.worker.buffer import KeyRooms
+
+    worker, _ = leased_shard_factory([0])
+    key_jobs(2, account="k")
+    store = WorkerStore(application_name="test-key-limits")
+    try:
+        jobs = store.claim_jobs(
+            worker, [0], None, 20, 20, row_factory=ClaimedJob, start=20, key_rooms=KeyRooms(caps={}, rooms=[])
+        )
+    finally:
+        store.close()
+    assert len(jobs) == 2 and not any(j.started for j in jobs)
+
+
+def test_a_started_job_that_meets_a_full_gate_is_refused_for_a_hand_back_not_kept_waiting():
+    from shardq.tasks import resolve
+    from shardq.worker.buffer import Buffer
+
+    worker, _ = leased_shard_factory([0])
+    key_jobs(3, account="k")
+    jobs = claim(worker, start=0)
+    buffer = Buffer(20, lanes=1, key_cap=KeyCaps(resolve))
+    assert buffer.push_many(jobs[:2]) == []  # two of "k" run: the gate is full
+    late = jobs[2]
+    late.started = True  # as a claim that raced the gate would have started it
+    assert buffer.push_many([late]) == [late]
+    assert buffer.held_back == 0 and not buffer.holds(late.id)
+    assert buffer.key_rooms().rooms == [(t.per_account.module_path, "k", 0)]
+    assert buffer.key_rooms().caps == {t.per_account.module_path: 2}
