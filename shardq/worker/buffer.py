@@ -131,7 +131,7 @@ class Buffer:
             out.append((task_path, shard_key))
         return out
 
-    def key_rooms(self) -> "KeyRooms":
+    def key_rooms(self) -> "KeyRooms | None":
         """What the claim may start of key_limited jobs (claim_jobs'
         ``key_room``): each task's cap as this worker knows it (a task not
         seen here yet: none started, its jobs wait for the starter), and the
@@ -140,6 +140,8 @@ class Buffer:
         gate filled meanwhile (a delayed job of the key fell due, the
         outranking claim pushed one) is handed back, its start taken back."""
         caps = self.key_cap.known() if self.key_cap is not None else {}
+        if not caps:  # no key_limited job seen here: nothing to start, nothing to send
+            return None
         rooms = []
         for gate, room in self.queue.rooms().items():
             _, task_path, shard_key = gate.split("\0", 2)

@@ -253,5 +253,8 @@ def test_a_started_job_that_meets_a_full_gate_is_refused_for_a_hand_back_not_kep
     late.started = True  # as a claim that raced the gate would have started it
     assert buffer.push_many([late]) == [late]
     assert buffer.held_back == 0 and not buffer.holds(late.id)
-    assert buffer.key_rooms().rooms == [(t.per_account.module_path, "k", 0)]
-    assert buffer.key_rooms().caps == {t.per_account.module_path: 2}
+    rooms = buffer.key_rooms()
+    assert rooms is not None
+    assert rooms.rooms == [(t.per_account.module_path, "k", 0)]
+    assert rooms.caps == {t.per_account.module_path: 2}
+    assert Buffer(20, lanes=1, key_cap=KeyCaps(resolve)).key_rooms() is None  # no such task seen yet
