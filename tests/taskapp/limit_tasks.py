@@ -49,6 +49,15 @@ def two_per_customer(context: TaskContext, customer: str, n: int = 0, sleep: flo
     return n
 
 
+@shard_task(takes_context=True, key="customer", max_concurrency=2, limit_by="customer")
+def two_per_key(context: TaskContext, customer: str, n: int = 0, sleep: float = 0.2) -> int:
+    """A limit partitioned by the shard key (key_limited): the key's owner
+    runs at most 2 of a customer at once in its local queue, no slot rows
+    (tests/acceptance/test_key_limits.py)."""
+    _run(context, sleep, customer)
+    return n
+
+
 @shard_task(takes_context=True, max_concurrency=40)
 def forty_at_once(context: TaskContext, n: int = 0, sleep: float = 0.01) -> int:
     time.sleep(sleep)
