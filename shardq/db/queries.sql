@@ -371,16 +371,20 @@ WITH held AS MATERIALIZED (
                              ELSE e.fence <> held.claim_version END)
               -- A job limited by its shard key (key_limited; docs/limits.md):
               -- its owner's local queue keeps the cap, so all of a key's jobs
-              -- in flight must be under one lease. The same test over the
-              -- task's jobs of the key: none earlier due before it, none in
-              -- flight under another lease.
+              -- in flight must be under one lease. Over the task's jobs of
+              -- the key: none in flight under another lease, whatever its id
+              -- (a retried job is READY again below newer jobs of its key
+              -- that may run under another pool's lease), and none READY
+              -- before it in one total order, (run_after, id): of two READY
+              -- jobs that two pools' claims see at once, the later one waits.
               WHEN key_limited AND (held.shared OR held.family IS NOT NULL) THEN NOT EXISTS (
                   SELECT 1 FROM shardq_job AS e
                   WHERE e.shard = ANY(COALESCE(held.family, ARRAY[held.shard]::int[]))
                     AND e.shard_key = shardq_job.shard_key AND e.key_limited
                     AND e.task_path = shardq_job.task_path
-                    AND e.status IN ('READY', 'CLAIMED', 'RUNNING') AND e.id < shardq_job.id
-                    AND CASE WHEN e.status = 'READY' THEN e.run_after <= shardq_job.run_after
+                    AND e.status IN ('READY', 'CLAIMED', 'RUNNING')
+                    AND CASE WHEN e.status = 'READY'
+                             THEN (e.run_after, e.id) < (shardq_job.run_after, shardq_job.id)
                              ELSE e.fence <> held.claim_version END)
               ELSE true END
         ORDER BY priority DESC, run_after, id

@@ -172,6 +172,34 @@ def test_two_pools_holding_one_shard_never_run_three_of_a_key(workers, tmp_path)
     assert set(ran_by) == {"default", "*"}, f"both pools ran jobs: {dict(ran_by)}"
 
 
+def test_a_retried_job_is_not_run_by_the_other_pool_beside_two_newer_jobs_of_its_key(workers, tmp_path):
+    """A job that failed is READY again (its retry delay later) with an id
+    below the newer jobs of its key, which its pool meanwhile runs 2 at once.
+    The other pool holds the shard too: it must not claim the retry while the
+    key has jobs in flight under the first pool's lease (the claim_jobs guard
+    once looked only at a job's earlier ids, and the retry ran as a third)."""
+    ledger = tmp_path / "ledger"
+    env = {"SHARDQ_LIMIT_LEDGER": str(ledger)}
+    named = workers.start("--queues", "default", "--concurrency", "8", env=env)
+    every = workers.start("--concurrency", "8", env=env)
+    wait_until(lambda: held_by("default") == 64 and held_by("*") == 64, timeout=60, message="both pools")
+    keys = ["acme", "globex"]
+    # Per key: the first job fails at once and is due again 0.5 s later (the
+    # other pool may claim it earlier still: the claim looks 0.5 s ahead);
+    # jobs of 1 s follow, so the key runs 2 at once when the retry is due.
+    calls = [((), {"customer": k, "n": n, "fail": n == 0, "sleep": 1.0}) for n in range(5) for k in keys]
+    ids = [int(r.id) for r in shardq.enqueue_many(limit_tasks.two_per_key_retried, calls)]
+    wait_until(lambda: finished(ids), timeout=30, message="10 key-limited jobs finished")
+
+    spans = runs(ledger)
+    assert Counter(s[2] for s in spans) == Counter(ids) + Counter(ids[: len(keys)]), "the first jobs ran twice"
+    pool_of = {named.pid: "default", every.pid: "*"}
+    retried = [(s[4], pool_of[s[3]]) for s in spans if s[2] in ids[: len(keys)]]
+    peaks = peaks_by_customer(spans)
+    print(f"[key limits] retry across pools: peaks {peaks}; first jobs' attempts ran on {retried}")
+    assert max(peaks.values()) <= CAP, f"a key ran more than {CAP} at once across the pools: {peaks}"
+
+
 def test_a_sigkilled_workers_key_limited_jobs_finish_elsewhere_and_the_cap_holds(workers, tmp_path):
     ledger = tmp_path / "ledger"
     env = {"SHARDQ_LIMIT_LEDGER": str(ledger), "SHARDQ_EXPECTED_WORKERS": "2"}

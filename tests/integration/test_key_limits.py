@@ -258,3 +258,40 @@ def test_a_started_job_that_meets_a_full_gate_is_refused_for_a_hand_back_not_kep
     assert rooms.rooms == [(t.per_account.module_path, "k", 0)]
     assert rooms.caps == {t.per_account.module_path: 2}
     assert Buffer(20, lanes=1, key_cap=KeyCaps(resolve)).key_rooms() is None  # no such task seen yet
+
+
+def two_pools_on_shard_0():
+    sql(
+        "INSERT INTO shardq_shard (pool, shard, owner, lease_expires, claim_version) "
+        "VALUES ('default', 0, NULL, NULL, 0) ON CONFLICT DO NOTHING"
+    )
+    a, _ = leased_shard_factory([0], pool="*")
+    b, _ = leased_shard_factory([0], pool="default")
+    return a, b
+
+
+def test_a_retried_job_waits_while_newer_jobs_of_its_key_are_in_flight_under_another_lease():
+    """A retry is READY again with its old id, below the key's newer jobs,
+    and due later than they are. A has a newer one in flight: B must not
+    take the retry (the guard once looked at lower ids only)."""
+    a, b = two_pools_on_shard_0()
+    ids = key_jobs(3)
+    sql("UPDATE shardq_job SET run_after = now() + interval '0.5 seconds' WHERE id = %s", [ids[0]])
+    assert [j.id for j in claim(a, "*")] == [ids[1]]  # the claim's order: (run_after, id)
+    assert claim(b, "default") == []  # the retry too: the key is in flight under A's lease
+    assert [j.id for j in claim(a, "*")] == [ids[2]]
+    assert [j.id for j in claim(a, "*")] == [ids[0]]
+
+
+def test_of_two_ready_jobs_of_a_key_seen_by_two_claims_at_once_only_the_first_may_be_taken(second_connection):
+    """A's claim has locked the key's first job in (run_after, id) order and
+    not committed: B sees it READY and skips it. B must not take the other
+    (a retry: lower id, later run_after), or each pool has the key in flight."""
+    a, b = two_pools_on_shard_0()
+    ids = key_jobs(2)
+    sql("UPDATE shardq_job SET run_after = now() + interval '0.5 seconds' WHERE id = %s", [ids[0]])
+    with second_connection.transaction():
+        second_connection.execute("SELECT 1 FROM shardq_job WHERE id = %s FOR UPDATE", [ids[1]])
+        assert claim(b, "default") == []
+    assert [j.id for j in claim(a, "*")] == [ids[1]]
+    assert claim(b, "default") == []

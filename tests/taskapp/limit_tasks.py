@@ -8,7 +8,7 @@ import time
 
 from django.tasks import TaskContext
 
-from shardq import shard_task
+from shardq import exponential, shard_task
 
 
 def _log(event: str, context: TaskContext, part: str = "") -> None:
@@ -55,6 +55,24 @@ def two_per_key(context: TaskContext, customer: str, n: int = 0, sleep: float = 
     runs at most 2 of a customer at once in its local queue, no slot rows
     (tests/acceptance/test_key_limits.py)."""
     _run(context, sleep, customer)
+    return n
+
+
+@shard_task(
+    takes_context=True,
+    key="customer",
+    max_concurrency=2,
+    limit_by="customer",
+    max_attempts=2,
+    backoff=exponential(base=1.0, cap=0.5, jitter=0.0),
+)
+def two_per_key_retried(context: TaskContext, customer: str, n: int = 0, sleep: float = 0.5, fail: bool = False) -> int:
+    """As two_per_key; with ``fail``, the first attempt fails at once and the
+    job is READY again 0.5 s later (keeping its id, below its key's newer jobs)."""
+    failing = fail and context.attempt == 1
+    _run(context, 0.05 if failing else sleep, customer)
+    if failing:
+        raise RuntimeError("the first attempt fails")
     return n
 
 
