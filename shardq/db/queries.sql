@@ -356,18 +356,23 @@ WITH held AS MATERIALIZED (
           AND {{open_gates*}}
           -- Several pools can claim one shard's jobs (docs/architecture.md,
           -- "Pools"): where another pool holds this shard, an ordered job is
-          -- claimed only when no earlier job of its key is due before it
-          -- (READY) or in flight under another lease. A READY predecessor
-          -- counts as seen by this statement's snapshot, so a claim racing
-          -- another pool's claim of that predecessor errs toward waiting.
-          -- During a reshard the same holds across the shard's family (see
-          -- held.family): each of its shards may have its own owner.
+          -- claimed only when no job of its key is in flight under another
+          -- lease, whatever its id (a retried job is READY again below its
+          -- key's newer jobs, and one of those may run under another pool's
+          -- lease), and no READY one comes before it in one total order,
+          -- (run_after, id), so of two that two pools' claims see at once
+          -- only the first passes. A READY predecessor counts as seen by this
+          -- statement's snapshot, so a claim racing another pool's claim of
+          -- that predecessor errs toward waiting. During a reshard the same
+          -- holds across the shard's family (see held.family): each of its
+          -- shards may have its own owner.
           AND CASE WHEN ordered AND (held.shared OR held.family IS NOT NULL) THEN NOT EXISTS (
                   SELECT 1 FROM shardq_job AS e
                   WHERE e.shard = ANY(COALESCE(held.family, ARRAY[held.shard]::int[]))
                     AND e.shard_key = shardq_job.shard_key AND e.ordered
-                    AND e.status IN ('READY', 'CLAIMED', 'RUNNING') AND e.id < shardq_job.id
-                    AND CASE WHEN e.status = 'READY' THEN e.run_after <= shardq_job.run_after
+                    AND e.status IN ('READY', 'CLAIMED', 'RUNNING')
+                    AND CASE WHEN e.status = 'READY'
+                             THEN (e.run_after, e.id) < (shardq_job.run_after, shardq_job.id)
                              ELSE e.fence <> held.claim_version END)
               -- A job limited by its shard key (key_limited; docs/limits.md):
               -- its owner's local queue keeps the cap, so all of a key's jobs

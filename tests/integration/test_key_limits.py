@@ -14,7 +14,7 @@ from shardq.core.limits import LimitSpec
 from shardq.db.store import WorkerStore
 from shardq.limits import KeyCaps, call_limits
 from shardq.worker.jobs import ClaimedJob
-from tests.helpers import leased_shard_factory, sql
+from tests.helpers import job_factory, leased_shard_factory, sql
 from tests.taskapp import key_limit_tasks as t
 from tests.taskapp import limit_tasks, tasks
 
@@ -295,3 +295,17 @@ def test_of_two_ready_jobs_of_a_key_seen_by_two_claims_at_once_only_the_first_ma
         assert claim(b, "default") == []
     assert [j.id for j in claim(a, "*")] == [ids[1]]
     assert claim(b, "default") == []
+
+
+def test_an_ordered_keys_retried_job_waits_while_a_newer_job_of_its_key_runs_under_another_pool():
+    """The same guard for ordered=True jobs (it once looked at lower ids
+    only): a retry, READY again below a newer job of its key that the other
+    pool runs, would have run beside it, two of one ordered key at once."""
+    a, b = two_pools_on_shard_0()
+    ids = job_factory(3, ordered=True, shard_key="k", task_path=tasks.noop.module_path)
+    sql("UPDATE shardq_job SET run_after = now() + interval '0.5 seconds' WHERE id = %s", [ids[0]])
+    assert [j.id for j in claim(a, "*")] == [ids[1]]
+    assert claim(b, "default") == []
+    sql("UPDATE shardq_job SET status = 'SUCCESSFUL' WHERE id = %s", [ids[1]])
+    assert [j.id for j in claim(b, "default")] == [ids[2]]  # the next in (run_after, id) order
+    assert claim(a, "*") == []  # the retry: the key is in flight under B's lease
