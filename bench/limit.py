@@ -27,9 +27,9 @@ NOOP = "tests.taskapp.tasks.noop"
 SHARD_COUNT = 64
 CHANNEL = "shardq"
 
-# queries.sql's job columns but the id (the sequence gives it here) and
-# limit_keys (NULL: no limit, the column's default).
-COLUMNS = tuple(name for name in JOB_COLUMNS if name not in ("id", "limit_keys"))
+# queries.sql's job columns but the id (the sequence gives it here),
+# limit_keys (NULL: no limit) and key_limited (false): the columns' defaults.
+COLUMNS = tuple(name for name in JOB_COLUMNS if name not in ("id", "limit_keys", "key_limited"))
 
 
 def noop():
@@ -55,6 +55,7 @@ def insert_params(key_hash: int | None = None) -> dict:
         "notify": True,
         "shard_count": SHARD_COUNT,  # only when the cluster row is missing (the statement computes the shard)
         "limit_keys": None,
+        "key_limited": False,
         "key_hash": key_hash,
         "shard_key": None,
         "args": "[]",
