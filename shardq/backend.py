@@ -52,6 +52,7 @@ import re
 import threading
 import time
 from dataclasses import fields as dataclass_fields
+from datetime import datetime, timedelta
 from functools import partial
 
 from django.core.exceptions import ImproperlyConfigured
@@ -83,6 +84,7 @@ from .tasks import (
     resolve,
     validate_shard_options,
 )
+from .tasks.keys import _short_repr
 
 # Default of OPTIONS["UNIQUE_CACHE_SIZE"]: recently seen unique keys kept (0: none).
 UNIQUE_KEYS_CACHED = 1024
@@ -129,6 +131,7 @@ class ShardqBackend(BaseTaskBackend):
     # -- definition time ----------------------------------------------------
 
     def validate_task(self, task):
+        check_run_after(task)
         super().validate_task(task)
         validate_stored_names(task)
         validate_shard_options(task)
@@ -627,6 +630,23 @@ def _task_error(entry) -> TaskError:
     return TaskError(
         exception_class_path="shardq.exceptions.UnreadableJob",
         traceback=f"shardq.exceptions.UnreadableJob: an error entry of an unknown shape: {json.dumps(entry)[:1000]}\n",
+    )
+
+
+def check_run_after(task) -> None:
+    """Refuse a run_after that is not a datetime with a message that says
+    what to pass (Django's own check calls ``utcoffset`` on it: an
+    AttributeError for a timedelta, a string or a number)."""
+    run_after = task.run_after
+    if run_after is None or isinstance(run_after, datetime):
+        return
+    hint = ""
+    if isinstance(run_after, timedelta):
+        hint = " A delay is timezone.now() + the timedelta (a @shard_task's .using() also takes the timedelta itself)."
+    raise InvalidTask(
+        f"{task.module_path}: run_after must be an aware datetime, e.g. "
+        f".using(run_after=timezone.now() + timedelta(minutes=5)), not {type(run_after).__name__} "
+        f"{_short_repr(run_after)}.{hint}"
     )
 
 

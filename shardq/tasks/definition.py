@@ -12,6 +12,7 @@ from typing import Any
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Task
 from django.tasks.base import DEFAULT_TASK_PRIORITY
 from django.tasks.exceptions import InvalidTask
+from django.utils import timezone
 
 from .. import conf
 from ..core.limits import LimitError, check_concurrency, parse_rate
@@ -113,6 +114,9 @@ class ShardTask(Task):
         return float(self.unique_for)
 
     def using(self, *, shard_key=None, timeout=None, after=None, on_parent_failure=None, **changes):
+        if isinstance(changes.get("run_after"), timedelta):
+            # A delay from now (Django's own Task.using takes a datetime only).
+            changes["run_after"] = timezone.now() + changes["run_after"]
         task = Task.using(self, **changes)
         if shard_key is not None:
             task = replace(task, shard_key=key_to_str(shard_key, "shard_key"))

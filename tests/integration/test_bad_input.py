@@ -7,10 +7,13 @@ import uuid
 import pytest
 from django.tasks import TaskContext
 from django.tasks.exceptions import InvalidTask
+from django.utils import timezone
 
 import shardq
 from shardq import exponential, shard_task
 from shardq.exceptions import ArgumentNotJSON
+from tests.helpers import sql
+from tests.taskapp import tasks
 from tests.taskapp.tasks import add, echo, keyed
 
 from .conftest import job_count
@@ -198,3 +201,19 @@ def test_a_call_that_does_not_bind_to_the_keyed_function_is_refused(nothing_stor
 def test_a_shard_key_that_is_not_json_is_refused(nothing_stored):
     with pytest.raises(InvalidTask, match=r"The shard key .* is not JSON"):
         keyed_by_callable.enqueue(user_id=1, note="x")
+
+
+@pytest.mark.parametrize("value", ["2026-01-01T00:00:00Z", 300, 1.5], ids=["str", "int", "float"])
+def test_a_run_after_that_is_not_a_datetime_is_refused_with_what_to_pass(value, nothing_stored):
+    with pytest.raises(
+        InvalidTask, match=r"run_after must be an aware datetime, e\.g\. .*timezone\.now\(\) \+ timedelta"
+    ):
+        tasks.noop.using(run_after=value).enqueue()
+
+
+def test_a_run_after_timedelta_is_a_delay_from_now():
+    before = timezone.now()
+    result = tasks.noop.using(run_after=datetime.timedelta(minutes=5)).enqueue()
+    [(run_after,)] = sql("SELECT run_after FROM shardq_job WHERE id = %s", [int(result.id)])
+    assert before + datetime.timedelta(minutes=5) <= run_after <= timezone.now() + datetime.timedelta(minutes=5)
+    assert result.task.run_after == run_after
