@@ -38,3 +38,26 @@ def test_the_limits_page_shows_capacity_use_holders_and_waiting_jobs(open_admin,
     expect(rate.locator(".rate")).to_have_text("20/s (burst 2)")
     expect(rate.locator(".waiting")).to_have_text("1")
     expect(rate.locator(".tokens")).to_have_text("2")
+
+
+def test_a_limit_by_the_shard_key_shows_its_running_jobs_and_who_runs_them(open_admin, django_user_model):
+    from tests.taskapp import key_limit_tasks
+
+    viewer = make_user(django_user_model, "limits-viewer-2", permissions=["view_limitslot"])
+    worker = register_worker("box-b", 42)
+    sql("UPDATE shardq_worker SET name = 'sync-1' WHERE id = %s", [worker])
+    jobs = [int(r.id) for r in shardq.enqueue_many(key_limit_tasks.per_account, [(("acme",), {}) for _ in range(5)])]
+    # Two running on that worker (its id last in worker_ids, as the start writes it), one claimed.
+    sql(
+        "UPDATE shardq_job SET status = 'RUNNING', worker_ids = jsonb_build_array(%s::text) WHERE id = ANY(%s)",
+        [worker, jobs[:2]],
+    )
+    sql("UPDATE shardq_job SET status = 'CLAIMED' WHERE id = %s", [jobs[2]])
+    page = open_admin(viewer)
+    page.get_by_role("link", name="Limits").click()
+    row = page.locator(f"#limits tr[data-key='t:{key_limit_tasks.per_account.module_path}=acme']")
+    expect(row.locator(".kind")).to_have_text("partition by shard key")
+    expect(row.locator(".capacity")).to_have_text("2")
+    expect(row.locator(".in-use")).to_have_text("2")
+    expect(row.locator(".holders")).to_have_text("sync-1: 2")
+    expect(row.locator(".waiting")).to_have_text("3")
