@@ -346,12 +346,16 @@ class Fetcher(Service):
         if limiter is None or wanted <= 0:
             return 0
         took = 0
-        rooms = limiter.owned_rooms()
-        if rooms:
-            took = self.claim_limited_owned(order, wanted, rooms)
-            if took >= wanted or not limiter.full_claim_due():
-                return took
-        return took + self.claim_limited_full(order, wanted - took)
+        limiter.claim_begun()
+        try:
+            rooms = limiter.owned_rooms()
+            if rooms:
+                took = self.claim_limited_owned(order, wanted, rooms)
+                if took >= wanted or not limiter.full_claim_due():
+                    return took
+            return took + self.claim_limited_full(order, wanted - took)
+        finally:
+            limiter.claim_ended()
 
     def claim_limited_owned(self, order: list[int], wanted: int, rooms: dict[str, int]) -> int:
         limiter = self.limiter

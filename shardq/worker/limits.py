@@ -147,6 +147,10 @@ class Limiter:
         self._known_paths = -1
         self._active = bool(queue_limits)
         self._stopping = False
+        # A limited claim is between its room (owned_rooms, the walk) and its
+        # jobs' registration (claimed, claimed_owned): no free slot goes back
+        # meanwhile (see claim_begun).
+        self._claiming = False
 
     # -- is anything limited at all? --------------------------------------------
 
@@ -391,6 +395,24 @@ class Limiter:
             self._release_idle()
             self._cond.notify_all()
 
+    def claim_begun(self) -> None:
+        """A limited claim starts: keep every free slot until it ends. Its
+        room counts them; a job leaving a thread meanwhile (``finished``)
+        found no job of the limit waiting here yet, the claim's not being
+        registered, and gave the slots back, so the claimed jobs found none
+        and were handed back, and the drain's last jobs waited out the poll
+        (1 run in 5 of bench/limits.py's generous case, a 1-second tail)."""
+        with self._cond:
+            self._claiming = True
+
+    def claim_ended(self) -> None:
+        """The limited claim ended (its jobs registered, or it failed): the
+        free slots are decided again."""
+        with self._cond:
+            self._claiming = False
+            self._release_idle()
+            self._cond.notify_all()
+
     def full_claim_due(self) -> bool:
         """After a one-statement claim that came back short: is the full
         claim (candidates, slots, rates) worth its statements now? When a
@@ -434,6 +456,8 @@ class Limiter:
         jobs for this worker (``_more``: its next claim takes them into the
         slot, with no release and take between); never more than its share.
         """
+        if self._claiming:
+            return  # decided again when the claim ends (claim_ended)
         for key, free in self._free.items():
             if not free:
                 continue
@@ -548,8 +572,15 @@ class Limiter:
             if keys is None:
                 return False
             for key in keys:
-                # Room opened here: the next claim looks at this limit again.
+                # Room opened here: the next claim looks at this limit again,
+                # and a claim running now does not mark it full on what its
+                # walk saw before (as for a NOTIFY's freed slot). Without it,
+                # the last jobs of a drain ending during a claim left their
+                # limit marked full with every slot free, and its last READY
+                # jobs waited out the poll (1 run in 5 of bench/limits.py's
+                # generous case, a 1-second tail).
                 self._full.pop(key, None)
+                self._freed_since_walk.add(key)
             if held is None:  # never ran here: it no longer waits
                 for key in keys:
                     self._waiting[key] = max(0, self._waiting.get(key, 1) - 1)

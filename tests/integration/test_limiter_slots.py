@@ -113,3 +113,29 @@ def test_a_slot_freed_elsewhere_while_a_claim_runs_is_looked_for_by_the_next_cla
     assert plan.ids == []
     # Full (passed over by the next walks) only when no slot was freed meanwhile.
     assert (KEY in lim.full_keys()) is not during_claim
+
+
+def test_jobs_ending_while_a_claim_runs_leave_its_room_owned_until_the_claim_registers_its_jobs():
+    """The claim's room counted the slots its running jobs held; they end
+    between the pick and the registration of the claimed jobs (``claimed``).
+    The slots went back then (no job of the limit waited here yet), and the
+    claimed jobs found none: handed back, and the drain's last jobs waited
+    out the poll (bench/limits.py's generous case, 1 run in 5). A claim is
+    bracketed (claim_begun / claim_ended, as Fetcher.claim_limited does)."""
+    lim = limiter()
+    assert claim(lim, rows(1, 2, 3), [101, 102, 103]) == [1, 2, 3]
+    for job in (1, 2, 3):
+        run(lim, job)
+    lim.claim_begun()
+    lim.full_keys()
+    candidates = rows(4, 5)
+    lim.walked(candidates, [])
+    lim.needs(candidates, 10)
+    plan = lim.pick(candidates, [], [], idle_threads=8, limit=10)
+    assert plan.ids == [4, 5]  # into the slots jobs 1-3 still hold
+    for job in (1, 2, 3):
+        lim.finished(job)
+    lim.claimed(plan, set(plan.ids))
+    lim.claim_ended()
+    assert lim.acquire(4, timeout=1.0) and lim.acquire(5, timeout=1.0)
+    assert len(lim.take_released()) == 1  # the third slot: nothing here needs it
