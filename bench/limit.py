@@ -21,7 +21,8 @@ import psycopg
 
 from shardq.core import pools
 from shardq.db.enqueue import JOB_COLUMNS
-from shardq.db.queries import ANY_PRIORITY, QUERIES
+from shardq.db.queries import QUERIES
+from shardq.db.store import claim_jobs_params, claim_scope
 
 NOOP = "tests.taskapp.tasks.noop"
 SHARD_COUNT = 64
@@ -192,30 +193,14 @@ class Drainer:
         return self.conn.execute(
             QUERIES["claim_jobs"],
             {
-                "worker": self.worker,
-                "worker_id": self.worker,
-                "shards": self.shards,
-                "queues": [],
-                "all_queues": True,
-                "exclude_queues": [],
-                "backend": "",
-                "any_backend": True,
-                "per_shard": per_shard,
-                "limit": self.batch if limit is None else limit,
+                # A worker serving every queue.
+                **claim_scope(self.worker, self.shards, pools.ALL, None, None, None, per_shard),
                 # Every claimed job starts now: the claim writes the start too
                 # (RUNNING, attempts + 1), as the worker's claim does for the
                 # jobs its threads run next.
-                "start": self.batch if limit is None else limit,
-                "lookahead": 0.0,
-                "min_priority": ANY_PRIORITY,
-                "full_tasks": [],
-                "full_keys": [],
-                "cap_tasks": [],
-                "caps": [],
-                "room_tasks": [],
-                "room_keys": [],
-                "rooms": [],
-                "pool": pools.ALL,  # a worker serving every queue
+                **claim_jobs_params(
+                    self.batch if limit is None else limit, start=self.batch if limit is None else limit
+                ),
             },
             prepare=True,
             binary=True,

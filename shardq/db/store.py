@@ -81,6 +81,32 @@ def claim_scope(
     }
 
 
+def claim_jobs_params(
+    limit: int,
+    lookahead: float = 0.0,
+    start: int = 0,
+    min_priority: int = ANY_PRIORITY,
+    full_keys: list[tuple[str, str]] | None = None,
+    key_rooms: "KeyRooms | None" = None,
+) -> dict[str, Any]:
+    """``claim_jobs``' own parameters beside ``claim_scope``'s (see
+    WorkerStore.claim_jobs): the batch, the look-ahead, how many to start,
+    the priority floor, and the local queue's gates (full keys, rooms)."""
+    return {
+        "limit": limit,
+        "min_priority": min_priority,
+        "lookahead": lookahead,
+        "start": start,
+        "full_tasks": [task for task, _ in full_keys or ()],
+        "full_keys": [key for _, key in full_keys or ()],
+        "cap_tasks": list(key_rooms.caps) if key_rooms else [],
+        "caps": list(key_rooms.caps.values()) if key_rooms else [],
+        "room_tasks": [task for task, _, _ in key_rooms.rooms] if key_rooms else [],
+        "room_keys": [key for _, key, _ in key_rooms.rooms] if key_rooms else [],
+        "rooms": [room for _, _, room in key_rooms.rooms] if key_rooms else [],
+    }
+
+
 class JobRef(Protocol):
     """A claimed job as the store reads it (``ClaimedJob`` in the worker)."""
 
@@ -641,21 +667,11 @@ class WorkerStore:
         shard key) pairs whose gate in the local queue has jobs waiting)
         are passed over. Of the first ``start``, a key_limited job is
         started only within its key's room (``key_rooms``; None: none)."""
-        # Binary results: timestamps and numbers decode without parsing text.
         params = {
             **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
-            "limit": limit,
-            "min_priority": min_priority,
-            "lookahead": lookahead,
-            "start": start,
-            "full_tasks": [task for task, _ in full_keys or ()],
-            "full_keys": [key for _, key in full_keys or ()],
-            "cap_tasks": list(key_rooms.caps) if key_rooms else [],
-            "caps": list(key_rooms.caps.values()) if key_rooms else [],
-            "room_tasks": [task for task, _, _ in key_rooms.rooms] if key_rooms else [],
-            "room_keys": [key for _, key, _ in key_rooms.rooms] if key_rooms else [],
-            "rooms": [room for _, _, room in key_rooms.rooms] if key_rooms else [],
+            **claim_jobs_params(limit, lookahead, start, min_priority, full_keys, key_rooms),
         }
+        # Binary results: timestamps and numbers decode without parsing text.
         if row_factory is None:
             return self.run("claim_jobs", params, binary=True, named=True)
         return self.guarded(

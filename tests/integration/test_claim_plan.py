@@ -7,7 +7,8 @@ import uuid
 import pytest
 from django.db import connection, transaction
 
-from shardq.db.queries import ANY_PRIORITY, QUERIES
+from shardq.db.queries import QUERIES
+from shardq.db.store import claim_jobs_params, claim_scope
 
 pytestmark = pytest.mark.django_db
 
@@ -46,29 +47,10 @@ def backlog():
 
 
 def claim_params(worker, *, per_shard=16, limit=256) -> dict:
+    # The --exclude-queues and --backend filters are on, as a worker sends them.
     return {
-        "shards": list(range(SHARDS)),
-        "worker": worker,
-        "queues": ["default"],
-        "all_queues": False,
-        # The --exclude-queues and --backend filters are on, as a worker sends them.
-        "exclude_queues": ["reports"],
-        "backend": "default",
-        "any_backend": False,
-        "per_shard": per_shard,
-        "limit": limit,
-        "lookahead": 0.0,
-        "start": 0,
-        "min_priority": ANY_PRIORITY,
-        "full_tasks": [],
-        "full_keys": [],
-        "cap_tasks": [],
-        "caps": [],
-        "room_tasks": [],
-        "room_keys": [],
-        "rooms": [],
-        "worker_id": str(worker),
-        "pool": "*",
+        **claim_scope(str(worker), list(range(SHARDS)), "*", ["default"], ["reports"], "default", per_shard),
+        **claim_jobs_params(limit),
     }
 
 

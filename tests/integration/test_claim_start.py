@@ -6,7 +6,7 @@ import json
 import pytest
 from django.db import connection
 
-from shardq.db.store import WorkerStore, fields_row
+from shardq.db.store import WorkerStore, claim_jobs_params, claim_scope, fields_row
 from shardq.worker.jobs import ClaimedJob
 from tests.helpers import job_factory, leased_shard_factory, sql
 
@@ -153,32 +153,11 @@ def test_the_claim_columns_line_up_with_claimed_job_fields(shard0):
     store = WorkerStore(application_name="test-claim-start")
     try:
         cursor = store._cursor()
-        from shardq.db.queries import ANY_PRIORITY, QUERIES
+        from shardq.db.queries import QUERIES
 
         cursor.execute(
             QUERIES["claim_jobs"],
-            {
-                "worker": worker,
-                "shards": [0],
-                "queues": [],
-                "all_queues": True,
-                "exclude_queues": [],
-                "backend": "",
-                "any_backend": True,
-                "per_shard": 1,
-                "limit": 1,
-                "lookahead": 0.0,
-                "start": 0,
-                "pool": "*",
-                "min_priority": ANY_PRIORITY,
-                "full_tasks": [],
-                "full_keys": [],
-                "cap_tasks": [],
-                "caps": [],
-                "room_tasks": [],
-                "room_keys": [],
-                "rooms": [],
-            },
+            {**claim_scope(worker, [0], "*", None, None, None, 1), **claim_jobs_params(1)},
         )
         names = [column.name for column in cursor.description]
     finally:
