@@ -81,11 +81,12 @@ def test_the_worker_reads_the_cap_from_the_task_and_holds_back_nothing_it_does_n
     assert len(small._caps) <= 2
 
 
-def claim(worker, pool="*", start=10):
+def claim(worker, pool="*", start=10, **options):
+    """One claim_jobs of shard 0 (``options``: full_keys, key_rooms)."""
     store = WorkerStore(application_name="test-key-limits")
     try:
         return store.claim_jobs(
-            worker, [0], None, 20, 20, lookahead=1.0, row_factory=ClaimedJob, start=start, pool=pool
+            worker, [0], None, 20, 20, lookahead=1.0, row_factory=ClaimedJob, start=start, pool=pool, **options
         )
     finally:
         store.close()
@@ -137,19 +138,7 @@ def test_a_key_whose_gate_has_jobs_waiting_is_passed_over_and_keeps_its_place():
     worker, _ = leased_shard_factory([0])
     full = key_jobs(3, account="full")
     other = key_jobs(2, account="open")
-    store = WorkerStore(application_name="test-key-limits")
-    try:
-        jobs = store.claim_jobs(
-            worker,
-            [0],
-            None,
-            20,
-            20,
-            row_factory=ClaimedJob,
-            full_keys=[(t.per_account.module_path, "full"), ("another.task", "open")],
-        )
-    finally:
-        store.close()
+    jobs = claim(worker, start=0, full_keys=[(t.per_account.module_path, "full"), ("another.task", "open")])
     # "open" is full only for another task: its jobs come; "full"'s stay READY, untouched.
     assert sorted(j.id for j in jobs) == sorted(other)
     assert sql("SELECT DISTINCT status, status_rank FROM shardq_job WHERE id = ANY(%s)", [full]) == [("READY", 0)]
@@ -160,13 +149,7 @@ def test_a_key_limited_row_without_a_shard_key_is_claimed_and_not_held_back():
     worker, _ = leased_shard_factory([0])
     [job_id] = key_jobs(1, account="x")
     sql("UPDATE shardq_job SET shard_key = NULL WHERE id = %s", [job_id])
-    store = WorkerStore(application_name="test-key-limits")
-    try:
-        jobs = store.claim_jobs(
-            worker, [0], None, 20, 20, row_factory=ClaimedJob, full_keys=[(t.per_account.module_path, "x")]
-        )
-    finally:
-        store.close()
+    jobs = claim(worker, start=0, full_keys=[(t.per_account.module_path, "x")])
     assert [j.id for j in jobs] == [job_id]
     from shardq.worker.buffer import Buffer
 
@@ -203,20 +186,7 @@ def test_the_claim_starts_key_limited_jobs_only_within_their_keys_room():
     busy = key_jobs(3, account="busy")
     full = key_jobs(2, account="full")
     path = t.per_account.module_path
-    store = WorkerStore(application_name="test-key-limits")
-    try:
-        jobs = store.claim_jobs(
-            worker,
-            [0],
-            None,
-            20,
-            20,
-            row_factory=ClaimedJob,
-            start=20,
-            key_rooms=KeyRooms(caps={path: 2}, rooms=[(path, "busy", 1), (path, "full", 0)]),
-        )
-    finally:
-        store.close()
+    jobs = claim(worker, start=20, key_rooms=KeyRooms(caps={path: 2}, rooms=[(path, "busy", 1), (path, "full", 0)]))
     started = {j.id for j in jobs if j.started}
     # The cap for a key with nothing running here, the room left for a busy
     # one, none for a key at its cap: in claim order within each key.
@@ -230,13 +200,7 @@ def test_no_key_limited_job_is_started_by_the_claim_for_a_task_whose_cap_the_wor
 
     worker, _ = leased_shard_factory([0])
     key_jobs(2, account="k")
-    store = WorkerStore(application_name="test-key-limits")
-    try:
-        jobs = store.claim_jobs(
-            worker, [0], None, 20, 20, row_factory=ClaimedJob, start=20, key_rooms=KeyRooms(caps={}, rooms=[])
-        )
-    finally:
-        store.close()
+    jobs = claim(worker, start=20, key_rooms=KeyRooms(caps={}, rooms=[]))
     assert len(jobs) == 2 and not any(j.started for j in jobs)
 
 
