@@ -203,8 +203,9 @@ WHERE id = %(worker)s;
 -- pairwise: task path and shard key; empty arrays: none). Such a job would only wait in memory
 -- too, so it keeps its place in the table and the claim goes on to other keys' jobs
 -- (docs/limits.md, "Limits by the shard key"). A row with no shard key is never passed over.
-NOT (key_limited AND EXISTS (SELECT 1 FROM unnest(%(full_tasks)s::text[], %(full_keys)s::text[]) AS f(task, key)
-                             WHERE f.task = task_path AND f.key = shard_key))
+-- An uncorrelated IN: one hashed set per statement, not a scan of the keys per row.
+NOT COALESCE(key_limited AND (task_path, shard_key) IN (
+    SELECT f.task, f.key FROM unnest(%(full_tasks)s::text[], %(full_keys)s::text[]) AS f(task, key)), false)
 
 -- name: claim_start_set
 -- What a claim writes on each job it takes (``job``, from ``picked``: its claim_version and whether
