@@ -574,11 +574,7 @@ class Limiter:
             for key in keys:
                 # Room opened here: the next claim looks at this limit again,
                 # and a claim running now does not mark it full on what its
-                # walk saw before (as for a NOTIFY's freed slot). Without it,
-                # the last jobs of a drain ending during a claim left their
-                # limit marked full with every slot free, and its last READY
-                # jobs waited out the poll (1 run in 5 of bench/limits.py's
-                # generous case, a 1-second tail).
+                # walk saw before (as for a NOTIFY's freed slot elsewhere).
                 self._full.pop(key, None)
                 self._freed_since_walk.add(key)
             if held is None:  # never ran here: it no longer waits
