@@ -78,14 +78,7 @@ class Buffer:
         refused = [
             cast(ClaimedJob, queued.payload)
             for queued in self.queue.push_many(
-                [
-                    self._capped(job)
-                    if job.key_limited
-                    else QueuedJob(
-                        job.id, job.queue_name, job.priority, job.run_after, job.shard, job.shard_key, job.ordered, job
-                    )
-                    for job in jobs
-                ],
+                [self._queued(job) for job in jobs],
                 now,
             )
         ]
@@ -97,24 +90,35 @@ class Buffer:
             self._ready.notify(len(jobs) - len(refused))
         return refused
 
-    def _capped(self, job: ClaimedJob) -> QueuedJob:
-        """A key_limited job as the local queue gates it: at most its task's
-        max_concurrency of its shard key at once, on a key of their own (NUL
-        never occurs in a task path or a shard key, so it cannot meet an
-        ordered job's key). Ungated when the task is not defined here with a
-        cap (an unknown task fails as it would anyway) or the row has no key;
-        an ordered job keeps its one-at-a-time gate, which is stricter."""
+    def _queued(self, job: ClaimedJob) -> QueuedJob:
+        """A claimed job as the local queue holds it. A key_limited job is
+        gated at most its task's max_concurrency of its shard key at once,
+        on a key of its own (NUL never occurs in a task path or a shard key,
+        so it cannot meet an ordered job's key). It is ungated when the task
+        is not defined here with a cap (an unknown task fails as it would
+        anyway) or the row has no key; an ordered job keeps its
+        one-at-a-time gate, which is stricter."""
         key_cap = self.key_cap
-        cap = None if job.ordered or job.shard_key is None or key_cap is None else key_cap(job.task_path)
-        if not cap:
-            return QueuedJob(
-                job.id, job.queue_name, job.priority, job.run_after, job.shard, job.shard_key, job.ordered, job
-            )
-        gate = f"\0{job.task_path}\0{job.shard_key}"
-        # Started by its claim (it had room, see key_rooms): it runs now or
-        # goes back (a hand-back takes the start back), never waits started.
+        if job.key_limited and not job.ordered and job.shard_key is not None and key_cap is not None:
+            cap = key_cap(job.task_path)
+            if cap:
+                # Started by its claim (it had room, see key_rooms): it runs
+                # now or goes back (a hand-back takes the start back), never
+                # waits started.
+                return QueuedJob(
+                    job.id,
+                    job.queue_name,
+                    job.priority,
+                    job.run_after,
+                    job.shard,
+                    f"\0{job.task_path}\0{job.shard_key}",
+                    False,
+                    job,
+                    cap,
+                    no_wait=job.started,
+                )
         return QueuedJob(
-            job.id, job.queue_name, job.priority, job.run_after, job.shard, gate, False, job, cap, no_wait=job.started
+            job.id, job.queue_name, job.priority, job.run_after, job.shard, job.shard_key, job.ordered, job
         )
 
     @property
@@ -125,11 +129,7 @@ class Buffer:
     def full_keys(self) -> list[tuple[str, str]]:
         """(task path, shard key) of each key_limited key with jobs waiting
         at its gate: the claim passes over their jobs until it opens."""
-        out = []
-        for gate in self.queue.full_keys():
-            _, task_path, shard_key = gate.split("\0", 2)
-            out.append((task_path, shard_key))
-        return out
+        return [_task_and_key(gate) for gate in self.queue.full_keys()]
 
     def key_rooms(self) -> "KeyRooms | None":
         """What the claim may start of key_limited jobs (claim_jobs'
@@ -142,10 +142,7 @@ class Buffer:
         caps = self.key_cap.known() if self.key_cap is not None else {}
         if not caps:  # no key_limited job seen here: nothing to start, nothing to send
             return None
-        rooms = []
-        for gate, room in self.queue.rooms().items():
-            _, task_path, shard_key = gate.split("\0", 2)
-            rooms.append((task_path, shard_key, max(0, room)))
+        rooms = [(*_task_and_key(gate), max(0, room)) for gate, room in self.queue.rooms().items()]
         return KeyRooms(caps, rooms)
 
     def _uncount(self, priority: int) -> None:
@@ -260,3 +257,9 @@ class Buffer:
     def wake_all(self) -> None:
         with self._ready:
             self._ready.notify_all()
+
+
+def _task_and_key(gate: str) -> tuple[str, str]:
+    """(task path, shard key) of a key_limited job's gate key (see Buffer._queued)."""
+    _, task_path, shard_key = gate.split("\0", 2)
+    return task_path, shard_key

@@ -572,11 +572,8 @@ class Limiter:
             if keys is None:
                 return False
             for key in keys:
-                # Room opened here: the next claim looks at this limit again,
-                # and a claim running now does not mark it full on what its
-                # walk saw before (as for a NOTIFY's freed slot elsewhere).
+                # Room opened here: the next claim looks at this limit again.
                 self._full.pop(key, None)
-                self._freed_since_walk.add(key)
             if held is None:  # never ran here: it no longer waits
                 for key in keys:
                     self._waiting[key] = max(0, self._waiting.get(key, 1) - 1)

@@ -112,13 +112,18 @@ def test_the_claim_takes_key_limited_jobs_but_never_starts_them():
     assert sql("SELECT DISTINCT status FROM shardq_job WHERE id = ANY(%s)", [ids]) == [("CLAIMED",)]
 
 
-def test_where_two_pools_hold_a_shard_one_lease_at_a_time_has_a_keys_jobs_in_flight():
+def two_pools_on_shard_0():
     sql(
         "INSERT INTO shardq_shard (pool, shard, owner, lease_expires, claim_version) "
         "VALUES ('default', 0, NULL, NULL, 0) ON CONFLICT DO NOTHING"
     )
     a, _ = leased_shard_factory([0], pool="*")
     b, _ = leased_shard_factory([0], pool="default")
+    return a, b
+
+
+def test_where_two_pools_hold_a_shard_one_lease_at_a_time_has_a_keys_jobs_in_flight():
+    a, b = two_pools_on_shard_0()
     ids = key_jobs(4)
     other = key_jobs(1, account="j")
     # A's claim: a job whose earlier job of the key is READY waits for it.
@@ -222,16 +227,6 @@ def test_a_started_job_that_meets_a_full_gate_is_refused_for_a_hand_back_not_kep
     assert rooms.rooms == [(t.per_account.module_path, "k", 0)]
     assert rooms.caps == {t.per_account.module_path: 2}
     assert Buffer(20, lanes=1, key_cap=KeyCaps(resolve)).key_rooms() is None  # no such task seen yet
-
-
-def two_pools_on_shard_0():
-    sql(
-        "INSERT INTO shardq_shard (pool, shard, owner, lease_expires, claim_version) "
-        "VALUES ('default', 0, NULL, NULL, 0) ON CONFLICT DO NOTHING"
-    )
-    a, _ = leased_shard_factory([0], pool="*")
-    b, _ = leased_shard_factory([0], pool="default")
-    return a, b
 
 
 def test_a_retried_job_waits_while_newer_jobs_of_its_key_are_in_flight_under_another_lease():
