@@ -169,6 +169,7 @@ class Completer(Service):
             )
             applied = set()
             self._settle(outcomes)
+            _let_go(outcomes)
             return
         if applied:
             # Landed: the job is final (or retrying), never claimed back.
@@ -207,6 +208,7 @@ class Completer(Service):
             if n:
                 self.stats.add(name, n)
         self._settle(outcomes)
+        _let_go(outcomes)
 
     def _write_batch(
         self, outcomes: list[Outcome], deadline: float | None, parents: set[int] | None = None
@@ -241,6 +243,7 @@ class Completer(Service):
             shard=outcome.shard,
             attempts=outcome.attempts,
             job=outcome.job,
+            after_written=outcome.after_written,
         )
 
     def _settle(self, outcomes: Sequence[Outcome]) -> None:
@@ -258,3 +261,10 @@ class Completer(Service):
                     by_shard[shard] = left
                 else:
                     del by_shard[shard]
+
+
+def _let_go(outcomes: Sequence[Outcome]) -> None:
+    """What each job held until its outcome was in the table goes now."""
+    for outcome in outcomes:
+        if outcome.after_written is not None:
+            outcome.after_written()

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -42,11 +43,12 @@ from .jobs import ClaimedJob, Outcome
 from .leaser import Leaser
 from .runcontrol import Attempt, RunControl
 from .service import DEFAULT_STOP_SECONDS
-from .starter import LOST, REJECTED, UNAVAILABLE, Starter
+from .starter import LOST, REJECTED, UNAVAILABLE, StartWrites
 from .stats import Stats
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
+    from .limits import Limiter
 
 logger = logging.getLogger("shardq.worker.executor")
 
@@ -230,26 +232,14 @@ class Executor:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self.failure: BaseException | None = None
-        # Records each job's start before a thread runs it (starter.py).
-        self.starter = Starter(
-            start_store,
-            stats,
-            worker_id=worker_id,
-            buffer=buffer,
-            leaser=leaser,
-            handback=handback,
-            fetcher=fetcher,
-            concurrency=concurrency,
-            task_seconds=self.measured_task_seconds,
-            task_modules=task_modules,
-        )
+        # Records each job's start as its thread begins it (starter.py).
+        self.starts = StartWrites(start_store, stats, worker_id)
 
     def measured_task_seconds(self) -> float | None:
         """The average task time, or None before any task has finished."""
         return self.average_task_seconds if self.task_measured else None
 
     def start(self) -> None:
-        self.starter.start()
         self.control.start()
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="shardq-async", daemon=True)
@@ -266,7 +256,6 @@ class Executor:
         may never return."""
         if deadline is None:
             deadline = time.monotonic() + DEFAULT_STOP_SECONDS
-        self.starter.stop(deadline)
         self._stop.set()
         self.buffer.wake_all()
         while True:
@@ -287,17 +276,20 @@ class Executor:
 
     def _run(self) -> None:
         try:
-            while True:
-                job = self.starter.take(timeout=0.25)
+            while not self._stop.is_set():
+                # Stopping: the jobs still buffered go back (Worker.shutdown),
+                # none is begun.
+                job = self.buffer.pop(timeout=0.25)
                 if job is None:
-                    if self._stop.is_set() and not self.starter.ready:
-                        break  # every started job has run
                     continue
                 # A limited job's limiter (None: the job counts against no limit).
                 limiter = self.fetcher.limiter
                 if limiter is not None and not limiter.tracks(job.id):
                     limiter = None
+                outcome = None
                 try:
+                    # The slot first, then the start: a job waiting for its
+                    # limit is CLAIMED, not RUNNING (docs/limits.md).
                     if limiter is not None and not limiter.acquire(job.id, self.fetcher.lease_ttl):
                         # No slot of its limit came back here within a lease
                         # (docs/limits.md): hand it back unrun, for any worker.
@@ -307,20 +299,31 @@ class Executor:
                     if outcome is not None:  # None: nothing to write (see execute)
                         if self.metrics is not None:
                             outcome.job = job
+                        if limiter is not None or job.ordered or job.key_limited:
+                            # Its limit slot and its key's gate pass on once
+                            # the outcome is in the table, not when the
+                            # function returns: the table never shows more
+                            # of a limit or a key RUNNING than may run (the
+                            # ack is write-behind, a few milliseconds).
+                            outcome.after_written = partial(self._left, job, limiter)
                         self.completer.put(outcome)
                 finally:
-                    self.buffer.done(job)
-                    # The thread has left the job: its limit slots pass to a
-                    # job waiting here or go back (docs/limits.md). Tied to
-                    # the thread, not to the outcome, so a thread still
-                    # running past its outcome keeps its slot.
-                    if limiter is not None and limiter.finished(job.id):
-                        self.fetcher.wake()
-                    self.fetcher.slot_freed()
+                    if outcome is None or outcome.after_written is None:
+                        self._left(job, limiter)
         except BaseException as exc:
             self.failure = exc
             logger.exception("an executor thread died; the worker stops")
             raise
+
+    def _left(self, job: ClaimedJob, limiter: "Limiter | None") -> None:
+        """The job is done here: its thread left it and, for a gated or
+        limited job, its outcome is written. Its limit slots pass to a job
+        waiting here or go back (docs/limits.md), its key's next job may
+        start, and the fetcher may claim into the room."""
+        self.buffer.done(job)
+        if limiter is not None and limiter.finished(job.id):
+            self.fetcher.wake()
+        self.fetcher.slot_freed()
 
     def run_job(self, job: ClaimedJob) -> Outcome | None:
         """Start and run one claimed job. An error of shardq's own while
@@ -350,9 +353,15 @@ class Executor:
                 "worker; the task has on_worker_lost='fail', so it is not run again\n"
             )
             return _failed(job, "shardq.exceptions.WorkerLost", text)
-        # The starter recorded the start (Starter.start_jobs) before handing
-        # the job over.
-        verdict, problem = job.start_verdict or (UNAVAILABLE, None)
+        if not self.leaser.trusts(job.shard, job.fence):
+            # The lease is lost or unconfirmed: start nothing; hand the claim
+            # back (refused harmlessly if it was rescued already).
+            self.stats.add("starts_refused")
+            self.handback.return_jobs([job])
+            return None
+        # Started now, as this thread begins it (group-committed with the
+        # threads that begin beside it, starter.py).
+        verdict, problem = self.starts.start(job)
         if verdict == LOST:
             # Not an outcome refused (fence_rejections counts those): the job
             # never ran here.

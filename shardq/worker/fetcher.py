@@ -30,7 +30,7 @@ from ..exceptions import DatabaseUnavailable, StatementRejected
 from .buffer import Buffer
 from .completer import Completer
 from .handback import HandBack
-from .jobs import STARTED_BY_CLAIM, ClaimedJob, Outcome
+from .jobs import ClaimedJob, Outcome
 from .leaser import LEASE_CHANNEL, Leaser
 from .limits import SCAN_FACTOR
 from .service import Service
@@ -65,14 +65,12 @@ class Fetcher(Service):
         queues: list[str] | None,
         poll_interval_seconds: float,
         demand: Callable[[], tuple[int, int]],
-        start_now: Callable[[], int] | None = None,
         outranking_claim: Callable[[int], "OutrankingClaim | None"] | None = None,
         outranking_store: WorkerStore | None = None,
         exclude_queues: list[str] | None = None,
         backend: str | None = None,
         holds: Callable[[int], bool] | None = None,
         metrics: "Metrics | None" = None,
-        expedite: Callable[[int], None] | None = None,
         handback: HandBack,
         limiter: "Limiter | None" = None,
         idle_threads: Callable[[], int] | None = None,
@@ -91,9 +89,6 @@ class Fetcher(Service):
         self.backend = backend  # claim only this TASKS alias's jobs (None: any)
         self.poll_interval = poll_interval_seconds
         self.demand = demand  # () -> (jobs wanted now, smallest batch worth a claim)
-        # () -> how many of a claim's jobs to start in the claim itself: the
-        # ones the threads run next (see claim_jobs in queries.sql).
-        self.start_now = start_now or (lambda: 0)
         # (a priority NOTIFY told of) -> the claim outside demand that takes
         # jobs outranking one waiting here, or None (see outrank).
         self.outranking_claim = outranking_claim or (lambda priority: None)
@@ -125,9 +120,6 @@ class Fetcher(Service):
         self.claim_uncertain = False
         # job id -> is it in memory here (buffered, running, outcome unwritten)?
         self.holds = holds or (lambda job_id: False)
-        # (best priority of a claim) -> None: jobs that outrank the ones
-        # already started here start out of turn (Starter.expedite).
-        self.expedite = expedite or (lambda priority: None)
         # Concurrency and rate limits (docs/limits.md): None when this
         # process defines none, and then nothing below runs.
         self.limiter = limiter
@@ -236,7 +228,7 @@ class Fetcher(Service):
                 if self.plain_claim_due(limited):
                     self._plain_unknown = False
                     checked = time.monotonic()
-                    claimed = self._claim(order, per_shard, free, self.start_now())
+                    claimed = self._claim(order, per_shard, free)
                     if not isinstance(claimed, list):
                         self._plain_unknown = True  # failed: look again next round
                         return claimed
@@ -288,7 +280,6 @@ class Fetcher(Service):
         order: list[int],
         per_shard: int,
         limit: int,
-        start: int,
         min_priority: int = ANY_PRIORITY,
         store: WorkerStore | None = None,
     ) -> list[ClaimedJob] | float:
@@ -305,13 +296,11 @@ class Fetcher(Service):
                 limit,
                 lookahead=LOOKAHEAD_SECONDS,
                 row_factory=ClaimedJob,
-                start=start,
                 exclude_queues=self.exclude_queues,
                 backend=self.backend,
                 pool=self.leaser.pool,
                 min_priority=min_priority,
                 full_keys=self.buffer.full_keys() if self.buffer.held_back else None,
-                key_rooms=self.buffer.key_rooms() if start else None,
             )
         except DatabaseUnavailable as exc:
             # The claim may have committed with its answer lost: its jobs
@@ -371,7 +360,7 @@ class Fetcher(Service):
                 per_shard=max(1, math.ceil(SCAN_FACTOR * wanted / len(order))),
                 rooms=rooms,
                 limit=wanted,
-                start=min(wanted, self.start_now()),
+                start=0,  # started by each job's thread (starter.py)
                 row_factory=ClaimedJob,
             )
         except (DatabaseUnavailable, StatementRejected) as exc:
@@ -417,7 +406,6 @@ class Fetcher(Service):
                 ttl=self.lease_ttl,
                 row_factory=ClaimedJob,
                 limit=wanted,
-                start=min(wanted, self.start_now()),
             )
         except (DatabaseUnavailable, StatementRejected) as exc:
             return self.limited_claim_failed(exc)
@@ -468,12 +456,10 @@ class Fetcher(Service):
         """Claim, outside demand, up to ``claim.limit`` jobs of at least
         ``claim.min_priority``: jobs that outrank one waiting in this
         worker's memory, which a NOTIFY told of. An ordinary claim would
-        come only once a quarter of the look-ahead has run, and its jobs
-        would wait behind those started ahead. These may exceed the demand
-        by ``limit`` (the buffer keeps that room, see
-        Worker.outranking_claim), are started by the claim when the starter
-        keeps jobs started ahead, and overtake those (Starter.expedite).
-        Runs on ``outranking_store``. Returns how many were claimed."""
+        come only once a quarter of the look-ahead has run. These may exceed
+        the demand by ``limit`` (the buffer keeps that room, see
+        Worker.outranking_claim) and go to the next free thread ahead of
+        the lower jobs buffered. Runs on ``outranking_store``. Returns how many were claimed."""
         if self.claim_uncertain or self.outranking_store is None:
             return 0  # the ordinary claim looks for lost claims first
         ownership = self.leaser.ownership
@@ -494,9 +480,7 @@ class Fetcher(Service):
         start = self._rotation % len(order)
         self._rotation += 1
         order = order[start:] + order[:start]
-        rows = self._claim(
-            order, claim.limit, claim.limit, claim.start, claim.min_priority, store=self.outranking_store
-        )
+        rows = self._claim(order, claim.limit, claim.limit, claim.min_priority, store=self.outranking_store)
         if not isinstance(rows, list):
             self._wake.set()  # the fetcher's thread looks for lost claims now
             return 0
@@ -516,9 +500,6 @@ class Fetcher(Service):
                 self.stats.add("quarantined")
                 logger.error("job %s (%s) quarantined: %s", job.id, job.task_path, job.problem)
                 continue
-            if job.started:
-                # worker_ids_json as returned already ends with this worker.
-                job.start_verdict = STARTED_BY_CLAIM
             jobs.append(job)
         self.stats.add("claimed", len(jobs))
         refused = []
@@ -568,8 +549,6 @@ class Fetcher(Service):
         refused += self.buffer.push_many(jobs)
         if refused:
             self.handback.return_jobs(refused)
-        if jobs:
-            self.expedite(max(job.priority for job in jobs))
 
     def recover_lost_claims(self, shards: list[int]) -> int:
         """Hand back jobs claimed by this worker under a current fence that
@@ -591,11 +570,10 @@ class Fetcher(Service):
 @dataclass(frozen=True, slots=True)
 class OutrankingClaim:
     """A claim outside demand (``Fetcher.claim_outranking``): up to ``limit``
-    jobs of ``min_priority`` or more, the first ``start`` of them started."""
+    jobs of ``min_priority`` or more."""
 
     min_priority: int
     limit: int
-    start: int
 
 
 @dataclass(slots=True)

@@ -1,14 +1,13 @@
 """Value types passed between the worker's services."""
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-# The start verdict of a job the claim started (see claim_jobs): as the
-# starter's own ("started", None).
+# The start verdict of a job whose start write committed (starter.py).
 STARTED = "started"
-STARTED_BY_CLAIM = (STARTED, None)
 
 
 @dataclass(slots=True)
@@ -131,6 +130,10 @@ class Outcome:
     extra: dict = field(default_factory=dict)
     # The job it ends, for the metrics' labels (set only when metrics are on).
     job: ClaimedJob | None = None
+    # Called once the completer is done with it (written, refused or given
+    # up): what the job held until its outcome is in the table (its limit
+    # slot, its key's gate) is let go then (Executor._left).
+    after_written: Callable[[], None] | None = None
 
     @staticmethod
     def error(exception_class_path: str, traceback: str) -> str:

@@ -146,12 +146,10 @@ class Worker:
             backend=backend,
             poll_interval_seconds=self.config.poll_interval_seconds,
             demand=self.demand,
-            start_now=self.start_now,
             outranking_claim=self.outranking_claim,
             outranking_store=self.store["outrank"],
             holds=self.holds_job,
             metrics=metrics,
-            expedite=self.expedite,
             handback=self.handback,
             limiter=Limiter(
                 worker_id=self.id,
@@ -241,10 +239,7 @@ class Worker:
         average = max(self.executor.average_task_seconds, 1e-6)
         lookahead = int(self.concurrency * LOOKAHEAD_SECONDS / average)
         target = self.concurrency + min(self.max_prefetch, max(self.concurrency, lookahead))
-        # Jobs the starter holds ready (started, not yet taken by a thread)
-        # are a pipeline stage of their own: counting them here would make
-        # the claim wait for the start write and the start for the claim.
-        running = self.buffer.processing - self.executor.starter.ready
+        running = self.buffer.processing
         # Jobs waiting at their key's gate (a limit by the shard key at its
         # cap) are not work for idle threads: left out, so the claim goes on
         # to other keys' jobs (it passes over the full keys', Buffer.full_keys)
@@ -263,8 +258,7 @@ class Worker:
 
     def gauge_sample(self) -> tuple[int, int, int]:
         """(shards leased, jobs on a thread, threads) for the metrics' gauges."""
-        busy = self.buffer.processing - self.executor.starter.ready
-        return len(self.leaser.held), max(0, busy), self.concurrency
+        return len(self.leaser.held), self.buffer.processing, self.concurrency
 
     def tasks_left(self) -> int:
         """--max-tasks: jobs still to claim. Jobs in flight (buffered,
@@ -282,25 +276,16 @@ class Worker:
         """The claim to make outside demand when a NOTIFY tells of a job of
         ``priority`` in a held shard, or None.
 
-        Only when that outranks a job waiting in memory here (buffered, or
-        started ahead and not yet taken by a thread) or on its way (an
-        ordinary claim in flight: its jobs are taken as no better than the
-        last claim's): otherwise the ordinary claim, which takes the highest
-        priority due first, is as good. It takes jobs above the lowest one
-        waiting, so every job it claims outranks one already here, at most
-        OUTRANKING_BATCH (it goes again while they come full), in the room
-        the buffer keeps for them. When the starter keeps jobs started ahead
-        (short tasks), the claim starts them itself: they run next.
+        Only when that outranks a job waiting in memory here (buffered) or
+        on its way (an ordinary claim in flight: its jobs are taken as no
+        better than the last claim's): otherwise the ordinary claim, which
+        takes the highest priority due first, is as good. It takes jobs
+        above the lowest one waiting, so every job it claims outranks one
+        already here, at most OUTRANKING_BATCH (it goes again while they
+        come full), in the room the buffer keeps for them; the local queue
+        hands them to the next free thread, ahead of the lower ones.
         """
-        waiting = [
-            p
-            for p in (
-                self.buffer.lowest_priority(),
-                self.executor.starter.lowest_ready(),
-                self.fetcher.in_flight_lowest,
-            )
-            if p is not None
-        ]
+        waiting = [p for p in (self.buffer.lowest_priority(), self.fetcher.in_flight_lowest) if p is not None]
         if not waiting or priority <= min(waiting):
             return None
         limit = min(OUTRANKING_BATCH, self.buffer.free)
@@ -308,8 +293,7 @@ class Worker:
             limit = min(limit, self.tasks_left())
         if limit <= 0:
             return None
-        starter = self.executor.starter
-        return OutrankingClaim(min(waiting) + 1, limit, limit if starter.starts_ahead() else 0)
+        return OutrankingClaim(min(waiting) + 1, limit)
 
     def finished_jobs(self) -> int:
         """Attempts finished here whose outcome was written (--max-tasks counts these)."""
@@ -325,18 +309,6 @@ class Worker:
     def on_shards_gained(self, shards: set[int]) -> None:
         """New shards: claim from them now rather than at the next poll."""
         self.fetcher.wake()
-
-    def start_now(self) -> int:
-        """How many jobs the next claim starts itself: the starter's want
-        (about AHEAD_SECONDS of work, or the idle threads for long tasks) less
-        what is already waiting ahead of them, ready or buffered."""
-        starter = self.executor.starter
-        return max(0, starter.wanted() - starter.ready - self.buffer.buffered)
-
-    def expedite(self, priority: int) -> None:
-        """A claim brought jobs of up to ``priority``: those that outrank the
-        jobs already started here start out of turn (Starter.expedite)."""
-        self.executor.starter.expedite(priority)
 
     def on_shards_lost(self, shards: set[int]) -> None:
         """Self-fence or drain: forget the buffered jobs of these shards."""
@@ -481,7 +453,6 @@ class Worker:
             self.completer,
             self.handback,
             self.executor,
-            self.executor.starter,
             self.executor.control,
             self.scheduler,
             self.resolver,

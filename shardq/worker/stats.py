@@ -19,7 +19,8 @@ COUNTERS = (
     "ticks",
     "db_errors",
     # Error domains (DESIGN §5)
-    "start_writes",  # group-committed start statements
+    "start_writes",  # group-committed start statements (started ÷ these: the threads that began together)
+    "started",  # jobs whose start write committed (a thread then ran them)
     "ack_writes",  # complete_jobs statements (outcomes written ÷ these: the ack batch)
     "claim_statements",  # claim_jobs statements (claimed ÷ these: the claim batch; empty ones count)
     "starts_refused",  # start writes that found the claim superseded (the job is not run)
@@ -29,7 +30,6 @@ COUNTERS = (
     "bad_notifies",  # NOTIFY payloads that name no shard
     # Priority: jobs that overtook ones already in this worker's memory
     "outranking_claims",  # claims outside demand for jobs a NOTIFY said outrank the buffer
-    "started_out_of_turn",  # buffered jobs started ahead of lower ones started earlier
     "heartbeats",
     # Run control (runcontrol.py)
     "timeouts",  # attempts that reached their deadline (their outcome written then)

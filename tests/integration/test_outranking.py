@@ -1,11 +1,12 @@
 """A job that outranks everything in a worker's memory overtakes it: its
 NOTIFY (``shard:priority``) has the listener claim it outside demand
-(``Fetcher.outrank``), started by the claim, and the starter puts it ahead
-of the jobs it started earlier (``Starter.expedite``).
+(``Fetcher.outrank``) into the local queue, whose next free thread takes
+the best job there.
 
 The worker runs in this process with one thread, held by a ``gate`` task
-while jobs pile up started ahead of it, so the order is decided while
-nothing runs: no timing in the assertions.
+while jobs pile up buffered behind it (CLAIMED: a job is started only by
+the thread that begins it), so the order is decided while nothing runs: no
+timing in the assertions.
 """
 
 import pytest
@@ -34,29 +35,30 @@ def status(result) -> str:
 
 
 def test_a_priority_100_job_runs_before_the_jobs_started_ahead_of_a_busy_thread(worker):
-    # Measured short tasks first: the starter then starts jobs ahead.
+    # Measured short tasks first: the demand then buffers many.
     shardq.enqueue_many(tasks.stamp, [((), {})] * 200)
     wait_until(lambda: worker.stats["succeeded"] >= 200, timeout=30, message="the first no-op jobs")
     held = tasks.gate.using(priority=50).enqueue()
     wait_until(lambda: status(held) == "RUNNING", timeout=30, message="the gate to hold the thread")
     shardq.enqueue_many(tasks.stamp, [((), {})] * 2000)
-    # The buffer fills and its jobs are started ahead of the held thread;
-    # then the fetcher waits for room.
+    # The buffer fills behind the held thread; then the fetcher waits for room.
     wait_until(
-        lambda: worker.executor.starter.ready >= 100 and worker.fetcher.waiting_for_slots,
+        lambda: worker.buffer.buffered >= 100 and worker.fetcher.waiting_for_slots,
         timeout=30,
-        message=lambda: f"jobs started ahead ({worker.executor.starter.ready})",
+        message=lambda: f"jobs buffered ({worker.buffer.buffered})",
     )
-    started_ahead = [
-        row[0] for row in sql("SELECT id FROM shardq_job WHERE status = 'RUNNING' AND priority = 0 ORDER BY id")
+    buffered = [
+        row[0] for row in sql("SELECT id FROM shardq_job WHERE status = 'CLAIMED' AND priority = 0 ORDER BY id")
     ]
-    assert len(started_ahead) >= 100
+    assert len(buffered) >= 100
+    # Claimed is not started: only the gate's thread's job reads RUNNING.
+    assert sql("SELECT count(*) FROM shardq_job WHERE status = 'RUNNING'") == [(1,)]
 
     urgent = tasks.stamp.using(priority=100).enqueue()
     [(shard,)] = sql("SELECT shard FROM shardq_job WHERE id = %s", [int(urgent.id)])
 
-    def started_out_of_turn() -> bool:
-        if worker.stats["started_out_of_turn"] >= 1:
+    def claimed_out_of_turn() -> bool:
+        if status(urgent) == "CLAIMED" or worker.buffer.holds(int(urgent.id)):
             return True
         if status(urgent) == "READY":
             # Its NOTIFY again: on a loaded machine the lease's trust can
@@ -66,10 +68,10 @@ def test_a_priority_100_job_runs_before_the_jobs_started_ahead_of_a_busy_thread(
         return False
 
     wait_until(
-        started_out_of_turn,
+        claimed_out_of_turn,
         timeout=30,
         interval=0.3,
-        message=lambda: f"the priority-100 job to be started out of turn ({status(urgent)}, {worker.stats.snapshot()})",
+        message=lambda: f"the priority-100 job to be claimed out of turn ({status(urgent)}, {worker.stats.snapshot()})",
     )
     assert worker.stats["outranking_claims"] >= 1
     tasks.GATE.set()
@@ -78,9 +80,9 @@ def test_a_priority_100_job_runs_before_the_jobs_started_ahead_of_a_busy_thread(
     ran_before = sql(
         "SELECT count(*) FROM shardq_job WHERE id = ANY(%s) AND status = 'SUCCESSFUL' "
         "AND (return_value #>> '{}')::float8 < %s",
-        [started_ahead, urgent.return_value],
+        [buffered, urgent.return_value],
     )[0][0]
-    assert ran_before == 0, f"{ran_before} of {len(started_ahead)} jobs started ahead ran before the priority-100 job"
+    assert ran_before == 0, f"{ran_before} of {len(buffered)} jobs buffered before it ran before the priority-100 job"
 
 
 def test_a_notify_of_a_priority_no_higher_than_the_buffer_claims_nothing_outside_demand(worker):
@@ -90,10 +92,11 @@ def test_a_notify_of_a_priority_no_higher_than_the_buffer_claims_nothing_outside
     wait_until(lambda: status(held) == "RUNNING", timeout=30, message="the gate to hold the thread")
     shardq.enqueue_many(tasks.stamp, [((), {})] * 2000)
     wait_until(
-        lambda: worker.executor.starter.ready >= 100 and worker.fetcher.waiting_for_slots,
+        lambda: worker.buffer.buffered >= 100 and worker.fetcher.waiting_for_slots,
         timeout=30,
-        message="jobs started ahead",
+        message="jobs buffered",
     )
+    before = worker.buffer.buffered
     # Equal priority (0): a job, and a spoofed NOTIFY.
     tasks.stamp.enqueue()
     sql("SELECT pg_notify('shardq', '0:0')")
@@ -112,4 +115,5 @@ def test_a_notify_of_a_priority_no_higher_than_the_buffer_claims_nothing_outside
 
     wait_until(claimed, timeout=30, interval=0.3, message="the claim")
     assert worker.stats["outranking_claims"] <= len(sent)
-    assert worker.stats["started_out_of_turn"] == 0
+    # The job of equal priority was not claimed outside demand.
+    assert worker.buffer.buffered == before

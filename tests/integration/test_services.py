@@ -21,7 +21,7 @@ def test_every_thread_of_a_running_worker_belongs_to_a_monitored_service(setting
     with in_process_worker(concurrency=2) as worker:
         services = worker.services()
         names = {service.name for service in services}
-        assert {"leaser", "fetcher", "listener", "starter", "completer", "executor"} <= names
+        assert {"leaser", "fetcher", "listener", "completer", "executor"} <= names
         for service in services:
             assert service.failure is None
             assert callable(service.start) and callable(service.stop)

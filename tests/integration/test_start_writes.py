@@ -1,0 +1,100 @@
+"""Start writes (shardq/worker/starter.py): a job reads RUNNING, gets its
+``started_at`` and uses an attempt only when a thread begins it, and threads
+that begin together share one statement (group commit). Real PostgreSQL: a
+second connection holds a row lock to make a group gather while the first
+write waits, so no timing decides what is asserted."""
+
+import threading
+import uuid
+
+import pytest
+
+from shardq.db.store import WorkerStore, ensure_shards
+from shardq.worker.jobs import STARTED, ClaimedJob
+from shardq.worker.starter import LOST, StartWrites
+from shardq.worker.stats import Stats
+from tests.helpers import job_factory, job_row, sql, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def claimed_job_factory():
+    """claimed_job_factory(n) -> n jobs claimed (CLAIMED, nothing counted) by
+    one worker that holds every shard, as ``ClaimedJob``s; and the store."""
+    ensure_shards()
+    worker = str(uuid.uuid4())
+    store = WorkerStore(application_name="shardq-test-start")
+    store.register_worker(worker, "test", 1, [])
+    store.claim_shards(worker, 64, 30.0, 64, 3)
+
+    def make(count: int, **job_options) -> list[ClaimedJob]:
+        ids = job_factory(count, shard=lambda i: i % 64, **job_options)
+        rows = store.claim_jobs(worker, list(range(64)), None, count, count, row_factory=ClaimedJob)
+        assert sorted(job.id for job in rows) == sorted(ids)
+        return rows
+
+    make.store = store  # type: ignore[attr-defined]
+    make.worker = worker  # type: ignore[attr-defined]
+    yield make
+    store.close()
+
+
+@pytest.fixture
+def starts(claimed_job_factory):
+    """The start writes of that worker, on a connection of their own."""
+    store = WorkerStore(application_name="shardq-test-starter")
+    yield StartWrites(store, Stats(), claimed_job_factory.worker)
+    store.close()
+
+
+def test_a_claimed_job_reads_claimed_with_nothing_counted_until_its_thread_starts_it(claimed_job_factory, starts):
+    [job] = claimed_job_factory(1)
+    row = job_row(job.id)
+    assert (row["status"], row["attempts"], row["started_at"], row["worker_ids"]) == ("CLAIMED", 0, None, [])
+
+    assert starts.start(job) == (STARTED, None)
+    row = job_row(job.id)
+    assert (row["status"], row["attempts"], row["worker_ids"]) == ("RUNNING", 1, [claimed_job_factory.worker])
+    assert row["started_at"] is not None and job.started and job.attempts == 1
+
+
+def test_threads_that_begin_while_a_start_write_is_in_flight_share_the_next_one(
+    claimed_job_factory, starts, second_connection
+):
+    jobs = claimed_job_factory(5)
+    stats = starts.stats
+    # The first write waits on this lock; four threads begin meanwhile.
+    second_connection.execute("BEGIN")
+    second_connection.execute("SELECT 1 FROM shardq_job WHERE id = %s FOR UPDATE", [jobs[0].id])
+    verdicts: dict[int, tuple] = {}
+
+    def begin(job: ClaimedJob) -> None:
+        verdicts[job.id] = starts.start(job)
+
+    first = threading.Thread(target=begin, args=(jobs[0],))
+    first.start()
+    wait_until(
+        lambda: sql("SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'") != [(0,)],
+        message="the first start write to wait for the row lock",
+    )
+    others = [threading.Thread(target=begin, args=(job,)) for job in jobs[1:]]
+    for thread in others:
+        thread.start()
+    wait_until(lambda: len(starts._asked) == 4, message="four threads to wait for the next write")
+    second_connection.execute("ROLLBACK")
+    for thread in [first, *others]:
+        thread.join(timeout=30)
+    assert all(verdict == (STARTED, None) for verdict in verdicts.values()) and len(verdicts) == 5
+    # One statement for the first thread, one for the four that began together.
+    assert (stats["start_writes"], stats["started"]) == (2, 5)
+    assert sql("SELECT count(*) FROM shardq_job WHERE status = 'RUNNING' AND attempts = 1") == [(5,)]
+
+
+def test_a_start_whose_claim_was_superseded_is_lost_and_writes_nothing(claimed_job_factory, starts):
+    [job] = claimed_job_factory(1)
+    # A takeover moved the job on (its fence is no longer the shard's version).
+    sql("UPDATE shardq_shard SET claim_version = nextval('shardq_claim_version_seq') WHERE shard = %s", [job.shard])
+    assert starts.start(job) == (LOST, None)
+    row = job_row(job.id)
+    assert (row["status"], row["attempts"], row["worker_ids"]) == ("CLAIMED", 0, [])
