@@ -21,7 +21,7 @@ from django.db import connection  # noqa: E402
 
 import shardq  # noqa: E402
 from shardq.worker import buffer as buffer_module  # noqa: E402
-from shardq.worker.runtime import Worker  # noqa: E402
+from shardq.worker.runtime import Worker, WorkerOptions  # noqa: E402
 from tests.taskapp.tasks import noop  # noqa: E402
 
 
@@ -86,7 +86,7 @@ def drain_rate(n: int) -> float:
         )
     for start in range(0, n, 10000):
         shardq.enqueue_many(noop, [((), {})] * min(10000, n - start))
-    worker = Worker(concurrency=4)
+    worker = Worker(WorkerOptions(concurrency=4))
     thread = threading.Thread(target=worker.run)
     thread.start()
     while not worker.leaser.held:

@@ -155,6 +155,19 @@ def leased_shard_factory(
     return worker, dict(taken)
 
 
+def pipeline_factory(store: Any, worker_id: str | None = None, **options: Any) -> tuple[Any, Any]:
+    """(config, pipeline) of one worker's services, built as ``Worker`` builds
+    them (``options`` as ``WorkerOptions`` takes them), for a test that drives
+    one service in this process; ``store`` also serves its hand-backs."""
+    from shardq.worker.handback import HandBack
+    from shardq.worker.pipeline import Pipeline, PipelineConfig, WorkerOptions
+    from shardq.worker.stats import Stats
+
+    config = PipelineConfig.build(WorkerOptions(**options), worker_id or str(uuid.uuid4()))
+    stats = Stats()
+    return config, Pipeline(config, stats, HandBack(store, stats))
+
+
 @contextlib.contextmanager
 def in_process_worker(**options: Any) -> Iterator[Any]:
     """A ``Worker`` (``options`` as its constructor takes them) running on a
@@ -163,10 +176,11 @@ def in_process_worker(**options: Any) -> Iterator[Any]:
     (signals, exit codes) start real ``shardq_worker`` commands instead
     (tests/workers.py)."""
     from shardq.db.store import ensure_shards
-    from shardq.worker.runtime import Worker
+    from shardq.worker.runtime import Worker, WorkerOptions
 
     ensure_shards()  # a transactional test's flush may have removed the rows
-    worker = Worker(**options)
+    metrics = options.pop("metrics", None)
+    worker = Worker(WorkerOptions(**options), metrics=metrics)
     thread = threading.Thread(target=worker.run, name="test-worker")
     thread.start()
     try:

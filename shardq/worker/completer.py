@@ -20,18 +20,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected
 from .handback import retrying
 from .jobs import Outcome
-from .remembered import RememberedOutcomes
+from .pipeline import Pipeline, PipelineConfig
 from .service import Service
-from .stats import Stats
-
-if TYPE_CHECKING:
-    from ..metrics import Metrics
 
 logger = logging.getLogger("shardq.worker.completer")
 
@@ -42,23 +37,16 @@ _COUNTER_OF = {"SUCCESSFUL": "succeeded", "FAILED": "failed", "READY": "retried"
 class Completer(Service):
     name = "completer"
 
-    def __init__(
-        self,
-        store: WorkerStore,
-        stats: Stats,
-        *,
-        batch: int,
-        flush_seconds: float,
-        metrics: "Metrics | None" = None,
-        remembered: RememberedOutcomes | None = None,
-    ) -> None:
+    def __init__(self, config: PipelineConfig, pipeline: Pipeline, store: WorkerStore) -> None:
         super().__init__()
         self.store = store
-        self.remembered = remembered if remembered is not None else RememberedOutcomes()
-        self.metrics = metrics
-        self.stats = stats
-        self.batch = batch
-        self.flush_seconds = flush_seconds
+        self.pipeline = pipeline
+        # SUCCESSFUL outcomes not yet known to have landed, for a recall.
+        self.remembered = pipeline.remembered
+        self.metrics = pipeline.metrics
+        self.stats = pipeline.stats
+        self.batch = config.settings.completion_batch
+        self.flush_seconds = config.settings.completion_flush_seconds
         self._queue: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
         # Plain dicts, not Counters: a Counter's += on a new key calls its
         # Python-level __missing__, once per job here.
@@ -68,9 +56,6 @@ class Completer(Service):
         self._pending_ids: dict[int, int] = {}
         self._pending_lock = threading.Lock()
         self._idle = threading.Event()
-        # Called after outcomes of workflow parents with children pending
-        # landed (the resolver's wake-up: their children move on at once).
-        self.on_written: Callable[[], None] | None = None
 
     # -- from executors ----------------------------------------------------------
 
@@ -178,8 +163,8 @@ class Completer(Service):
             # statement of its own per ack batch was a share of a no-op
             # drain's CPU, here and in PostgreSQL), or when a lost answer
             # hid which of them are parents.
-            if self.on_written is not None and (parents or uncertain):
-                self.on_written()
+            if parents or uncertain:
+                self.pipeline.outcomes_written()
         if self.metrics is not None:
             self.metrics.outcomes_written(outcomes, applied)
         counts = dict.fromkeys(("succeeded", "failed", "retried", "fence_rejections"), 0)

@@ -30,24 +30,20 @@ from django.tasks.signals import log_task_finished, log_task_started, task_finis
 from django.utils import timezone
 
 from ..completion import CommittedByTask
-from ..conf import get_config, timeout_seconds
+from ..conf import timeout_seconds
 from ..db.store import WorkerStore
 from ..dispatch import LogVerdicts, SignalGate
 from ..exceptions import FenceLost, ResultTooLarge, TaskTimeout, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
-from .buffer import Buffer
 from .completer import Completer
-from .fetcher import Fetcher
-from .handback import HandBack
 from .jobs import ClaimedJob, Outcome
 from .leaser import Leaser
+from .pipeline import Pipeline, PipelineConfig
 from .runcontrol import Attempt, RunControl
 from .service import DEFAULT_STOP_SECONDS
 from .starter import LOST, REJECTED, UNAVAILABLE, StartWrites
-from .stats import Stats
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
     from .limits import Limiter
 
 logger = logging.getLogger("shardq.worker.executor")
@@ -177,44 +173,37 @@ class Executor:
 
     def __init__(
         self,
-        buffer: Buffer,
-        completer: Completer,
+        config: PipelineConfig,
+        pipeline: Pipeline,
         leaser: Leaser,
-        fetcher: Fetcher,
-        stats: Stats,
-        *,
-        worker_id: str,
-        concurrency: int,
+        completer: Completer,
         start_store: WorkerStore,
-        handback: HandBack,
-        task_modules: tuple[str, ...] = (),
-        metrics: "Metrics | None" = None,
         control_store: WorkerStore | None = None,
     ) -> None:
-        self.buffer = buffer
-        self.metrics = metrics
+        self.pipeline = pipeline
+        self.metrics = pipeline.metrics
         self.completer = completer
-        self.handback = handback
+        self.handback = pipeline.handback
         self.leaser = leaser
-        self.fetcher = fetcher
-        self.stats = stats
-        self.worker_id = worker_id
-        self.concurrency = concurrency
+        self.stats = pipeline.stats
+        self.worker_id = config.worker_id
+        self.concurrency = config.concurrency
+        self.lease_ttl_seconds = config.lease_ttl_seconds
         self._backend_classes: dict[str, type[BaseTaskBackend]] = {}
-        self.task_modules = task_modules
-        config = get_config()
-        self.max_payload_bytes = config.max_payload_bytes
-        self.max_result_bytes = config.max_result_bytes
-        self.default_timeout_seconds = config.task_timeout_seconds
+        self.task_modules = config.task_modules
+        settings = config.settings
+        self.max_payload_bytes = settings.max_payload_bytes
+        self.max_result_bytes = settings.max_result_bytes
+        self.default_timeout_seconds = settings.task_timeout_seconds
         # Timeouts, cancels seen by running tasks, zombie threads (runcontrol.py).
         self.control = RunControl(
             control_store or WorkerStore(application_name="shardq-runcontrol"),
-            stats,
+            self.stats,
             on_deadline=self._timed_out,
-            poll_seconds=config.heartbeat_seconds,
-            max_zombies=config.max_zombies,
-            zombie_grace_seconds=config.zombie_grace_seconds,
-            concurrency=concurrency,
+            poll_seconds=settings.heartbeat_seconds,
+            max_zombies=settings.max_zombies,
+            zombie_grace_seconds=settings.zombie_grace_seconds,
+            concurrency=config.concurrency,
         )
         self._stop = threading.Event()
         self._local = threading.local()
@@ -222,10 +211,6 @@ class Executor:
         self.task_log = LogVerdicts(logging.getLogger("django.tasks"))
         self.started_gate = SignalGate(task_started, log_task_started, self.task_log)
         self.finished_gate = SignalGate(task_finished, log_task_finished, self.task_log)
-        # Moving average of task run time (seconds), read by Worker.demand();
-        # starts at 10 ms until measured, then at the first task's time.
-        self.average_task_seconds = 0.01
-        self.task_measured = False
         self._threads: list[threading.Thread] = []
         # The async tasks' event loop: made by start(), closed by stop() (an
         # executor built and never started holds no loop, sockets or thread).
@@ -233,11 +218,7 @@ class Executor:
         self._loop_thread: threading.Thread | None = None
         self.failure: BaseException | None = None
         # Records each job's start as its thread begins it (starter.py).
-        self.starts = StartWrites(start_store, stats, worker_id)
-
-    def measured_task_seconds(self) -> float | None:
-        """The average task time, or None before any task has finished."""
-        return self.average_task_seconds if self.task_measured else None
+        self.starts = StartWrites(start_store, self.stats, config.worker_id)
 
     def start(self) -> None:
         self.control.start()
@@ -257,7 +238,7 @@ class Executor:
         if deadline is None:
             deadline = time.monotonic() + DEFAULT_STOP_SECONDS
         self._stop.set()
-        self.buffer.wake_all()
+        self.pipeline.buffer.wake_all()
         while True:
             zombies = self.control.zombie_threads()
             waiting = [t for t in self._threads if t.is_alive() and t.ident not in zombies]
@@ -279,18 +260,18 @@ class Executor:
             while not self._stop.is_set():
                 # Stopping: the jobs still buffered go back (Worker.shutdown),
                 # none is begun.
-                job = self.buffer.pop(timeout=0.25)
+                job = self.pipeline.buffer.pop(timeout=0.25)
                 if job is None:
                     continue
                 # A limited job's limiter (None: the job counts against no limit).
-                limiter = self.fetcher.limiter
+                limiter = self.pipeline.limiter
                 if limiter is not None and not limiter.tracks(job.id):
                     limiter = None
                 outcome = None
                 try:
                     # The slot first, then the start: a job waiting for its
                     # limit is CLAIMED, not RUNNING (docs/limits.md).
-                    if limiter is not None and not limiter.acquire(job.id, self.fetcher.lease_ttl):
+                    if limiter is not None and not limiter.acquire(job.id, self.lease_ttl_seconds):
                         # No slot of its limit came back here within a lease
                         # (docs/limits.md): hand it back unrun, for any worker.
                         self.handback.return_jobs([job])
@@ -320,10 +301,10 @@ class Executor:
         limited job, its outcome is written. Its limit slots pass to a job
         waiting here or go back (docs/limits.md), its key's next job may
         start, and the fetcher may claim into the room."""
-        self.buffer.done(job)
+        self.pipeline.buffer.done(job)
         if limiter is not None and limiter.finished(job.id):
-            self.fetcher.wake()
-        self.fetcher.slot_freed()
+            self.pipeline.wake_fetch()
+        self.pipeline.slot_freed()
 
     def run_job(self, job: ClaimedJob) -> Outcome | None:
         """Start and run one claimed job. An error of shardq's own while
@@ -341,6 +322,18 @@ class Executor:
         nothing to write: the task committed it itself (transactional
         completion), the attempt lost its fence, or the start write found the
         claim superseded (or could not be sent: the job was handed back)."""
+        if job.recalled is not None:
+            # Ran here under an earlier claim whose outcome was refused
+            # (Fetcher.take): the same result under this claim, not a second run.
+            return Outcome(
+                job.id,
+                job.fence,
+                job.status_rank + 1,
+                "SUCCESSFUL",
+                return_value_json=job.recalled,
+                shard=job.shard,
+                attempts=job.attempts,
+            )
         try:
             task = resolve(job.task_path, self.task_modules)
         except UnknownTask as exc:
@@ -481,10 +474,7 @@ class Executor:
         now = time.monotonic()
         if self.metrics is not None:
             self.metrics.job_ran(job, now - began)
-        if self.task_measured:
-            self.average_task_seconds += 0.05 * ((now - began) - self.average_task_seconds)
-        else:
-            self.average_task_seconds, self.task_measured = now - began, True
+        self.pipeline.task_ran(now - began)
         if failed or now >= getattr(self._local, "next_connection_check", 0.0):
             close_old_connections()
             self._local.next_connection_check = now + 1.0

@@ -1,4 +1,4 @@
-"""Fetcher and listener: claim jobs of held shards when there are free slots.
+"""The fetcher: claim jobs of held shards when there are free slots.
 
 Demand-driven: the fetcher asks for at most ``demand()`` jobs — the worker's
 in-flight target (its concurrency plus a look-ahead sized from the measured
@@ -16,38 +16,34 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import psycopg
 from django.tasks.base import TASK_MAX_PRIORITY as MAX_PRIORITY
 from django.tasks.base import TASK_MIN_PRIORITY as MIN_PRIORITY
 
 from ..db.queries import ANY_PRIORITY
-from ..db.store import WorkerStore, connect, listen
+from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected
-from .buffer import Buffer
-from .completer import Completer
-from .handback import HandBack
-from .jobs import ClaimedJob, Outcome
-from .leaser import LEASE_CHANNEL, Leaser
+from .jobs import ClaimedJob
+from .leaser import Leaser
 from .limits import SCAN_FACTOR
+from .listener import Subscription, WakeLimiter
+from .pipeline import OutrankingClaim, Pipeline, PipelineConfig
 from .service import Service
-from .stats import Stats
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
-    from .limits import Limiter
-
-# shardq.cancel() announces a cancelled RUNNING job here (cancel_jobs in queries.sql).
-CANCEL_CHANNEL = "shardq_cancel"
+    pass
 
 logger = logging.getLogger("shardq.worker.fetcher")
 
 # Jobs due within this many seconds are claimed now and wait in the local
 # queue's time index, so a deferred job starts on time, not a poll later.
 LOOKAHEAD_SECONDS = 0.5
+# A burst of NOTIFYs wakes the fetcher at most this often, and claims jobs
+# that outrank the buffer at most this often (listener.py's WakeLimiter).
+FETCH_WAKE_SECONDS = 0.002
+OUTRANK_SECONDS = 0.005
 
 
 class Fetcher(Service):
@@ -55,43 +51,42 @@ class Fetcher(Service):
 
     def __init__(
         self,
-        store: WorkerStore,
+        config: PipelineConfig,
+        pipeline: Pipeline,
         leaser: Leaser,
-        buffer: Buffer,
-        completer: Completer,
-        stats: Stats,
-        *,
-        worker_id: str,
-        queues: list[str] | None,
-        poll_interval_seconds: float,
-        demand: Callable[[], tuple[int, int]],
-        outranking_claim: Callable[[int], "OutrankingClaim | None"] | None = None,
+        store: WorkerStore,
         outranking_store: WorkerStore | None = None,
-        exclude_queues: list[str] | None = None,
-        backend: str | None = None,
-        holds: Callable[[int], bool] | None = None,
-        metrics: "Metrics | None" = None,
-        handback: HandBack,
-        limiter: "Limiter | None" = None,
-        idle_threads: Callable[[], int] | None = None,
-        lease_ttl_seconds: float = 30.0,
-        limit_channel: str = "shardq_limit",
     ) -> None:
         super().__init__()
+        self.config = config
+        self.pipeline = pipeline
         self.store = store
-        self.metrics = metrics
         self.leaser = leaser
-        self.buffer = buffer
-        self.stats = stats
-        self.worker_id = worker_id
-        self.queues = queues
-        self.exclude_queues = exclude_queues  # every queue but these (with queues None)
-        self.backend = backend  # claim only this TASKS alias's jobs (None: any)
-        self.poll_interval = poll_interval_seconds
-        self.demand = demand  # () -> (jobs wanted now, smallest batch worth a claim)
+        options, settings = config.options, config.settings
+        self.worker_id = config.worker_id
+        self.queues = options.queues
+        self.exclude_queues = options.exclude_queues  # every queue but these (with queues None)
+        self.backend = options.backend  # claim only this TASKS alias's jobs (None: any)
+        self.poll_interval = settings.poll_interval_seconds
+        self.lease_ttl = settings.lease_ttl_seconds
+        self.jobs_channel = settings.channel
+        self.limit_channel = config.limit_channel
+        # What the pipeline gives this stage: the local queue it fills, the
+        # hand-back for jobs it will not push, and the limits.
+        self.buffer = pipeline.buffer
+        self.stats = pipeline.stats
+        self.metrics = pipeline.metrics
+        self.handback = pipeline.handback
+        # Concurrency and rate limits (docs/limits.md): None when this
+        # process defines none, and then nothing below runs.
+        self.limiter = pipeline.limiter
+        self.demand = pipeline.demand  # () -> (jobs wanted now, smallest batch worth a claim)
+        self.idle_threads = pipeline.idle_threads
+        # job id -> is it in memory here (buffered, running, outcome unwritten)?
+        self.holds = pipeline.holds
         # (a priority NOTIFY told of) -> the claim outside demand that takes
         # jobs outranking one waiting here, or None (see outrank).
-        self.outranking_claim = outranking_claim or (lambda priority: None)
+        self.outranking_claim = pipeline.outranking_claim
         # Those claims run on the listener's thread, on a connection of their
         # own: a NOTIFY does not wait for an ordinary claim in flight (tens of
         # milliseconds for hundreds of rows on a loaded machine, measured).
@@ -100,32 +95,23 @@ class Fetcher(Service):
         # in the buffer, and by recover_lost_claims: jobs that claim
         # committed are not yet in memory, and must not be taken for lost.
         self._outranking = threading.Lock()
-        self.completer = completer  # recalled results are written through it
-        self.handback = handback  # claimed jobs this worker will not run go back through it
-        self.waiting_for_slots = False
-        self._wake = threading.Event()
+        self._wake = pipeline.fetch_wake
         # The highest priority NOTIFY told of since the fetcher last looked
         # (None: none); the listener writes it, the fetcher takes it.
         self._notified: int | None = None
         self._notified_lock = threading.Lock()
+        # Rate limits on what NOTIFYs set off (jobs_notified_by).
+        self.fetch_wakes = WakeLimiter(FETCH_WAKE_SECONDS)
+        self.outranks = WakeLimiter(OUTRANK_SECONDS)
         self._rotation = 0
         self._deep = False
-        # The lowest priority of the last ordinary claim, and the same while
-        # the next one is in flight (None otherwise): the jobs on their way
-        # here, which a NOTIFY's priority must outrank (see
-        # Worker.outranking_claim). Claims go level by level, highest first,
-        # so the next one brings no better, unless something new came.
+        # The lowest priority of the last ordinary claim, set in the
+        # pipeline while the next one is in flight (pipeline.in_flight_lowest):
+        # the jobs on their way here, which a NOTIFY's priority must outrank.
+        # Claims go level by level, highest first, so the next one brings no
+        # better, unless something new came.
         self._last_lowest: int | None = None
-        self.in_flight_lowest: int | None = None
         self.claim_uncertain = False
-        # job id -> is it in memory here (buffered, running, outcome unwritten)?
-        self.holds = holds or (lambda job_id: False)
-        # Concurrency and rate limits (docs/limits.md): None when this
-        # process defines none, and then nothing below runs.
-        self.limiter = limiter
-        self.idle_threads = idle_threads or (lambda: 0)
-        self.lease_ttl = lease_ttl_seconds
-        self.limit_channel = limit_channel
         # The last claim_jobs found nothing (and when it ran), and no NOTIFY
         # of new jobs came since: see plain_claim_due.
         self._plain_empty = False
@@ -167,14 +153,63 @@ class Fetcher(Service):
             priority, self._notified = self._notified, None
             return priority
 
-    def slot_freed(self) -> None:
-        """Called by executors after a job: wake the fetcher if it waits for room."""
-        if self.waiting_for_slots:
-            wanted, min_batch = self.demand()
-            if wanted < min_batch:
-                return
-            self.waiting_for_slots = False
-            self._wake.set()
+    # -- notifications (the worker subscribes these, listener.py) ---------------
+
+    def subscriptions(self) -> dict[str, Subscription]:
+        """This fetcher's channels: new jobs, and freed limit slots when
+        this process defines limits."""
+        jobs = Subscription(self.jobs_notified_by, self._notices_pending, self._flush_notices)
+        if self.limiter is None:
+            return {self.jobs_channel: jobs}
+        return {self.jobs_channel: jobs, self.limit_channel: Subscription(self.limit_freed)}
+
+    def jobs_notified_by(self, payload: str) -> None:
+        """An enqueue's NOTIFY, ``shard:priority``: parsed strictly (any
+        database login can send one), and it wakes this fetcher at most every
+        FETCH_WAKE_SECONDS per burst; a priority that outranks a job waiting
+        here is claimed at once on the listener's thread (``outrank``: one
+        claim at a time, at most one every OUTRANK_SECONDS), so a spoofed
+        flood of them costs a bounded number of claims too."""
+        # The cluster's count as the leaser last saw it (a reshard raises it).
+        notice = parse_notify(payload, self.leaser.shard_count)
+        if notice is None:
+            self.stats.add("bad_notifies")
+            return
+        shard, priority = notice
+        if shard not in self.leaser.held:
+            return
+        # New jobs in a held shard: the next round runs the ordinary claim
+        # even if its last one found nothing (jobs_notified).
+        self.jobs_notified()
+        if priority is not None:
+            # Recorded even when the claim is put off: the one the limiter
+            # delivers later takes it.
+            self.notified(priority)
+            if self.outranks.ask():
+                self.outrank()
+        if self.fetch_wakes.ask():
+            self.wake()
+
+    def limit_freed(self, payload: str) -> None:
+        """A slot of limit ``payload`` was freed somewhere: claim now if this
+        worker was passing that limit over (docs/limits.md)."""
+        limiter = self.limiter
+        if limiter is not None and limiter.freed(payload) and self.fetch_wakes.ask():
+            self.wake()
+
+    def _notices_pending(self) -> bool:
+        return self.fetch_wakes.pending or self.outranks.pending
+
+    def _flush_notices(self) -> None:
+        if self.outranks.due():
+            self.outrank()
+        if self.fetch_wakes.due():
+            self.wake()
+
+    @property
+    def waiting_for_slots(self) -> bool:
+        """Does the fetcher wait for room (``Pipeline.slot_freed`` wakes it)?"""
+        return self.pipeline.waiting_for_slots
 
     def run(self) -> None:
         while not self.stopping:
@@ -191,7 +226,7 @@ class Fetcher(Service):
             self.keep_limit_slots()
         free, min_batch = self.demand()
         if free < min_batch and self.buffer.buffered + self.buffer.processing > 0:
-            self.waiting_for_slots = True
+            self.pipeline.waiting_for_slots = True
             return self.poll_interval
         # A claim holds the read side of the leaser's ownership lock from
         # choosing its shards until its jobs are in the buffer. The leaser
@@ -222,7 +257,7 @@ class Fetcher(Service):
             # and a deep pass lets any shard fill the batch, so a backlog in a
             # few shards drains at full speed.
             per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
-            self.in_flight_lowest = self._last_lowest
+            self.pipeline.in_flight_lowest = self._last_lowest
             rows: list[ClaimedJob] = []
             try:
                 if self.plain_claim_due(limited):
@@ -238,7 +273,7 @@ class Fetcher(Service):
                     self._last_lowest = min(job.priority for job in rows)
                     self.take(rows)
             finally:
-                self.in_flight_lowest = None
+                self.pipeline.in_flight_lowest = None
             # Limited jobs have their own claim (claim_jobs leaves them out),
             # for the demand the ordinary claim left.
             took_limited = self.claim_limited(order, free - len(rows)) if limited else 0
@@ -452,7 +487,7 @@ class Fetcher(Service):
             # A full batch: there may be more (the buffer's room bounds this).
             self.notified(priority)
 
-    def claim_outranking(self, claim: "OutrankingClaim") -> int:
+    def claim_outranking(self, claim: OutrankingClaim) -> int:
         """Claim, outside demand, up to ``claim.limit`` jobs of at least
         ``claim.min_priority``: jobs that outrank one waiting in this
         worker's memory, which a NOTIFY told of. An ordinary claim would
@@ -473,7 +508,7 @@ class Fetcher(Service):
         finally:
             ownership.release_read()
 
-    def _claim_outranking(self, claim: "OutrankingClaim", shards: dict[int, int]) -> int:
+    def _claim_outranking(self, claim: OutrankingClaim, shards: dict[int, int]) -> int:
         if self.claim_uncertain:
             return 0  # set while this waited for the lock
         order = sorted(shards)
@@ -490,8 +525,9 @@ class Fetcher(Service):
         return len(rows)
 
     def take(self, rows: list[ClaimedJob]) -> None:
-        """Route the jobs of one claim: to the buffer, or back, or straight to
-        the completer when this worker already ran them."""
+        """Route the jobs of one claim: to the buffer, or back. A job this
+        worker already ran goes to the buffer with its remembered result as
+        its verdict (``recalled``): its thread writes that, runs nothing."""
         jobs = []
         for job in rows:
             if job.problem is not None:
@@ -510,42 +546,29 @@ class Fetcher(Service):
             # jobs must not run here.
             refused = [job for job in jobs if held.get(job.shard) != job.fence]
             jobs = [job for job in jobs if held.get(job.shard) == job.fence]
-        remembered = self.completer.remembered.recall([job.id for job in jobs])
+        remembered = self.pipeline.remembered.recall([job.id for job in jobs])
         # Only a claim that follows the remembered attempt (no start since):
         # an operator's retry (attempts reset to 0) of a job cancelled mid-run
         # asks for a new run.
-        remembered = {
-            job.id: remembered[job.id]
-            for job in jobs
-            if job.id in remembered and job.attempts - job.started == remembered[job.id].attempts
-        }
-        if remembered:
-            # Finished here under an earlier claim whose write was rejected
-            # (the lease lapsed, the job was rescued and is claimed again):
-            # write the same result under this claim instead of running the
-            # task twice. Nobody else has an outcome for it, or it would not
-            # have been READY to claim.
-            for job in jobs:
-                if job.id in remembered:
-                    self.completer.put(
-                        Outcome(
-                            job.id,
-                            job.fence,
-                            job.status_rank + 1,
-                            "SUCCESSFUL",
-                            return_value_json=remembered[job.id].return_value_json,
-                            shard=job.shard,
-                            attempts=job.attempts,
-                            job=job,
-                        )
-                    )
-            self.stats.add("recalled", len(remembered))
+        recalled = 0
+        for job in jobs:
+            outcome = remembered.get(job.id)
+            if outcome is not None and job.attempts - job.started == outcome.attempts:
+                # Finished here under an earlier claim whose write was
+                # rejected (the lease lapsed, the job was rescued and is
+                # claimed again): its thread writes the same result under
+                # this claim instead of running the task twice (the verdict
+                # Executor.execute reads). Nobody else has an outcome for
+                # it, or it would not have been READY to claim.
+                job.recalled = outcome.return_value_json or "null"
+                recalled += 1
+        if recalled:
+            self.stats.add("recalled", recalled)
             logger.info(
                 "%s reclaimed jobs had already run here; writing their results "
                 "under the new claim instead of running them again",
-                len(remembered),
+                recalled,
             )
-            jobs = [job for job in jobs if job.id not in remembered]
         refused += self.buffer.push_many(jobs)
         if refused:
             self.handback.return_jobs(refused)
@@ -565,15 +588,6 @@ class Fetcher(Service):
             logger.warning("%s jobs were claimed by a claim whose answer was lost; handing them back", len(lost))
             self.handback.return_jobs(lost)
         return len(lost)
-
-
-@dataclass(frozen=True, slots=True)
-class OutrankingClaim:
-    """A claim outside demand (``Fetcher.claim_outranking``): up to ``limit``
-    jobs of ``min_priority`` or more."""
-
-    min_priority: int
-    limit: int
 
 
 @dataclass(slots=True)
@@ -614,176 +628,3 @@ def parse_notify(payload: str, shard_count: int) -> tuple[int, int | None] | Non
     if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
         return None
     return shard, priority
-
-
-class WakeLimiter:
-    """At most one wake-up per ``interval`` seconds; a wake-up asked for
-    within the interval is delivered once when it ends (``due``), so a flood
-    of NOTIFYs costs a bounded number of statements and none is lost."""
-
-    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.interval = interval
-        self.clock = clock
-        self.last = -math.inf
-        self.pending = False
-
-    def ask(self) -> bool:
-        """True: wake now. False: suppressed (delivered by ``due`` later)."""
-        now = self.clock()
-        if now - self.last >= self.interval:
-            self.last, self.pending = now, False
-            return True
-        self.pending = True
-        return False
-
-    def due(self) -> bool:
-        """A suppressed wake-up whose interval has ended: deliver it now."""
-        if self.pending and self.clock() - self.last >= self.interval:
-            self.last, self.pending = self.clock(), False
-            return True
-        return False
-
-
-class Listener(Service):
-    """LISTEN for enqueue and lease notifications; reconnects when the connection drops.
-
-    Payloads are parsed strictly (``parse_notify``) and wake-ups are rate
-    limited (``WakeLimiter``): the fetcher at most every FETCH_WAKE_SECONDS
-    per burst, the leaser (one heartbeat each) at most every
-    LEASE_WAKE_SECONDS. A payload's priority that outranks a job waiting in
-    this worker's memory is claimed here, on this thread (``Fetcher.outrank``:
-    one claim at a time, at most one every OUTRANK_SECONDS), so a spoofed
-    flood of them costs a bounded number of claims too. Anything else that goes wrong stops the thread with
-    ``failure`` set, and the worker stops loudly.
-    """
-
-    FETCH_WAKE_SECONDS = 0.002
-    # A joining worker is woken by the release that gives it its share: a
-    # wake held back 250 ms (as this was) left those shards unowned as long.
-    LEASE_WAKE_SECONDS = 0.05
-    OUTRANK_SECONDS = 0.005
-    name = "listener"
-
-    def __init__(
-        self,
-        channel: str,
-        leaser: Leaser,
-        fetcher: Fetcher,
-        stats: Stats,
-        alias: str = "default",
-        shard_count: int = 64,
-        on_cancel: Callable[[str], None] | None = None,
-    ) -> None:
-        super().__init__()
-        self.channel = channel
-        # shardq.cancel() of a running job: its id, for run control (runcontrol.py).
-        self.on_cancel = on_cancel
-        self.leaser = leaser
-        self.fetcher = fetcher
-        self.stats = stats
-        self.alias = alias
-        self.shard_count = shard_count
-        self.conn: psycopg.Connection | None = None
-        self.backend_pid: int | None = None
-        self.fetch_wakes = WakeLimiter(self.FETCH_WAKE_SECONDS)
-        self.lease_wakes = WakeLimiter(self.LEASE_WAKE_SECONDS)
-        self.outranks = WakeLimiter(self.OUTRANK_SECONDS)
-        # Set once the LISTENs are in: the worker announces its join only
-        # then, or the release its announcement causes comes before it
-        # listens and it takes its share a heartbeat late.
-        self.listening = threading.Event()
-
-    def after_stop(self, deadline: float) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:  # already broken: nothing to close
-                pass
-
-    def run(self) -> None:
-        self._listen()
-
-    def on_notify(self, channel: str, payload: str) -> None:
-        if channel == CANCEL_CHANNEL:
-            if self.on_cancel is not None:
-                self.on_cancel(payload)  # checked against the table before anyone is told
-            return
-        if channel == self.fetcher.limit_channel:
-            # A slot of limit ``payload`` was freed somewhere: claim now if
-            # this worker was passing that limit over (docs/limits.md).
-            limiter = self.fetcher.limiter
-            if limiter is not None and limiter.freed(payload) and self.fetch_wakes.ask():
-                self.fetcher.wake()
-            return
-        if channel == LEASE_CHANNEL:
-            # Our own announcements come back too: they need no lease round
-            # (and must not use up the rate limit a peer's release needs).
-            if payload == self.leaser.worker_id:
-                return
-            if self.leaser.wants_shards():
-                # Below its share, a peer's release is ours to take: claim at
-                # once, not after the limiter's interval (a joiner woke up to
-                # 50 ms late for a second batch of released shards, which sat
-                # unowned meanwhile). A flood of spoofed notices costs at
-                # most back-to-back claim attempts, and only until the share
-                # is held.
-                self.leaser.wake_to_claim()
-            elif self.lease_wakes.ask():
-                self.leaser.wake()
-            return
-        # The cluster's count as the leaser last saw it (a reshard raises it).
-        notice = parse_notify(payload, self.leaser.shard_count)
-        if notice is None:
-            self.stats.add("bad_notifies")
-            return
-        shard, priority = notice
-        if shard in self.leaser.held:
-            # New jobs in a held shard: the next round runs the ordinary
-            # claim even if its last one found nothing (Fetcher.jobs_notified).
-            self.fetcher.jobs_notified()
-            if priority is not None:
-                # Recorded even when the claim is put off: the one the
-                # limiter delivers later takes it.
-                self.fetcher.notified(priority)
-                if self.outranks.ask():
-                    self.fetcher.outrank()
-            if self.fetch_wakes.ask():
-                self.fetcher.wake()
-
-    def _listen(self) -> None:
-        delay = 0.1
-        while not self._stop.is_set():
-            try:
-                self.conn = connect(self.alias, application_name="shardq-listener")
-                channels = (self.channel, LEASE_CHANNEL, *((CANCEL_CHANNEL,) if self.on_cancel is not None else ()))
-                if self.fetcher.limiter is not None:
-                    channels = (*channels, self.fetcher.limit_channel)
-                listen(self.conn, *channels)
-                self.listening.set()
-                self.backend_pid = self.conn.info.backend_pid
-                delay = 0.1
-                # The gap while we were disconnected is covered by the poll.
-                self.fetcher.wake()
-                while not self._stop.is_set():
-                    # Short waits only while a suppressed wake-up is pending.
-                    pending = self.fetch_wakes.pending or self.lease_wakes.pending or self.outranks.pending
-                    for note in self.conn.notifies(timeout=0.005 if pending else 0.5, stop_after=256):
-                        self.on_notify(note.channel, note.payload)
-                        if self.outranks.pending and not pending:
-                            break  # deliver it on time, not when this wait ends
-                    if self.outranks.due():
-                        self.fetcher.outrank()
-                    if self.fetch_wakes.due():
-                        self.fetcher.wake()
-                    if self.lease_wakes.due():
-                        self.leaser.wake()
-            except (DatabaseUnavailable, psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                self.stats.add("db_errors")
-                logger.info("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
-                if self.conn is not None:
-                    try:
-                        self.conn.close()
-                    except Exception:  # already broken
-                        pass
-                self._stop.wait(delay)
-                delay = min(delay * 2, 5.0)

@@ -54,9 +54,13 @@ class ClaimedJob:
     # -- not columns: set in this worker --
     # Set by the start write: this worker id was appended to worker_ids.
     started_by: str | None = None
-    # The starter's verdict on this job's start write (None: not started:
-    # the executor fails it without running, see Starter._needs_start).
+    # The verdict of this job's start write (starter.py; None: not written:
+    # the executor fails it without running, or has not begun it).
     start_verdict: tuple | None = None
+    # Ran here under an earlier claim whose outcome was refused: the return
+    # value's JSON to write under this claim instead of running it again
+    # (Fetcher.take, Executor.execute).
+    recalled: str | None = None
 
     @classmethod
     def from_row(cls, row: dict) -> "ClaimedJob":
@@ -77,7 +81,7 @@ class ClaimedJob:
 
     @property
     def is_started(self) -> bool:
-        """Is its start recorded (by the claim, or by the starter's write)?"""
+        """Is its start recorded (by its thread's start write)?"""
         return self.started or self.started_by is not None
 
     @property

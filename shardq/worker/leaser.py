@@ -42,18 +42,32 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
-from ..core import pools
 from ..core.rwlock import RWLock
 from ..db.store import LEASE_CHANNEL, WorkerStore
 from ..exceptions import DatabaseUnavailable
+from .listener import Subscription, WakeLimiter
 from .logs import shard_ranges
+from .pipeline import PipelineConfig
 from .service import Service
 from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.leaser")
 
 __all__ = ["LEASE_CHANNEL", "Leaser", "fair_share"]
+
+LEASE_WAKE_SECONDS = 0.05
+
+
+class ShardHub(Protocol):
+    """What the leaser tells of and asks about shards (the worker's Pipeline)."""
+
+    stats: Stats
+
+    def running_in_shard(self, shard: int) -> int: ...
+    def shards_lost(self, shards: set[int]) -> None: ...
+    def shards_gained(self, shards: set[int]) -> None: ...
 
 
 def fair_share(shard_count: int, live: list[str], me: str) -> int:
@@ -69,43 +83,39 @@ class Leaser(Service):
 
     def __init__(
         self,
+        config: PipelineConfig,
+        hub: ShardHub,
         store: WorkerStore,
-        worker_id: str,
-        stats: Stats,
-        *,
-        shard_count: int,
-        lease_ttl_seconds: float,
-        heartbeat_seconds: float,
-        running_in_shard: Callable[[int], int],
-        on_lost: Callable[[set[int]], None],
-        on_gained: Callable[[set[int]], None],
         clock: Callable[[], float] = time.monotonic,
-        expected_workers: int = 1,
-        max_worker_losses: int = 3,
-        pool: str = pools.ALL,
     ) -> None:
         super().__init__()
+        settings = config.settings
         self.store = store
-        self.worker_id = worker_id
+        self.worker_id = config.worker_id
         # The pool this worker leases shards in: it shares them with the live
         # workers of the same pool only (shardq.core.pools).
-        self.pool = pool
-        self.stats = stats
-        self.shard_count = shard_count
-        self.ttl = lease_ttl_seconds
-        self.heartbeat = heartbeat_seconds
-        self.margin = max(0.05, lease_ttl_seconds * 0.1)
-        self.running_in_shard = running_in_shard
-        self.on_lost = on_lost
-        self.on_gained = on_gained
+        self.pool = config.pool
+        self.stats = hub.stats
+        self.shard_count = settings.shard_count
+        self.ttl = settings.lease_ttl_seconds
+        self.heartbeat = settings.heartbeat_seconds
+        self.margin = max(0.05, self.ttl * 0.1)
+        # What holds jobs of a shard, and who is told of shards gained and lost.
+        self.running_in_shard = hub.running_in_shard
+        self.on_lost = hub.shards_lost
+        self.on_gained = hub.shards_gained
         self.clock = clock
         # Started as one of N sibling processes (--processes N): until the
         # first claim, count siblings that have not registered yet, so the
         # group does not first pile every shard on one process and then
         # rebalance them one by one.
-        self.expected_workers = expected_workers
+        self.expected_workers = config.expected_workers
         self._first_claim_done = False
-        self.max_worker_losses = max_worker_losses
+        self.max_worker_losses = settings.max_worker_losses
+        # A peer's release or join wakes the lease round at most this often
+        # (a joiner is woken by the release that gives it its share: a wake
+        # held back 250 ms, as it was, left those shards unowned as long).
+        self.lease_wakes = WakeLimiter(LEASE_WAKE_SECONDS)
 
         self.held: dict[int, int] = {}  # shard -> claim_version
         self.ownership = RWLock()  # read: a claim in flight; write: dropping shards
@@ -154,6 +164,31 @@ class Leaser(Service):
         round trips) while those shards sat unowned."""
         self._claim_first = True
         self._wake.set()
+
+    # -- notifications (the worker subscribes this, listener.py) ----------------
+
+    def subscription(self) -> Subscription:
+        return Subscription(self.lease_notified, lambda: self.lease_wakes.pending, self._flush_wakes)
+
+    def lease_notified(self, payload: str) -> None:
+        """A peer released shards or joined (payload: its worker id)."""
+        # Our own announcements come back too: they need no lease round
+        # (and must not use up the rate limit a peer's release needs).
+        if payload == self.worker_id:
+            return
+        if self.wants_shards():
+            # Below its share, a peer's release is ours to take: claim at
+            # once, not after the limiter's interval (a joiner woke up to
+            # 50 ms late for a second batch of released shards, which sat
+            # unowned meanwhile). A flood of spoofed notices costs at most
+            # back-to-back claim attempts, and only until the share is held.
+            self.wake_to_claim()
+        elif self.lease_wakes.ask():
+            self.wake()
+
+    def _flush_wakes(self) -> None:
+        if self.lease_wakes.due():
+            self.wake()
 
     # -- lifecycle -------------------------------------------------------------
 

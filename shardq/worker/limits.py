@@ -49,6 +49,7 @@ from typing import Any
 
 from django.tasks import Task
 
+from ..conf import Config
 from ..core.limits import LimitSpec, assign, grant, next_token_in
 from ..exceptions import UnknownTask
 from ..limits import spec_for_key, task_spec
@@ -93,20 +94,17 @@ class Limiter:
         *,
         worker_id: str,
         queue_limits: dict[str, LimitSpec],
-        task_modules: tuple = (),
-        lease_ttl_seconds: float,
-        heartbeat_seconds: float,
-        poll_interval_seconds: float,
+        settings: Config,
         concurrency: int = 1,
         task_seconds: Callable[[], float | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.worker_id = worker_id
         self.queue_limits = queue_limits
-        self.task_modules = task_modules
-        self.ttl = lease_ttl_seconds
-        self.heartbeat = heartbeat_seconds
-        self.poll_interval = poll_interval_seconds
+        self.task_modules = tuple(settings.task_modules)
+        self.ttl = settings.lease_ttl_seconds
+        self.heartbeat = settings.heartbeat_seconds
+        self.poll_interval = settings.poll_interval_seconds
         self.concurrency = concurrency
         # () -> the executors' average task time (None: none measured yet)
         self.task_seconds = task_seconds

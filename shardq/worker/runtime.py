@@ -17,305 +17,141 @@ import socket
 import threading
 import time
 import uuid
-from functools import partial
 from typing import TYPE_CHECKING
 
-from ..conf import get_config
-from ..core import pools
 from ..cron import schedules
-from ..db.store import DatabaseGuard, WorkerStore
-from ..limits import KeyCaps, queue_limits
-from ..tasks import autodiscover, resolve
+from ..db.store import LEASE_CHANNEL, DatabaseGuard, WorkerStore
+from ..tasks import autodiscover
 from . import shutdown as shutdown_signals
-from .buffer import Buffer
 from .completer import Completer
 from .executor import Executor
-from .fetcher import Fetcher, Listener, OutrankingClaim
+from .fetcher import Fetcher
 from .gauges import Gauges
 from .handback import HandBack
 from .leaser import Leaser
-from .limits import Limiter
+from .listener import Listener, Subscription
+from .pipeline import Pipeline, PipelineConfig, WorkerOptions
 from .resolver import Resolver
 from .runcontrol import EXIT_RECYCLE
 from .scheduler import Scheduler
 from .shutdown import signal_name
 from .stats import Stats
 
+__all__ = ["Worker", "WorkerOptions"]
+
 if TYPE_CHECKING:
     from ..metrics import Metrics
 
+# shardq.cancel() announces a cancelled RUNNING job here (cancel_jobs in queries.sql).
+CANCEL_CHANNEL = "shardq_cancel"
+
 logger = logging.getLogger("shardq.worker")
 
-LOOKAHEAD_SECONDS = 0.05
-# A claim outside demand (Worker.outranking_claim) takes at most this many
-# jobs; the buffer keeps OUTRANKING_ROOM places that only such claims fill.
-OUTRANKING_BATCH = 16
-OUTRANKING_ROOM = 64
+STORES = ("leaser", "fetcher", "completer", "starter", "outrank", "handback", "control", "resolver")
 
 
 class Worker:
-    def __init__(
-        self,
-        *,
-        queues: list[str] | None = None,
-        concurrency: int = 4,
-        grace: float = 30.0,
-        prefetch: int | None = None,
-        database: str = "default",
-        exclude_queues: list[str] | None = None,
-        backend: str | None = pools.DEFAULT_BACKEND,
-        max_tasks: int | None = None,
-        name: str | None = None,
-        metrics: "Metrics | None" = None,
-    ):
-        self.config = get_config()
-        self.metrics = metrics  # None: metrics off (the services test this, nothing else)
+    """One worker process's services, wired once (see pipeline.py)."""
+
+    def __init__(self, options: WorkerOptions | None = None, *, metrics: "Metrics | None" = None) -> None:
+        self.options = options = options or WorkerOptions()
         self.id = str(uuid.uuid4())
-        self.name = name  # --worker-id: shown next to the id in logs and shardq_status
-        self.queues = queues
-        self.exclude_queues = exclude_queues
-        # Shards are leased per pool, the queue selection (DESIGN §4.8).
-        self.pool = pools.pool_name(queues, exclude_queues, backend)
-        # --max-tasks: stop gracefully once this many jobs finished here, and
-        # never claim more than are left (see demand()).
-        self.max_tasks = max_tasks
-        self.concurrency = concurrency
-        self.grace = grace
-        self.database = database
+        self.config = PipelineConfig.build(options, self.id)
+        settings = self.config.settings
         self.stats = Stats()
         self._stop = threading.Event()
         self.grace_expired = False
-        # The look-ahead (jobs claimed beyond the running ones) is at most
-        # ``prefetch``; how much of it is used follows the measured task time.
-        self.max_prefetch = prefetch if prefetch else 512
-        self.buffer = Buffer(
-            concurrency + self.max_prefetch + OUTRANKING_ROOM,
-            key_cap=KeyCaps(partial(resolve, extra_modules=self.config.task_modules)),
-        )
+        # Set when run control asks for a fresh process (zombie threads).
+        self.recycling = False
         # One circuit breaker for the process: when PostgreSQL is down every
-        # service sees "database unavailable" and one probe goes out per backoff.
+        # service sees "database unavailable" and one probe goes out per
+        # backoff. A connection each: outrank is the listener's claims of
+        # jobs that outrank the buffer, handback the jobs that will not run
+        # here, control run control's cancel checks (the last three connect
+        # on first use). A claim or start lost in a server crash leaves its
+        # jobs READY or CLAIMED (at-least-once); an ack, committed
+        # synchronously after it in the WAL, makes it durable too.
         self.database_guard = DatabaseGuard()
         self.store = {
             name: WorkerStore(
-                database,
+                options.database,
                 f"shardq-{name}",
                 self.database_guard,
-                # A claim lost in a server crash leaves its
-                # jobs READY (run again: at-least-once); an
-                # ack, committed synchronously after it in
-                # the WAL, makes the claim durable too.
                 synchronous_commit=name not in ("fetcher", "starter", "outrank"),
             )
-            # outrank: the listener's claims of jobs that outrank this
-            # worker's buffer (Fetcher.outrank); connects on first use.
-            # handback: claimed jobs that will not run here go back to READY.
-            # control: run control's cancel checks (runcontrol.py), on first use.
-            for name in ("leaser", "fetcher", "completer", "starter", "outrank", "handback", "control", "resolver")
+            for name in STORES
         }
-        self.handback = HandBack(self.store["handback"], self.stats)
-        self.completer = Completer(
-            self.store["completer"],
-            self.stats,
-            batch=self.config.completion_batch,
-            flush_seconds=self.config.completion_flush_seconds,
-            metrics=metrics,
-        )
-        self.leaser = Leaser(
-            self.store["leaser"],
-            self.id,
-            self.stats,
-            shard_count=self.config.shard_count,
-            lease_ttl_seconds=self.config.lease_ttl_seconds,
-            heartbeat_seconds=self.config.heartbeat_seconds,
-            running_in_shard=self.running_in_shard,
-            on_lost=self.on_shards_lost,
-            on_gained=self.on_shards_gained,
-            expected_workers=int(os.environ.get("SHARDQ_EXPECTED_WORKERS", "1")),
-            max_worker_losses=self.config.max_worker_losses,
-            pool=self.pool,
-        )
-        self.fetcher = Fetcher(
-            self.store["fetcher"],
-            self.leaser,
-            self.buffer,
-            self.completer,
-            self.stats,
-            worker_id=self.id,
-            queues=queues,
-            exclude_queues=exclude_queues,
-            backend=backend,
-            poll_interval_seconds=self.config.poll_interval_seconds,
-            demand=self.demand,
-            outranking_claim=self.outranking_claim,
-            outranking_store=self.store["outrank"],
-            holds=self.holds_job,
-            metrics=metrics,
-            handback=self.handback,
-            limiter=Limiter(
-                worker_id=self.id,
-                queue_limits=queue_limits(),
-                task_modules=self.config.task_modules,
-                lease_ttl_seconds=self.config.lease_ttl_seconds,
-                heartbeat_seconds=self.config.heartbeat_seconds,
-                poll_interval_seconds=self.config.poll_interval_seconds,
-                concurrency=concurrency,
-                task_seconds=lambda: self.executor.measured_task_seconds(),
-            ),
-            idle_threads=self.idle_threads,
-            lease_ttl_seconds=self.config.lease_ttl_seconds,
-            limit_channel=self.config.channel + "_limit",
-        )
-        self.listener = (
-            Listener(
-                self.config.channel,
-                self.leaser,
-                self.fetcher,
-                self.stats,
-                database,
-                shard_count=self.config.shard_count,
-                on_cancel=self.on_cancel_notified,
-            )
-            if self.config.notify
-            else None
+        self.pipeline = Pipeline(self.config, self.stats, HandBack(self.store["handback"], self.stats), metrics)
+        self.buffer, self.handback = self.pipeline.buffer, self.pipeline.handback
+        self.completer = Completer(self.config, self.pipeline, self.store["completer"])
+        self.pipeline.add_sink(self.completer)
+        self.leaser = Leaser(self.config, self.pipeline, self.store["leaser"])
+        self.fetcher = Fetcher(self.config, self.pipeline, self.leaser, self.store["fetcher"], self.store["outrank"])
+        self.executor = Executor(
+            self.config, self.pipeline, self.leaser, self.completer, self.store["starter"], self.store["control"]
         )
         # Moves workflow children on once their parents finished (shardq/workflows.py).
         self.resolver = Resolver(
             self.store["resolver"],
             lambda: sorted(self.leaser.held),
             self.stats,
-            channel=self.config.channel,
-            notify=self.config.notify,
+            channel=settings.channel,
+            notify=settings.notify,
         )
-        self.completer.on_written = self.resolver.wake
+        self.pipeline.on_outcomes_written(self.resolver.wake)
+        self.listener = self._listener() if settings.notify else None
         self.scheduler: Scheduler | None = None  # built in run(), once the task modules are imported
-        self.executor = Executor(
-            self.buffer,
-            self.completer,
-            self.leaser,
-            self.fetcher,
-            self.stats,
-            worker_id=self.id,
-            concurrency=concurrency,
-            start_store=self.store["starter"],
-            handback=self.handback,
-            task_modules=self.config.task_modules,
-            metrics=metrics,
-            control_store=self.store["control"],
-        )
-        # Set when run control asks for a fresh process (zombie threads).
-        self.recycling = False
         self.gauges = (
             Gauges(
-                WorkerStore(database, "shardq-metrics", self.database_guard),
+                WorkerStore(options.database, "shardq-metrics", self.database_guard),
                 metrics,
                 sample=self.gauge_sample,
-                cluster_seconds=self.config.heartbeat_seconds,
-                lease_ttl_seconds=self.config.lease_ttl_seconds,
-                shard_count=self.config.shard_count,
+                cluster_seconds=settings.heartbeat_seconds,
+                lease_ttl_seconds=settings.lease_ttl_seconds,
+                shard_count=settings.shard_count,
             )
             if metrics is not None
             else None
         )
 
-    # -- callbacks ---------------------------------------------------------------
+    def _listener(self) -> Listener:
+        """One LISTEN connection, each channel to its subscriber."""
+        subscriptions = {
+            **self.fetcher.subscriptions(),
+            LEASE_CHANNEL: self.leaser.subscription(),
+            CANCEL_CHANNEL: Subscription(self.executor.control.notified),
+        }
+        return Listener(self.options.database, self.stats, subscriptions, on_connected=self.pipeline.wake_fetch)
 
-    def running_in_shard(self, shard: int) -> int:
-        """Jobs of ``shard`` still processing here or with an unwritten outcome."""
-        return (
-            self.buffer.processing_in_shard(shard)
-            + self.completer.pending_in_shard(shard)
-            + self.handback.pending_in_shard(shard)
-        )
+    # -- what the options say ------------------------------------------------------
 
-    def demand(self) -> tuple[int, int]:
-        """(jobs to claim now, smallest batch worth a round trip).
+    @property
+    def concurrency(self) -> int:
+        return self.options.concurrency
 
-        In flight = running + buffered, aimed at the concurrency plus enough
-        buffered jobs to cover LOOKAHEAD_SECONDS of work at the measured task
-        duration: a no-op task gets hundreds (a claim round trip is amortised),
-        a one-second task gets one per thread (nothing waits in memory while
-        another worker could run it).
-        """
-        average = max(self.executor.average_task_seconds, 1e-6)
-        lookahead = int(self.concurrency * LOOKAHEAD_SECONDS / average)
-        target = self.concurrency + min(self.max_prefetch, max(self.concurrency, lookahead))
-        running = self.buffer.processing
-        # Jobs waiting at their key's gate (a limit by the shard key at its
-        # cap) are not work for idle threads: left out, so the claim goes on
-        # to other keys' jobs (it passes over the full keys', Buffer.full_keys)
-        # up to the buffer's capacity.
-        buffered = self.buffer.buffered - self.buffer.held_back
-        wanted = min(target - buffered - running, self.buffer.free - OUTRANKING_ROOM)
-        if self.max_tasks is not None:
-            wanted = min(wanted, self.tasks_left())
-        return wanted, max(1, target // 4)
+    @property
+    def grace(self) -> float:
+        return self.options.grace
 
-    def idle_threads(self) -> int:
-        """Threads with nothing to run and nothing waiting for them: a
-        limited claim takes slots beyond these only within its fair share
-        (shardq/worker/limits.py)."""
-        return self.concurrency - self.buffer.buffered - self.buffer.processing
+    @property
+    def max_tasks(self) -> int | None:
+        return self.options.max_tasks
+
+    @property
+    def name(self) -> str | None:
+        return self.options.name
+
+    @property
+    def pool(self) -> str:
+        return self.config.pool
 
     def gauge_sample(self) -> tuple[int, int, int]:
         """(shards leased, jobs on a thread, threads) for the metrics' gauges."""
         return len(self.leaser.held), self.buffer.processing, self.concurrency
 
-    def tasks_left(self) -> int:
-        """--max-tasks: jobs still to claim. Jobs in flight (buffered,
-        processing, or with an outcome not yet written) will finish here
-        too: only what is left after them. Read in the order a job moves
-        through them, each counted in the next before it leaves the last, so
-        none is missed between reads."""
-        assert self.max_tasks is not None
-        in_flight = self.buffer.buffered
-        in_flight += self.buffer.processing
-        in_flight += self.completer.pending
-        return self.max_tasks - in_flight - self.finished_jobs()
-
-    def outranking_claim(self, priority: int) -> OutrankingClaim | None:
-        """The claim to make outside demand when a NOTIFY tells of a job of
-        ``priority`` in a held shard, or None.
-
-        Only when that outranks a job waiting in memory here (buffered) or
-        on its way (an ordinary claim in flight: its jobs are taken as no
-        better than the last claim's): otherwise the ordinary claim, which
-        takes the highest priority due first, is as good. It takes jobs
-        above the lowest one waiting, so every job it claims outranks one
-        already here, at most OUTRANKING_BATCH (it goes again while they
-        come full), in the room the buffer keeps for them; the local queue
-        hands them to the next free thread, ahead of the lower ones.
-        """
-        waiting = [p for p in (self.buffer.lowest_priority(), self.fetcher.in_flight_lowest) if p is not None]
-        if not waiting or priority <= min(waiting):
-            return None
-        limit = min(OUTRANKING_BATCH, self.buffer.free)
-        if self.max_tasks is not None:
-            limit = min(limit, self.tasks_left())
-        if limit <= 0:
-            return None
-        return OutrankingClaim(min(waiting) + 1, limit)
-
     def finished_jobs(self) -> int:
         """Attempts finished here whose outcome was written (--max-tasks counts these)."""
-        return self.stats["succeeded"] + self.stats["failed"] + self.stats["retried"]
-
-    def holds_job(self, job_id: int) -> bool:
-        """Is this job in memory here: buffered, running, or its outcome unwritten?"""
-        return self.buffer.holds(job_id) or self.completer.holds(job_id)
-
-    def on_cancel_notified(self, payload: str) -> None:
-        self.executor.control.notified(payload)
-
-    def on_shards_gained(self, shards: set[int]) -> None:
-        """New shards: claim from them now rather than at the next poll."""
-        self.fetcher.wake()
-
-    def on_shards_lost(self, shards: set[int]) -> None:
-        """Self-fence or drain: forget the buffered jobs of these shards."""
-        dropped = []
-        for shard in shards:
-            dropped.extend(self.buffer.drop_shard(shard))
-        self.handback.return_jobs(dropped)
+        return self.pipeline.finished_jobs()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -338,7 +174,7 @@ class Worker:
             "%s: exiting now without waiting for running jobs; %s; leases expire after %gs and are taken over",
             signal_name(signum),
             self._abandoned(*self.abandoned_jobs()),
-            self.config.lease_ttl_seconds,
+            self.config.settings.lease_ttl_seconds,
         )
         for handler in filter(None, [*logging.getLogger().handlers, logging.lastResort]):
             try:
@@ -354,7 +190,7 @@ class Worker:
             text = (
                 f"job(s) {', '.join(map(str, started))} will end as WorkerLost (the attempt is "
                 f"interrupted: run again by the shard's next owner, or dead-lettered as WorkerLost "
-                f"after {self.config.max_worker_losses} lost workers)"
+                f"after {self.config.settings.max_worker_losses} lost workers)"
             )
         if starting:
             text += (
@@ -377,20 +213,21 @@ class Worker:
             self.id,
             socket.gethostname(),
             os.getpid(),
-            self.queues or [],
+            self.options.queues or [],
             name=self.name,
             pool=self.pool,
-            shard_count=self.config.shard_count,
+            shard_count=self.config.settings.shard_count,
         )
         logger.info(
             "worker %s started (pid %s, concurrency %s, queues %s, pool %s, %s shards, lease TTL %gs)",
             self.label,
             os.getpid(),
             self.concurrency,
-            self.queues or (f"all but {', '.join(self.exclude_queues)}" if self.exclude_queues else "all"),
+            self.options.queues
+            or (f"all but {', '.join(self.options.exclude_queues)}" if self.options.exclude_queues else "all"),
             self.pool,
-            self.config.shard_count,
-            self.config.lease_ttl_seconds,
+            self.config.settings.shard_count,
+            self.config.settings.lease_ttl_seconds,
         )
         self.completer.start()
         self.handback.start()
@@ -403,7 +240,7 @@ class Worker:
             # release's NOTIFY is what makes this worker claim them at once
             # (announced first, a joiner at the default 10 s heartbeat often
             # missed it and held nothing until its next heartbeat).
-            self.listener.listening.wait(timeout=min(5.0, self.config.heartbeat_seconds))
+            self.listener.listening.wait(timeout=min(5.0, self.config.settings.heartbeat_seconds))
         # Running workers recompute their share now, not at their next heartbeat.
         self.leaser.announce()
         self.fetcher.start()
@@ -471,12 +308,12 @@ class Worker:
         """At shutdown: free every limit slot this worker holds, except those
         of jobs whose threads still run (past the grace): those expire with
         their lease, as a dead worker's do."""
-        limiter = self.fetcher.limiter
+        limiter = self.pipeline.limiter
         if limiter is None or not (limiter.holding() or limiter.take_released()):
             return
         try:
             self.store["fetcher"].renew_limit_slots(
-                self.id, limiter.to_renew(self.holds_job), self.config.lease_ttl_seconds
+                self.id, limiter.to_renew(self.pipeline.holds), self.config.settings.lease_ttl_seconds
             )
         except Exception as exc:  # the database may be gone: the slots expire
             logger.warning("could not free limit slots at shutdown (%s); they will expire", exc)
@@ -491,8 +328,8 @@ class Worker:
         if self.listener:
             self.listener.stop(time.monotonic() + 5.0)
         self.handback.return_jobs(self.buffer.drain())
-        if self.fetcher.limiter is not None:
-            self.fetcher.limiter.stop_waiting()
+        if self.pipeline.limiter is not None:
+            self.pipeline.limiter.stop_waiting()
         finished = self.executor.stop(deadline)
         self.completer.stop(deadline=max(deadline, time.monotonic() + 5.0))
         self.handback.stop(max(deadline, time.monotonic() + 5.0))
@@ -505,7 +342,9 @@ class Worker:
         # A zombie's job is not running for this purpose: its outcome was
         # written at its deadline, and this process exits now.
         control = self.executor.control
-        still_running = {s for s in list(self.leaser.held) if self.running_in_shard(s) > control.zombies_in_shard(s)}
+        still_running = {
+            s for s in list(self.leaser.held) if self.pipeline.running_in_shard(s) > control.zombies_in_shard(s)
+        }
         if not finished:
             self.grace_expired = True
             logger.warning(

@@ -12,7 +12,7 @@ import pytest
 
 import shardq
 from shardq.db.store import ensure_shards
-from shardq.worker.runtime import Worker
+from shardq.worker.runtime import Worker, WorkerOptions
 from tests.helpers import sql, wait_until
 from tests.taskapp import tasks
 
@@ -22,7 +22,7 @@ def paused_claim():
     """A worker holding every shard, its completer running, and a fetcher
     whose next claim commits and then waits for ``proceed``."""
     ensure_shards()
-    worker = Worker(concurrency=2)
+    worker = Worker(WorkerOptions(concurrency=2))
     worker.store["leaser"].register_worker(worker.id, "test", os.getpid(), [])
     worker.leaser.tick()
     assert len(worker.leaser.held) == 64

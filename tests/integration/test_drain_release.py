@@ -12,14 +12,14 @@ import os
 
 import shardq
 from shardq.db.store import ensure_shards
-from shardq.worker.runtime import Worker
+from shardq.worker.runtime import Worker, WorkerOptions
 from tests.helpers import sql
 from tests.taskapp import tasks
 
 
 def test_a_claim_during_a_drain_release_takes_no_job_of_that_shard(transactional_db):
     ensure_shards()
-    worker = Worker(concurrency=2)
+    worker = Worker(WorkerOptions(concurrency=2))
     worker.store["leaser"].register_worker(worker.id, "test", os.getpid(), [])
     worker.leaser.tick()
     assert len(worker.leaser.held) == 64

@@ -8,10 +8,12 @@ The acceptance test (tests/acceptance/test_limits.py) runs three real
 workers; these pin the rules whose breach stalled it: a worker kept a
 limit's free slots while another ran one job at a time."""
 
+import dataclasses
 import threading
 
 import pytest
 
+from shardq.conf import get_config
 from shardq.worker.limits import Limiter
 from tests.helpers import wait_until
 
@@ -19,15 +21,14 @@ KEY = "t:tests.taskapp.limit_tasks.three_at_once"  # max_concurrency=3
 
 
 def limiter(concurrency: int = 8) -> Limiter:
-    return Limiter(
-        worker_id="w",
-        queue_limits={},
+    settings = dataclasses.replace(
+        get_config(),
         task_modules=("tests.taskapp.limit_tasks",),
         lease_ttl_seconds=30.0,
         heartbeat_seconds=10.0,
         poll_interval_seconds=1.0,
-        concurrency=concurrency,
     )
+    return Limiter(worker_id="w", queue_limits={}, settings=settings, concurrency=concurrency)
 
 
 def rows(*ids: int) -> list[dict]:

@@ -11,9 +11,10 @@ import shardq
 from shardq.db.store import WorkerStore, ensure_shards, is_transient
 from shardq.exceptions import StatementRejected
 from shardq.worker.completer import Completer
-from shardq.worker.fetcher import WakeLimiter, parse_notify
+from shardq.worker.fetcher import parse_notify
 from shardq.worker.jobs import ClaimedJob, Outcome
-from shardq.worker.stats import Stats
+from shardq.worker.listener import WakeLimiter
+from tests.helpers import pipeline_factory
 from tests.taskapp import isolation_tasks as t
 from tests.workers import query
 
@@ -67,7 +68,8 @@ def test_a_refused_batch_is_split_until_the_bad_outcome_is_alone(started_jobs):
 
 def test_the_completer_fails_only_the_job_whose_outcome_postgresql_refused(started_jobs):
     store, jobs = started_jobs
-    completer = Completer(store, Stats(), batch=256, flush_seconds=0.001)
+    config, pipeline = pipeline_factory(store)
+    completer = Completer(config, pipeline, store)
     for i, job in enumerate(jobs):
         completer.put(outcome(job, '"\\ud800"' if i == 3 else str(i)))
     completer.flush_once(block=False)

@@ -119,3 +119,13 @@ def ordered_ledger(context, key: int, n: int = 0, sleep: float = 0.0) -> int:
         time.sleep(sleep)
     commit_with_ledger(context, n)
     return n
+
+
+@shard_task(takes_context=True)
+def logged(context, n: int = 0, sleep: float = 0.0) -> int:
+    """Log the execution, work ``sleep`` seconds; the default max_attempts (1),
+    as users keep it: only a worker loss runs it again."""
+    log_execution(context)
+    if sleep:
+        time.sleep(sleep)
+    return n

@@ -101,7 +101,7 @@ class Command(BaseCommand):
 
         def run_worker() -> int:
             from shardq.exceptions import DatabaseUnavailable
-            from shardq.worker.runtime import Worker
+            from shardq.worker.runtime import Worker, WorkerOptions
 
             metrics = None
             if endpoint is not None:
@@ -110,7 +110,7 @@ class Command(BaseCommand):
                 if directory is not None:
                     endpoint.close_in_child()  # the supervisor serves the group
                 metrics = shardq_metrics.enable(multiprocess=directory is not None)
-            worker = Worker(
+            options = WorkerOptions(
                 queues=queues or None,
                 concurrency=concurrency,
                 grace=grace,
@@ -120,8 +120,8 @@ class Command(BaseCommand):
                 exclude_queues=exclude_queues or None,
                 max_tasks=max_tasks,
                 name=name,
-                metrics=metrics,
             )
+            worker = Worker(options, metrics=metrics)
             worker.install_signal_handlers()
             try:
                 return worker.run()
