@@ -841,6 +841,9 @@ class WorkerStore:
                     "fences": [j.fence for j in part],
                     "ranks": [j.status_rank for j in part],
                 },
+                # Binary results: the times decode without parsing text
+                # (a start write per group of threads is on every job's path).
+                binary=True,
                 named=True,
             )
 
