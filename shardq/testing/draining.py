@@ -289,6 +289,8 @@ class _Drain:
         self.config = get_config()
         self.report = DrainReport()
         self._shards_ensured = False
+        # Set when an outcome written was a workflow parent's.
+        self._parent_finished = False
 
     def _filters(self) -> dict[str, Any]:
         return {"queues": self.queues, "task_paths": self.task_paths, "until": self.until}
@@ -311,6 +313,12 @@ class _Drain:
                     continue
                 return self.report
             self._run_job(row)
+            if self._parent_finished:
+                # As a worker's resolver, woken by the ack: the children are
+                # READY before the next job is picked, and take their place
+                # by priority among the jobs due.
+                self._parent_finished = False
+                testing_store.resolve_parents(self.using)
 
     def _limit_message(self) -> str:
         most = Counter(ran.task_path for ran in self.report).most_common(3)
@@ -477,7 +485,7 @@ class _Drain:
             if error is None
             else json.dumps({"exception_class_path": error.exception_class_path, "traceback": error.traceback})
         )
-        return testing_store.finish_job(
+        written = testing_store.finish_job(
             self.using,
             row["id"],
             rank=rank,
@@ -486,6 +494,8 @@ class _Drain:
             error_json=error_json,
             delay_seconds=delay_seconds,
         )
+        self._parent_finished = self._parent_finished or bool(written)
+        return written
 
     def _moved_on(self, row: dict[str, Any], result: TaskResult) -> None:
         """The task moved its own job on (``shardq.cancel``, a fenced

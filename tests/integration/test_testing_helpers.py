@@ -173,6 +173,13 @@ class DrainInATestCaseTests(TestCase):
         assert pack.errors[-1].exception_class_path == "shardq.exceptions.ParentFailed"
         assert close.return_value == {"charge": "FAILED", "pack": "FAILED"}
 
+    def test_a_child_is_ready_once_its_parent_finished_and_runs_by_its_priority(self):
+        parent = tasks.add.enqueue(1, 1)
+        other = tasks.add.enqueue(2, 2)
+        child = tasks.report.using(after=[parent], priority=50).enqueue("urgent")
+
+        assert drain().ids == [parent.id, child.id, other.id]
+
     def test_draining_one_queue_leaves_the_children_it_released_in_others_for_later(self):
         parent = tasks.add.enqueue(1, 2)
         child = tasks.report.using(after=[parent]).enqueue("after the sum")
