@@ -4,8 +4,9 @@ The code blocks of README.md marked ``<!-- readme-test: NAME -->`` are read
 from the README itself, never copied here, and run as written: in a fresh
 virtualenv, from a freshly built wheel (in ``dist/``, where the README's
 ``pip install`` looks), in a new ``django-admin startproject``. The job the
-README enqueues must be run by a real ``shardq_worker`` and the admin page the
-README names must render, styled, for the superuser it creates. A step that
+README enqueues must be run by a real ``shardq_worker``, the admin page the
+README names must render, styled, for the superuser it creates, and the
+README's test (``shardq.testing``) must pass under ``manage.py test``. A step that
 stops working fails this test.
 
 What the test adds, and only that:
@@ -58,7 +59,7 @@ SUPERUSER = {
 
 def readme_blocks() -> dict[str, str]:
     blocks = {m["name"]: m["code"] for m in MARKED.finditer((REPO / "README.md").read_text())}
-    expected = {"install", "project", "settings", "tasks", "migrate", "worker", "enqueue", "admin"}
+    expected = {"install", "project", "settings", "tasks", "migrate", "worker", "enqueue", "admin", "tests", "test"}
     assert expected <= blocks.keys(), f"README.md lost marked blocks: {sorted(expected - blocks.keys())}"
     return blocks
 
@@ -257,6 +258,11 @@ def test_the_readme_takes_a_newcomer_from_pip_install_to_a_job_run_and_the_admin
     assert worker.wait(timeout=60) == 0, worker.log_path.read_text()
     log = worker.log_path.read_text()
     assert " started (pid " in log and " stopped: released 64 shards" in log, log
+
+    # The README's test, run by Django's runner from the wheel alone (no pytest in this venv).
+    first_line, _ = blocks["tests"].split("\n", 1)
+    (newcomer.cwd / first_line.removeprefix("# ").strip()).write_text(blocks["tests"])
+    newcomer.shell(blocks["test"])
     print(f"[readme] install to admin page in {time.monotonic() - began:.1f}s")
 
 

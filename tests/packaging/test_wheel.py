@@ -95,7 +95,7 @@ def test_the_wheel_holds_only_the_library_and_its_type_marker(wheel):
     dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"
     assert {name.split("/")[0] for name in names} == {"shardq", dist_info}
     assert "shardq/py.typed" in names
-    assert "shardq/db/queries.sql" in names
+    assert "shardq/db/queries.sql" in names and "shardq/db/testing.sql" in names
     assert "shardq/templates/admin/shardq/dashboard.html" in names and "shardq/static/shardq/admin.css" in names
     assert not [n for n in names if n.startswith(("example_project/", "bench/", "tests/"))]
     assert not [n for n in names if "shardq_demo" in n or "shardq_bench" in n]
