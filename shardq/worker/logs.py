@@ -9,7 +9,9 @@ configures ``LOGGING`` for ``shardq`` or for the root logger is left alone.
 """
 
 import logging
+import os
 import sys
+import time
 from collections.abc import Iterable
 
 FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
@@ -39,3 +41,37 @@ def shard_ranges(shards: Iterable[int]) -> str:
         parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
         i = j + 1
     return ",".join(parts) or "none"
+
+
+def process_age_seconds() -> float | None:
+    """Seconds since this process started (Linux's /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/stat") as stat:
+            started_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as uptime:
+            up = float(uptime.read().split()[0])
+        return max(0.0, up - started_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class BootClock:
+    """A worker's boot, by stage (the INFO line "boot: ..."): the process's
+    start to ``Worker.run`` (Python, Django and the project's imports), then
+    each stage ``mark``ed since the one before."""
+
+    def __init__(self) -> None:
+        self.began = time.monotonic()
+        age = process_age_seconds()
+        self.stages: list[tuple[str, float]] = [] if age is None else [("process start to run", age)]
+        self._last = self.began
+
+    def mark(self, stage: str) -> None:
+        now = time.monotonic()
+        self.stages.append((stage, now - self._last))
+        self._last = now
+
+    def summary(self) -> str:
+        parts = [f"{stage} {seconds * 1000:.0f} ms" for stage, seconds in self.stages]
+        total = sum(seconds for _, seconds in self.stages)
+        return f"{', '.join(parts)} ({total * 1000:.0f} ms in all)"

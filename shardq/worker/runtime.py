@@ -30,6 +30,7 @@ from .gauges import Gauges
 from .handback import HandBack
 from .leaser import Leaser
 from .listener import Listener, Subscription
+from .logs import BootClock
 from .pipeline import Pipeline, PipelineConfig, WorkerOptions
 from .resolver import Resolver
 from .runcontrol import EXIT_RECYCLE
@@ -208,7 +209,9 @@ class Worker:
         self._stop.set()
 
     def run(self) -> int:
+        boot = BootClock()
         autodiscover(self.config.task_modules)
+        boot.mark("tasks imported")
         self.store["leaser"].register_worker(
             self.id,
             socket.gethostname(),
@@ -229,6 +232,7 @@ class Worker:
             self.config.settings.shard_count,
             self.config.settings.lease_ttl_seconds,
         )
+        boot.mark("registered")
         self.completer.start()
         self.handback.start()
         self.executor.start()
@@ -241,9 +245,11 @@ class Worker:
             # (announced first, a joiner at the default 10 s heartbeat often
             # missed it and held nothing until its next heartbeat).
             self.listener.listening.wait(timeout=min(5.0, self.config.settings.heartbeat_seconds))
+            boot.mark("listening")
         # Running workers recompute their share now, not at their next heartbeat.
         self.leaser.announce()
         self.fetcher.start()
+        logger.info("worker %s boot: %s; claiming", self.label, boot.summary())
         self.resolver.start()
         if schedules():
             self.scheduler = Scheduler(schedules(), self.stats)
