@@ -15,6 +15,7 @@ domain (DESIGN §5):
   row's job fails.
 """
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -22,7 +23,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import psycopg
@@ -39,9 +40,6 @@ from .queries import ANY_PRIORITY, QUERIES, RAW_QUERIES
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
-
-    from ..worker.buffer import KeyRooms
-    from ..worker.limits import Limiter, LimitPlan
 
 logger = logging.getLogger("shardq.store")
 
@@ -81,13 +79,23 @@ def claim_scope(
     }
 
 
+class KeyRoomsRef(Protocol):
+    """The local queue's per-key gates as the claim reads them (``KeyRooms``
+    in the worker): task path -> cap, and (task path, shard key, room) of busy keys."""
+
+    @property
+    def caps(self) -> Mapping[str, int]: ...
+    @property
+    def rooms(self) -> Sequence[tuple[str, str, int]]: ...
+
+
 def claim_jobs_params(
     limit: int,
     lookahead: float = 0.0,
     start: int = 0,
     min_priority: int = ANY_PRIORITY,
     full_keys: list[tuple[str, str]] | None = None,
-    key_rooms: "KeyRooms | None" = None,
+    key_rooms: "KeyRoomsRef | None" = None,
 ) -> dict[str, Any]:
     """``claim_jobs``' own parameters beside ``claim_scope``'s (see
     WorkerStore.claim_jobs): the batch, the look-ahead, how many to start,
@@ -450,19 +458,24 @@ class WorkerStore:
             self.guard.failed()
             raise
         except psycopg.Error as exc:
-            if not is_transient(exc):
-                # The server answered: the connection is fine (autocommit, or
-                # the transaction block rolled back).
-                self.guard.succeeded()
-                if self.conn is not None and self.conn.broken:
-                    self.close()
-                raise StatementRejected(f"{what}: {exc}".strip(), getattr(exc, "sqlstate", None)) from exc
-            if is_connection_error(exc) or self.conn is None or self.conn.broken:
-                self.guard.failed()
-            self.close()
-            raise DatabaseUnavailable(f"{what}: {one_line(exc)}") from exc
+            raise self._translated(what, exc) from exc
         self.guard.succeeded()
         return result
+
+    def _translated(self, what: str, exc: psycopg.Error) -> StatementRejected | DatabaseUnavailable:
+        """The error domain of a driver error (the module docstring), with the
+        guard and the connection brought up to date."""
+        if not is_transient(exc):
+            # The server answered: the connection is fine (autocommit, or
+            # the transaction block rolled back).
+            self.guard.succeeded()
+            if self.conn is not None and self.conn.broken:
+                self.close()
+            return StatementRejected(f"{what}: {exc}".strip(), getattr(exc, "sqlstate", None))
+        if is_connection_error(exc) or self.conn is None or self.conn.broken:
+            self.guard.failed()
+        self.close()
+        return DatabaseUnavailable(f"{what}: {one_line(exc)}")
 
     def run_split[I, R](
         self, items: list[I], run_batch: Callable[[list[I]], Iterable[R]]
@@ -657,7 +670,7 @@ class WorkerStore:
         pool: str = pools.ALL,
         min_priority: int = ANY_PRIORITY,
         full_keys: list[tuple[str, str]] | None = None,
-        key_rooms: "KeyRooms | None" = None,
+        key_rooms: "KeyRoomsRef | None" = None,
     ) -> list[Any]:
         """Claim a batch of the highest priority level due (rows by name:
         dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
@@ -683,105 +696,27 @@ class WorkerStore:
 
     # -- limits (docs/limits.md; the decisions are shardq/worker/limits.py's) --
 
-    def claim_limited(
-        self,
-        limiter: "Limiter",
-        *,
-        worker: str,
-        shards: list[int],
-        pool: str,
-        queues: list[str] | None,
-        exclude_queues: list[str] | None,
-        backend: str | None,
-        per_shard: int,
-        scan: int,
-        idle_threads: int,
-        ttl: float,
-        row_factory: "type[DataclassInstance]",
-        limit: int,
-        start: int = 0,
-    ) -> tuple[list[Any], "LimitPlan | None"]:
-        """One limited claim, one transaction: lock the candidates, the free
-        slots (SKIP LOCKED) and the rate rows (sorted), let ``limiter.pick``
-        choose (at most ``limit`` jobs), then write slots, tokens and claims
-        together, the first ``start`` jobs started. Returns the claimed jobs
-        (``row_factory`` rows) and the plan (None: no candidate)."""
-        full = limiter.full_keys()
-        params = {
-            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
-            "scan": scan,
-            "full": full,
-        }
-        ensured: tuple[dict[str, int], list[str]] = ({}, [])
-
-        def work(cursor: psycopg.Cursor[Any]) -> tuple[list[Any], "LimitPlan | None"]:
-            nonlocal ensured
-            conn = cursor.connection
-            # A cursor per row shape: psycopg applies a new row_factory to the
-            # current result at once, so one cursor cannot change shapes.
-            with conn.transaction(), conn.cursor(row_factory=dict_row) as named:
-                rows = self._execute(named, "claim_limited_candidates", params, binary=True)
-                limiter.walked(rows, full)
-                if not rows:
-                    return [], None
-                slots, rates = limiter.needs(rows, limit)
-                new_slots = limiter.new_slot_keys(slots)
-                new_rates = limiter.new_rate_keys(rates)
-                if new_slots:
-                    self._execute(
-                        cursor,
-                        "ensure_limit_slots",
-                        {"keys": list(new_slots), "caps": list(new_slots.values())},
-                        fetch="none",
-                    )
-                if new_rates:
-                    self._execute(cursor, "ensure_limit_rates", {"keys": new_rates}, fetch="none")
-                ensured = (new_slots, new_rates)
-                slot_rows = []
-                # Only limits that want more slots: in a steady state a
-                # worker's owned slots serve its claims with no statement.
-                slots = {k: v for k, v in slots.items() if v[1] > 0}
-                if slots:
-                    slot_rows = self._execute(
-                        cursor,
-                        "take_limit_slots",
-                        {
-                            "keys": list(slots),
-                            "caps": [cap for cap, _ in slots.values()],
-                            "wanted": [n for _, n in slots.values()],
-                        },
-                    )
-                rate_rows = []
-                if rates:
-                    rate_rows = self._execute(named, "lock_limit_rates", {"keys": rates})
-                plan = limiter.pick(rows, slot_rows, rate_rows, idle_threads, limit)
-                if not plan.ids:
-                    # Nothing to claim: the slots locked stay free (rolled back).
-                    plan.slot_ids.clear()
-                    plan.slot_keys.clear()
-                    return [], plan
-                with conn.cursor(row_factory=fields_row(row_factory)) as jobs:
-                    claimed = self._execute(
-                        jobs,
-                        "claim_limited_jobs",
-                        {
-                            "worker": worker,
-                            "pool": pool,
-                            "ids": plan.ids,
-                            "start": start,
-                            "slot_ids": plan.slot_ids,
-                            "rate_keys": plan.rate_keys,
-                            "rate_tats": plan.rate_tats,
-                            "ttl": ttl,
-                        },
-                        binary=True,
-                    )
-                return claimed, plan
-
-        result = self.guarded("claim_limited_jobs", work)
-        limiter.slots_ensured(ensured[0])
-        limiter.rates_ensured(ensured[1])
-        return result
+    @contextlib.contextmanager
+    def limited_claim(self) -> Iterator["LimitedClaim"]:
+        """One transaction for the statements of a limited claim (the worker's
+        ``Limiter.claim`` decides between them): committed when the block
+        ends, rolled back when it raises. Driver errors are translated as
+        ``guarded`` does."""
+        what = "claim_limited_jobs"
+        self.guard.admit(what)
+        try:
+            with self._cursor() as cursor:
+                conn = cursor.connection
+                # A cursor per row shape: psycopg applies a new row_factory to
+                # the current result at once, so one cursor cannot change shapes.
+                with conn.transaction(), conn.cursor(row_factory=dict_row) as named:
+                    yield LimitedClaim(cursor, named)
+        except DatabaseUnavailable:
+            self.guard.failed()
+            raise
+        except psycopg.Error as exc:
+            raise self._translated(what, exc) from exc
+        self.guard.succeeded()
 
     def claim_limited_owned(
         self,
@@ -942,6 +877,96 @@ class WorkerStore:
             },
         )
         return {row[0] for row in rows}
+
+
+class LimitedClaim:
+    """The statements of one limited claim (docs/limits.md), run in the
+    transaction ``WorkerStore.limited_claim`` opened. Plain values in,
+    rows out: which of them run, and what they take, is the worker's
+    decision (``shardq/worker/limits.py``)."""
+
+    def __init__(self, cursor: psycopg.Cursor[TupleRow], named: psycopg.Cursor[NamedRow]) -> None:
+        self.cursor = cursor
+        self.named = named
+
+    def candidates(
+        self,
+        *,
+        worker: str,
+        shards: list[int],
+        pool: str,
+        queues: list[str] | None,
+        exclude_queues: list[str] | None,
+        backend: str | None,
+        per_shard: int,
+        scan: int,
+        full: list[str],
+    ) -> list[NamedRow]:
+        """Lock up to ``scan`` due READY limited jobs (``claim_limited_candidates``),
+        passing over those with a key in ``full``."""
+        params = {
+            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
+            "scan": scan,
+            "full": full,
+        }
+        rows: list[NamedRow] = WorkerStore._execute(self.named, "claim_limited_candidates", params, binary=True)
+        return rows
+
+    def ensure_slots(self, caps: Mapping[str, int]) -> None:
+        """Make sure the slot rows of each key exist, ``caps[key]`` of them."""
+        params = {"keys": list(caps), "caps": list(caps.values())}
+        WorkerStore._execute(self.cursor, "ensure_limit_slots", params, fetch="none")
+
+    def ensure_rates(self, keys: list[str]) -> None:
+        """Make sure the GCRA row of each rate key exists."""
+        WorkerStore._execute(self.cursor, "ensure_limit_rates", {"keys": keys}, fetch="none")
+
+    def take_slots(self, wanted: Mapping[str, tuple[int, int]]) -> list[tuple[str, int]]:
+        """Lock free slot rows (SKIP LOCKED): ``wanted``, key -> (cap, how
+        many), sorted by key. Returns (key, slot id) rows."""
+        params = {
+            "keys": list(wanted),
+            "caps": [cap for cap, _ in wanted.values()],
+            "wanted": [n for _, n in wanted.values()],
+        }
+        rows: list[tuple[str, int]] = WorkerStore._execute(self.cursor, "take_limit_slots", params)
+        return rows
+
+    def lock_rates(self, keys: list[str]) -> list[NamedRow]:
+        """Lock the GCRA rows of ``keys`` (sorted: the lock order); rows
+        limit_key, tat, now."""
+        rows: list[NamedRow] = WorkerStore._execute(self.named, "lock_limit_rates", {"keys": keys})
+        return rows
+
+    def claim[R: "DataclassInstance"](
+        self,
+        *,
+        worker: str,
+        pool: str,
+        ids: list[int],
+        start: int,
+        slot_ids: list[int],
+        rate_keys: list[str],
+        rate_tats: list[float],
+        ttl: float,
+        row_factory: type[R],
+    ) -> list[R]:
+        """Write the slots (owned by ``worker`` for ``ttl``), the rate rows'
+        new TATs and the claims of ``ids`` in one statement, the first
+        ``start`` started (``claim_limited_jobs``)."""
+        params = {
+            "worker": worker,
+            "pool": pool,
+            "ids": ids,
+            "start": start,
+            "slot_ids": slot_ids,
+            "rate_keys": rate_keys,
+            "rate_tats": rate_tats,
+            "ttl": ttl,
+        }
+        with self.cursor.connection.cursor(row_factory=fields_row(row_factory)) as jobs:
+            claimed: list[R] = WorkerStore._execute(jobs, "claim_limited_jobs", params, binary=True)
+        return claimed
 
 
 def fields_row[R: "DataclassInstance"](cls: type[R]) -> RowFactory[R]:

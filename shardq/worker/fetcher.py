@@ -340,7 +340,7 @@ class Fetcher(Service):
         the slots this worker owns, in one statement (``claim_limited_owned``);
         then, when that came back short and more may come of it
         (``Limiter.full_claim_due``), the full claim, which takes slots and
-        tokens in the same transaction (WorkerStore.claim_limited). The
+        tokens in the same transaction (Limiter.claim). The
         caller holds the ownership read lock. Returns how many were claimed."""
         limiter = self.limiter
         if limiter is None or wanted <= 0:
@@ -400,8 +400,8 @@ class Fetcher(Service):
         limiter = self.limiter
         assert limiter is not None
         try:
-            rows, plan = self.store.claim_limited(
-                limiter,
+            rows, plan = limiter.claim(
+                self.store,
                 worker=self.worker_id,
                 shards=order,
                 pool=self.leaser.pool,
