@@ -25,7 +25,7 @@ class ShardqConfig(AppConfig):
         # even in a project that has not imported a task yet.
         import django.tasks  # noqa: F401
 
-        from .checks import app_without_backend
+        from .app_checks import app_without_backend
         from .db.store import ensure_shards
         from .dispatch import settings_changed
         from .limits import configured_queue_limits
