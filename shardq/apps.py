@@ -29,7 +29,7 @@ class ShardqConfig(AppConfig):
         from .db.store import ensure_shards
         from .dispatch import settings_changed
         from .limits import configured_queue_limits
-        from .metrics import enable_if_configured
+        from .worker.metrics import enable_if_configured
 
         checks.register(app_without_backend)
         # SHARDQ["QUEUES"]' limits: a bad one stops the process at start,

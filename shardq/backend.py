@@ -64,7 +64,6 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import log_task_enqueued, task_enqueued
 from django.utils.json import normalize_json
 
-from . import metrics
 from .checks import backend_checks, unusable
 from .conf import get_config
 from .core.hashing import salted_key_hash, shard_key_hash
@@ -85,6 +84,7 @@ from .tasks import (
     validate_shard_options,
 )
 from .tasks.keys import _short_repr
+from .worker import metrics
 
 # Default of OPTIONS["UNIQUE_CACHE_SIZE"]: recently seen unique keys kept (0: none).
 UNIQUE_KEYS_CACHED = 1024

@@ -31,7 +31,7 @@ from .service import Service
 from .stats import Stats
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
+    from .metrics import Metrics
 
 logger = logging.getLogger("shardq.worker.completer")
 
