@@ -9,14 +9,14 @@ from django.db.models import (
     Subquery,
     TextField,
 )
-from django.db.models.expressions import RawSQL
+from django.db.models.expressions import Expression
 from django.db.models.functions import Coalesce
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.html import format_html
 
 from ..conf import get_config
-from ..db.queries import positional
+from ..db import operations
 from ..models import Shard, Worker
 from .common import (
     ClockTimestamp,
@@ -43,10 +43,9 @@ LIVENESS = {
 }
 
 
-def worker_liveness(ttl: float) -> RawSQL:
+def worker_liveness(ttl: float) -> Expression:
     """worker_liveness of queries.sql, the definition shardq_status uses too."""
-    sql_text, params = positional("worker_liveness", {"ttl": ttl})
-    return RawSQL(sql_text, params, output_field=TextField())
+    return operations.expression("worker_liveness", {"ttl": ttl}, TextField())
 
 
 class LivenessFilter(admin.SimpleListFilter):

@@ -707,6 +707,60 @@ WITH gone AS (
 )
 SELECT id, task_path FROM gone;
 
+-- name: bounded_json
+-- The head of an expression over b.v (a jsonb value) and b.t (it as text): {"bytes": the text's
+-- size, "value": the value when that is at most :max_bytes, else null}; the admin_job_*_bounded
+-- blocks give it b.
+SELECT jsonb_build_object('bytes', octet_length(b.t), 'value', CASE WHEN octet_length(b.t) <= %(max_bytes)s THEN b.v END)
+
+-- name: admin_job_args_bounded
+-- A job's args for the admin's list and change page (bounded_json): a large value is never
+-- sent to the web process.
+({{bounded_json*}} FROM (SELECT shardq_job.args AS v, shardq_job.args::text AS t) AS b)
+
+-- name: admin_job_kwargs_bounded
+-- A job's kwargs, as admin_job_args_bounded.
+({{bounded_json*}} FROM (SELECT shardq_job.kwargs AS v, shardq_job.kwargs::text AS t) AS b)
+
+-- name: json_excerpt
+-- The head of an expression over b.t (a jsonb value as text): {"text": its first :chars
+-- characters, "chars": its length, "bytes": its size}, or NULL for SQL NULL.
+SELECT CASE WHEN b.t IS NOT NULL THEN jsonb_build_object('text', left(b.t, %(chars)s),
+    'chars', char_length(b.t), 'bytes', octet_length(b.t)) END
+
+-- name: admin_job_return_value_excerpt
+-- A job's return value for the admin's change page, as a bounded excerpt (json_excerpt).
+({{json_excerpt*}} FROM (SELECT shardq_job.return_value::text AS t) AS b)
+
+-- name: admin_job_worker_ids_excerpt
+-- A job's worker ids for the admin's change page, as a bounded excerpt (json_excerpt).
+({{json_excerpt*}} FROM (SELECT shardq_job.worker_ids::text AS t) AS b)
+
+-- name: admin_job_errors_excerpt
+-- A job's errors for the admin's change page: {"count": N, "errors": [...]}, the oldest and the
+-- newest :each_end errors, each with its class path and the first :chars characters of its
+-- traceback (and the traceback's size); an element that is not an object (an odd row) as its raw
+-- JSON text. A value that is not an array counts as one error.
+(WITH e AS (
+     SELECT x.e, x.n, count(*) OVER () AS total
+     FROM jsonb_array_elements(CASE WHEN jsonb_typeof(shardq_job.errors) = 'array'
+                                    THEN shardq_job.errors
+                                    ELSE jsonb_build_array(shardq_job.errors) END)
+          WITH ORDINALITY AS x(e, n)
+ )
+ SELECT jsonb_build_object(
+     'count', COALESCE(max(e.total), 0),
+     'errors', COALESCE(jsonb_agg(
+         CASE WHEN jsonb_typeof(e.e) = 'object' THEN jsonb_build_object(
+             'n', e.n,
+             'exception_class_path', left(e.e ->> 'exception_class_path', 300),
+             'traceback', left(e.e ->> 'traceback', %(chars)s),
+             'traceback_bytes', octet_length(e.e ->> 'traceback'))
+         ELSE jsonb_build_object('n', e.n, 'raw', left(e.e::text, %(chars)s),
+                                 'raw_bytes', octet_length(e.e::text)) END
+         ORDER BY e.n) FILTER (WHERE e.n <= %(each_end)s OR e.n > e.total - %(each_end)s), '[]'::jsonb))
+ FROM e)
+
 -- name: admin_dashboard
 -- Admin dashboard, one row a shard plus one totals row (shard NULL): owner and seconds of lease
 -- left (of the pool whose lease has the most left), jobs finished in the last :minutes minutes
