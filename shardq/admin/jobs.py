@@ -113,7 +113,7 @@ NOT_PARSED = object()
 
 
 def parsed_excerpt(shown: dict):
-    """The value of a ``json_excerpt`` (queries.sql) when the excerpt is all of it, else NOT_PARSED."""
+    """The value of a ``json_excerpt`` (shardq/db/sql/job.sql) when the excerpt is all of it, else NOT_PARSED."""
     if not isinstance(shown, dict) or shown.get("chars", 0) > EXCERPT_CHARS:
         return NOT_PARSED
     try:
@@ -123,7 +123,7 @@ def parsed_excerpt(shown: dict):
 
 
 def excerpt_of_json(shown: dict) -> str:
-    """A ``json_excerpt`` (queries.sql) for people: pretty-printed when it is whole, else
+    """A ``json_excerpt`` (shardq/db/sql/job.sql) for people: pretty-printed when it is whole, else
     the first EXCERPT_CHARS characters and "… (N bytes)"."""
     value = parsed_excerpt(shown)
     if value is not NOT_PARSED:

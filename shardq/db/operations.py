@@ -2,7 +2,7 @@
 admin and transactional completion run (the worker's own statements run on
 its psycopg connections through ``store.WorkerStore``).
 
-Every statement is a block of ``queries.sql``; callers name it and pass
+Every statement is a named block of ``shardq/db/sql/``; callers name it and pass
 parameters, and never hold SQL text of their own.
 """
 

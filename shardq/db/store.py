@@ -1,4 +1,4 @@
-"""The one place that runs shardq's SQL (``queries.sql``).
+"""The one place that runs shardq's SQL (``shardq/db/sql/``).
 
 ``WorkerStore`` owns a worker's psycopg connections; the enqueue path runs on
 the caller's Django connection (see ``backend.py``). Driver errors are
@@ -675,7 +675,7 @@ class WorkerStore:
         """Claim a batch of the highest priority level due (rows by name:
         dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
         quarantined, not claimed; one with ``started`` true was started by
-        the claim, see queries.sql). Only jobs of priority ``min_priority``
+        the claim, see sql/job.sql). Only jobs of priority ``min_priority``
         or more are taken; key_limited jobs of ``full_keys`` ((task path,
         shard key) pairs whose gate in the local queue has jobs waiting)
         are passed over. Of the first ``start``, a key_limited job is
@@ -786,7 +786,7 @@ class WorkerStore:
         self, shards: list[int], batch: int, channel: str, notify: bool = True
     ) -> tuple[int, list[NamedRow]]:
         """One pass of the workflow resolver over ``shards`` (see
-        ``resolve_children`` in queries.sql): (parents resolved, children moved)."""
+        ``resolve_children`` in sql/workflow.sql): (parents resolved, children moved)."""
         rows = self.run(
             "resolve_children",
             {"shards": shards, "batch": batch, "channel": channel, "notify": notify},
@@ -809,7 +809,7 @@ class WorkerStore:
         return seconds
 
     def rescue_jobs(self, held: dict[int, int], max_worker_losses: int, ttl: float | None = None) -> list[NamedRow]:
-        """The one rescue (see ``rescue_jobs`` in queries.sql) over the
+        """The one rescue (see ``rescue_jobs`` in sql/job.sql) over the
         (shard, claim_version) pairs ``held``: rows shard, id, started, dead."""
         shards = sorted(held)
         if ttl is None:

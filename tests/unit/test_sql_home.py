@@ -1,4 +1,4 @@
-"""SQL lives in shardq/db (issue 11): statements are blocks of queries.sql,
+"""SQL lives in shardq/db (issue 11): statements are named blocks of shardq/db/sql/*.sql,
 run by shardq/db/store.py (the worker's connections) or
 shardq/db/operations.py (a Django connection). This test fails when a module
 elsewhere in the package runs SQL itself.
@@ -41,7 +41,7 @@ def offenders() -> dict[str, set[str]]:
 def test_no_module_outside_shardq_db_runs_sql():
     extra = {module: sorted(kinds) for module, kinds in offenders().items()}
     assert extra == {}, (
-        f"SQL run outside shardq/db: {extra}. Add a named block to shardq/db/queries.sql and run it "
+        f"SQL run outside shardq/db: {extra}. Add a named block to a file of shardq/db/sql/ and run it "
         "through shardq.db.operations.run (a Django connection) or WorkerStore (a worker's), or build "
         "an expression of it with shardq.db.operations.expression."
     )
