@@ -222,13 +222,15 @@ def time_statements(url: str, live_counts: list[int], repeats: int = 300) -> lis
             for _ in range(repeats):
                 t = time.perf_counter()
                 rows = conn.execute(
-                    QUERIES["heartbeat"], {"worker": str(me), "stats": stats, "ttl": 3600.0, "pool": "*"}, prepare=True
+                    QUERIES["heartbeat"],
+                    {"worker": str(me), "stats": stats, "ttl": 3600.0, "pool": "*", "now": None},
+                    prepare=True,
                 ).fetchall()
                 timings["heartbeat"].append(time.perf_counter() - t)
                 t = time.perf_counter()
                 conn.execute(
                     QUERIES["renew_leases"],
-                    {"worker": str(me), "ttl": 3600.0, "shards": [0], "versions": [1], "pool": "*"},
+                    {"worker": str(me), "ttl": 3600.0, "shards": [0], "versions": [1], "pool": "*", "now": None},
                     prepare=True,
                 ).fetchall()
                 timings["renew_leases"].append(time.perf_counter() - t)

@@ -209,7 +209,7 @@ class Drainer:
     def warm(self) -> None:
         """Prepare both statements without claiming anything (LIMIT 0, no ids)."""
         self.claim(self.per_shard, limit=0)
-        self.conn.execute(QUERIES["complete_jobs"], {"ids": [], "batch": "[]"}, prepare=True).fetchall()
+        self.conn.execute(QUERIES["complete_jobs"], {"ids": [], "batch": "[]", "now": None}, prepare=True).fetchall()
 
     def run_batch(self, rows: list[tuple]) -> None:
         ids, acks = [], []
@@ -222,7 +222,7 @@ class Drainer:
                 '"status":"SUCCESSFUL","delay":0.0,"return_value":null}'
             )
         self.conn.execute(
-            QUERIES["complete_jobs"], {"ids": ids, "batch": "[" + ",".join(acks) + "]"}, prepare=True
+            QUERIES["complete_jobs"], {"ids": ids, "batch": "[" + ",".join(acks) + "]", "now": None}, prepare=True
         ).fetchall()
         self.done += len(rows)
         self.cpu_samples.append((time.time(), time.process_time()))

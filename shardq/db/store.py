@@ -24,6 +24,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import psycopg
@@ -61,11 +62,14 @@ def claim_scope(
     exclude_queues: list[str] | None,
     backend: str | None,
     per_shard: int,
+    now: datetime | None = None,
 ) -> dict[str, Any]:
     """The parameters every claim statement shares: who claims, which shards,
     the worker's queues (``queues`` None: all; ``exclude_queues``: all but
     these, --exclude-queues), its backend alias (None: any alias's jobs,
-    else only jobs stored by that alias, --backend) and the per-shard cap."""
+    else only jobs stored by that alias, --backend), the per-shard cap, and
+    the time leases and due times are read at (None: the database's clock;
+    a test's jump in time otherwise)."""
     return {
         "worker": worker,
         "shards": shards,
@@ -76,6 +80,7 @@ def claim_scope(
         "backend": backend or "",
         "any_backend": backend is None,
         "per_shard": per_shard,
+        "now": now,
     }
 
 
@@ -541,29 +546,41 @@ class WorkerStore:
 
         self.guarded("register_worker", work)
 
-    def heartbeat(self, worker: str, stats: Mapping[str, object], ttl: float, pool: str = pools.ALL) -> list[str]:
-        """Record the heartbeat; the live workers of ``pool``, in start order."""
-        return self.beat(worker, stats, ttl, pool)[0]
+    def heartbeat(
+        self, worker: str, stats: Mapping[str, object], ttl: float, pool: str = pools.ALL, now: datetime | None = None
+    ) -> list[str]:
+        """Record the heartbeat; the live workers of ``pool``, in start order
+        (``now``: the time it is taken at, None: the database's clock)."""
+        return self.beat(worker, stats, ttl, pool, now)[0]
 
     def beat(
-        self, worker: str, stats: Mapping[str, object], ttl: float, pool: str = pools.ALL
+        self, worker: str, stats: Mapping[str, object], ttl: float, pool: str = pools.ALL, now: datetime | None = None
     ) -> tuple[list[str], int | None]:
         """``heartbeat``, and the cluster's shard count (None: unknown)."""
-        rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl, "pool": pool})
+        rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl, "pool": pool, "now": now})
         return [str(row[0]) for row in rows], (rows[0][2] if rows else None)
 
     def claim_shards(
-        self, worker: str, wanted: int, ttl: float, shard_count: int, max_worker_losses: int, pool: str = pools.ALL
+        self,
+        worker: str,
+        wanted: int,
+        ttl: float,
+        shard_count: int,
+        max_worker_losses: int,
+        pool: str = pools.ALL,
+        now: datetime | None = None,
     ) -> list[NamedRow]:
         """Take up to ``wanted`` free or expired shards of ``pool``, rescue
         the jobs their previous owners left in flight and log each claim: one
-        transaction. Rows: shard, claim_version, previous_owner, rescued."""
+        transaction. Rows: shard, claim_version, previous_owner, rescued.
+        ``now``: the time leases are read and written at (None: the
+        database's clock; a test jumps past a lease's end with it)."""
 
         def work(cursor: psycopg.Cursor[NamedRow]) -> list[NamedRow]:
             taken = self._execute(
                 cursor,
                 "claim_shards",
-                {"worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count, "pool": pool},
+                {"worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count, "pool": pool, "now": now},
             )
             if not taken:
                 return []
@@ -579,6 +596,7 @@ class WorkerStore:
                         "versions": list(pairs.values()),
                         "max_worker_losses": max_worker_losses,
                         "ttl": ttl,
+                        "now": now,
                     },
                 )
             )
@@ -608,11 +626,20 @@ class WorkerStore:
 
         return self.guarded("claim_shards", in_transaction, named=True)
 
-    def renew_leases(self, worker: str, held: dict[int, int], ttl: float, pool: str = pools.ALL) -> set[int]:
+    def renew_leases(
+        self, worker: str, held: dict[int, int], ttl: float, pool: str = pools.ALL, now: datetime | None = None
+    ) -> set[int]:
         shards = list(held)
         rows = self.run(
             "renew_leases",
-            {"worker": worker, "ttl": ttl, "shards": shards, "versions": [held[s] for s in shards], "pool": pool},
+            {
+                "worker": worker,
+                "ttl": ttl,
+                "shards": shards,
+                "versions": [held[s] for s in shards],
+                "pool": pool,
+                "now": now,
+            },
         )
         return {row[0] for row in rows}
 
@@ -671,6 +698,7 @@ class WorkerStore:
         min_priority: int = ANY_PRIORITY,
         full_keys: list[tuple[str, str]] | None = None,
         key_rooms: "KeyRoomsRef | None" = None,
+        now: datetime | None = None,
     ) -> list[Any]:
         """Claim a batch of the highest priority level due (rows by name:
         dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
@@ -679,9 +707,11 @@ class WorkerStore:
         or more are taken; key_limited jobs of ``full_keys`` ((task path,
         shard key) pairs whose gate in the local queue has jobs waiting)
         are passed over. Of the first ``start``, a key_limited job is
-        started only within its key's room (``key_rooms``; None: none)."""
+        started only within its key's room (``key_rooms``; None: none).
+        ``now``: the time leases and due times are read at (None: the
+        database's clock)."""
         params = {
-            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
+            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, now),
             **claim_jobs_params(limit, lookahead, start, min_priority, full_keys, key_rooms),
         }
         # Binary results: timestamps and numbers decode without parsing text.
@@ -697,11 +727,12 @@ class WorkerStore:
     # -- limits (docs/limits.md; the decisions are shardq/worker/limits.py's) --
 
     @contextlib.contextmanager
-    def limited_claim(self) -> Iterator["LimitedClaim"]:
+    def limited_claim(self, now: datetime | None = None) -> Iterator["LimitedClaim"]:
         """One transaction for the statements of a limited claim (the worker's
         ``Limiter.claim`` decides between them): committed when the block
         ends, rolled back when it raises. Driver errors are translated as
-        ``guarded`` does."""
+        ``guarded`` does. ``now``: the time its statements read leases, due
+        times and tokens at (None: the database's clock)."""
         what = "claim_limited_jobs"
         self.guard.admit(what)
         try:
@@ -710,7 +741,7 @@ class WorkerStore:
                 # A cursor per row shape: psycopg applies a new row_factory to
                 # the current result at once, so one cursor cannot change shapes.
                 with conn.transaction(), conn.cursor(row_factory=dict_row) as named:
-                    yield LimitedClaim(cursor, named)
+                    yield LimitedClaim(cursor, named, now)
         except DatabaseUnavailable:
             self.guard.failed()
             raise
@@ -732,13 +763,14 @@ class WorkerStore:
         limit: int,
         start: int,
         row_factory: "type[DataclassInstance]",
+        now: datetime | None = None,
     ) -> list[Any]:
         """The limited claim of jobs whose every limit has room in the
         slots this worker owns (``rooms``: key -> jobs it may still claim):
         one statement, no transaction of its own (``claim_limited_owned``)."""
         keys = list(rooms)
         params = {
-            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
+            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, now),
             "keys_json": Jsonb(keys),
             "keys": keys,
             "rooms": list(rooms.values()),
@@ -749,15 +781,16 @@ class WorkerStore:
             "claim_limited_owned",
             lambda cursor: self._execute(cursor, "claim_limited_owned", params, binary=True),
             row_factory=fields_row(row_factory),
+            raw="claim_limited_owned" in RAW_QUERIES,
         )
 
     def release_limit_slots(self, worker: str, slots: list[int], channel: str) -> None:
         """Give back this worker's ``slots`` and NOTIFY each freed key on ``channel``."""
         self.run("release_limit_slots", {"worker": worker, "slots": slots, "channel": channel})
 
-    def renew_limit_slots(self, worker: str, slots: list[int], ttl: float) -> int:
+    def renew_limit_slots(self, worker: str, slots: list[int], ttl: float, now: datetime | None = None) -> int:
         """Extend ``slots`` by ``ttl``; give back this worker's others. Returns how many were kept."""
-        return len(self.run("renew_limit_slots", {"worker": worker, "slots": slots, "ttl": ttl}))
+        return len(self.run("renew_limit_slots", {"worker": worker, "slots": slots, "ttl": ttl, "now": now}))
 
     def start_jobs[J: JobRef](
         self, worker: str, jobs: list[J]
@@ -803,12 +836,16 @@ class WorkerStore:
         rows = self.run("cancelled_attempts", {"ids": [a[0] for a in attempts], "ranks": [a[1] for a in attempts]})
         return {row[0] for row in rows}
 
-    def seconds_until_due(self, shards: list[int]) -> float | None:
-        row = self.run("seconds_until_due", {"shards": shards}, fetch="one")
+    def seconds_until_due(self, shards: list[int], now: datetime | None = None) -> float | None:
+        """Seconds from ``now`` (None: the database's clock) until the next
+        deferred READY job of ``shards`` falls due; None: there is none."""
+        row = self.run("seconds_until_due", {"shards": shards, "now": now}, fetch="one")
         seconds: float | None = row[0] if row else None
         return seconds
 
-    def rescue_jobs(self, held: dict[int, int], max_worker_losses: int, ttl: float | None = None) -> list[NamedRow]:
+    def rescue_jobs(
+        self, held: dict[int, int], max_worker_losses: int, ttl: float | None = None, now: datetime | None = None
+    ) -> list[NamedRow]:
         """The one rescue (see ``rescue_jobs`` in sql/job.sql) over the
         (shard, claim_version) pairs ``held``: rows shard, id, started, dead."""
         shards = sorted(held)
@@ -821,12 +858,13 @@ class WorkerStore:
                 "versions": [held[s] for s in shards],
                 "max_worker_losses": max_worker_losses,
                 "ttl": ttl,
+                "now": now,
             },
             named=True,
         )
 
     def complete_jobs[O: OutcomeRef](
-        self, outcomes: list[O], parents: set[int] | None = None
+        self, outcomes: list[O], parents: set[int] | None = None, now: datetime | None = None
     ) -> tuple[set[tuple[int, int]], list[tuple[O, StatementRejected]]]:
         """Write outcomes (objects with id, fence, rank, status, return_value_json,
         error_json, delay) in one statement; returns the (id, rank) pairs
@@ -838,13 +876,14 @@ class WorkerStore:
 
         Pairs, not ids: one batch may hold two outcomes of a job (a rejected
         one and the one written again under a later claim, see
-        ``Completer.recall``), and only one of them can land."""
+        ``Completer.recall``), and only one of them can land. A retry is due
+        its delay after ``now`` (None: the database's clock)."""
 
         def batch(part: list[O]) -> list[TupleRow]:
             # The ids as one array literal: psycopg's list dumper costs a Python
             # call per element, a tenth of the completer's time at no-op rates.
             ids = "{" + ",".join([str(o.id) for o in part]) + "}"
-            return self.run("complete_jobs", {"ids": ids, "batch": outcome_batch_json(part)})
+            return self.run("complete_jobs", {"ids": ids, "batch": outcome_batch_json(part), "now": now})
 
         rows, rejected = self.run_split(outcomes, batch)
         if parents is not None:
@@ -885,9 +924,22 @@ class LimitedClaim:
     rows out: which of them run, and what they take, is the worker's
     decision (``shardq/worker/limits.py``)."""
 
-    def __init__(self, cursor: psycopg.Cursor[TupleRow], named: psycopg.Cursor[NamedRow]) -> None:
+    def __init__(
+        self, cursor: psycopg.Cursor[TupleRow], named: psycopg.Cursor[NamedRow], now: datetime | None = None
+    ) -> None:
         self.cursor = cursor
         self.named = named
+        # The time every statement of the claim reads (None: the database's clock).
+        self.now = now
+
+    @staticmethod
+    def _execute(cursor: psycopg.Cursor[Any], name: str, params: Mapping[str, Any], **kwargs: Any) -> Any:
+        """``WorkerStore._execute`` on ``cursor``, or on a RawCursor of its
+        connection and row factory for a statement of ``RAW_QUERIES``."""
+        if name not in RAW_QUERIES:
+            return WorkerStore._execute(cursor, name, params, **kwargs)
+        with psycopg.RawCursor(cursor.connection, row_factory=cursor.row_factory) as raw:
+            return WorkerStore._execute(raw, name, params, **kwargs)
 
     def candidates(
         self,
@@ -905,21 +957,21 @@ class LimitedClaim:
         """Lock up to ``scan`` due READY limited jobs (``claim_limited_candidates``),
         passing over those with a key in ``full``."""
         params = {
-            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
+            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, self.now),
             "scan": scan,
             "full": full,
         }
-        rows: list[NamedRow] = WorkerStore._execute(self.named, "claim_limited_candidates", params, binary=True)
+        rows: list[NamedRow] = self._execute(self.named, "claim_limited_candidates", params, binary=True)
         return rows
 
     def ensure_slots(self, caps: Mapping[str, int]) -> None:
         """Make sure the slot rows of each key exist, ``caps[key]`` of them."""
         params = {"keys": list(caps), "caps": list(caps.values())}
-        WorkerStore._execute(self.cursor, "ensure_limit_slots", params, fetch="none")
+        self._execute(self.cursor, "ensure_limit_slots", params, fetch="none")
 
     def ensure_rates(self, keys: list[str]) -> None:
         """Make sure the GCRA row of each rate key exists."""
-        WorkerStore._execute(self.cursor, "ensure_limit_rates", {"keys": keys}, fetch="none")
+        self._execute(self.cursor, "ensure_limit_rates", {"keys": keys}, fetch="none")
 
     def take_slots(self, wanted: Mapping[str, tuple[int, int]]) -> list[tuple[str, int]]:
         """Lock free slot rows (SKIP LOCKED): ``wanted``, key -> (cap, how
@@ -928,14 +980,15 @@ class LimitedClaim:
             "keys": list(wanted),
             "caps": [cap for cap, _ in wanted.values()],
             "wanted": [n for _, n in wanted.values()],
+            "now": self.now,
         }
-        rows: list[tuple[str, int]] = WorkerStore._execute(self.cursor, "take_limit_slots", params)
+        rows: list[tuple[str, int]] = self._execute(self.cursor, "take_limit_slots", params)
         return rows
 
     def lock_rates(self, keys: list[str]) -> list[NamedRow]:
         """Lock the GCRA rows of ``keys`` (sorted: the lock order); rows
         limit_key, tat, now."""
-        rows: list[NamedRow] = WorkerStore._execute(self.named, "lock_limit_rates", {"keys": keys})
+        rows: list[NamedRow] = self._execute(self.named, "lock_limit_rates", {"keys": keys, "now": self.now})
         return rows
 
     def claim[R: "DataclassInstance"](
@@ -963,9 +1016,10 @@ class LimitedClaim:
             "rate_keys": rate_keys,
             "rate_tats": rate_tats,
             "ttl": ttl,
+            "now": self.now,
         }
         with self.cursor.connection.cursor(row_factory=fields_row(row_factory)) as jobs:
-            claimed: list[R] = WorkerStore._execute(jobs, "claim_limited_jobs", params, binary=True)
+            claimed: list[R] = self._execute(jobs, "claim_limited_jobs", params, binary=True)
         return claimed
 
 

@@ -141,6 +141,176 @@ job.id, job.task_path, job.queue_name, job.priority,
     -- Limited by its own shard key: the local queue holds it to the cap.
     job.key_limited
 
+-- name: claim_held
+-- claim_jobs' first step (a CTE body): the shards of :shards this worker holds in pool :pool under a
+-- live lease, with their claim version, their place in the given order, whether another pool holds
+-- a live lease on them too (shared), and during a reshard the shard's family.
+-- No lock on the shard rows (a FOR SHARE here costs a WAL record per
+-- shard per claim): a claim that races a takeover leaves its rows CLAIMED
+-- under the old version, where starts and acks cannot land (both check the
+-- shard's current version) and the new owner's sweep (rescue_jobs) puts
+-- them back.
+SELECT s.shard, s.claim_version, h.ord,
+       -- Another pool's live lease on the shard: its workers may claim
+       -- jobs of the same keys (the ordered-key guard, claim_key_free).
+       EXISTS (SELECT 1 FROM shardq_shard AS o
+               WHERE o.shard = s.shard AND o.id <> s.id AND o.owner IS NOT NULL
+                 AND o.lease_expires > {{now}}) AS shared,
+       -- A reshard in progress (shardq_cluster.reshard_from): a key's
+       -- unfinished jobs may sit in any shard of this one's family (the
+       -- shards equal to it below the old count): its old shard, its new
+       -- one, or the old one again for a job placed by a transaction
+       -- that began before the count switched. The ordered-key guard
+       -- then looks across the family. NULL: no reshard.
+       (SELECT ARRAY(SELECT (s.shard & (c.reshard_from - 1)) + k * c.reshard_from
+                     FROM generate_series(0, c.shard_count / c.reshard_from - 1) AS k)
+        FROM shardq_cluster AS c WHERE c.id = 1 AND c.reshard_from > 0) AS family
+FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
+JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
+WHERE s.owner = %(worker)s AND s.lease_expires > {{now}}
+
+-- name: claim_walk
+-- What claim_jobs' walks of a shard's slice of the ready index take (a WHERE fragment over
+-- shardq_job, included bare, after the shard and priority tests): READY, due now or within
+-- :lookahead seconds, no limit_keys (limited jobs are claimed by claim_limited_jobs, which takes
+-- their slots and tokens: never here), the worker's queues and backend, and not behind a full
+-- gate of its local queue.
+status = 'READY'
+  AND run_after <= {{now}} + make_interval(secs => %(lookahead)s)
+  AND limit_keys IS NULL
+  AND {{served_jobs*}}
+  AND {{open_gates*}}
+
+-- name: claim_tops
+-- claim_jobs' second step (a CTE body over held): each held shard's best due priority, one probe
+-- of its slice of the ready index (claim_walk's filters), no lock taken.
+-- A claim that walked every shard for a few jobs each, as this one did
+-- before, took priority-0 jobs of one shard while another shard's
+-- priority-20 jobs waited in the table; the local queue can only order
+-- what was claimed.
+SELECT held.shard, held.claim_version, held.ord, held.shared, held.family, top.priority
+FROM held
+CROSS JOIN LATERAL (
+    SELECT priority FROM shardq_job
+    WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}}
+    ORDER BY priority DESC, run_after, id
+    LIMIT 1
+) AS top
+
+-- name: unreadable_row
+-- Why a job row cannot be run (an expression over shardq_job, NULL: it can): a number out of
+-- range, a time that is not finite, a JSON value of the wrong shape. Such a row is quarantined by
+-- the claim (FAILED with an UnreadableJob error naming the value), with no arithmetic on it.
+CASE
+    WHEN status_rank NOT BETWEEN 0 AND 2147483000 THEN format('status_rank %%s is out of range', status_rank)
+    WHEN attempts NOT BETWEEN 0 AND 2147483000 THEN format('attempts %%s is out of range', attempts)
+    WHEN worker_losses NOT BETWEEN 0 AND 2147483000 THEN format('worker_losses %%s is out of range', worker_losses)
+    WHEN NOT isfinite(run_after) THEN format('run_after %%s is not a finite time', run_after)
+    WHEN NOT isfinite(enqueued_at) THEN format('enqueued_at %%s is not a finite time', enqueued_at)
+    WHEN NOT isfinite(COALESCE(started_at, enqueued_at)) THEN format('started_at %%s is not a finite time', started_at)
+    WHEN NOT isfinite(COALESCE(last_attempted_at, enqueued_at)) THEN format('last_attempted_at %%s is not a finite time', last_attempted_at)
+    WHEN jsonb_typeof(args) IS DISTINCT FROM 'array' THEN format('args %%s is not a JSON array', left(args::text, 80))
+    WHEN jsonb_typeof(kwargs) IS DISTINCT FROM 'object' THEN format('kwargs %%s is not a JSON object', left(kwargs::text, 80))
+    WHEN jsonb_typeof(errors) IS DISTINCT FROM 'array' THEN format('errors %%s is not a JSON array', left(errors::text, 80))
+    WHEN jsonb_typeof(worker_ids) IS DISTINCT FROM 'array' THEN format('worker_ids %%s is not a JSON array', left(worker_ids::text, 80))
+END
+
+-- name: claim_key_free
+-- The claim's guard for a job whose key may be in flight under another lease (a WHERE fragment
+-- over shardq_job, for a shard of ``held``): true unless the job is ordered, or limited by its
+-- shard key, on a shard another pool holds too or during a reshard, and a job of its key is in
+-- flight under another lease or READY before it.
+-- Several pools can claim one shard's jobs (docs/architecture.md,
+-- "Pools"): where another pool holds this shard, an ordered job is
+-- claimed only when no job of its key is in flight under another
+-- lease, whatever its id (a retried job is READY again below its
+-- key's newer jobs, and one of those may run under another pool's
+-- lease), and no READY one comes before it in one total order,
+-- (run_after, id), so of two that two pools' claims see at once
+-- only the first passes. A READY predecessor counts as seen by this
+-- statement's snapshot, so a claim racing another pool's claim of
+-- that predecessor errs toward waiting. During a reshard the same
+-- holds across the shard's family (see claim_held): each of its
+-- shards may have its own owner.
+CASE WHEN ordered AND (held.shared OR held.family IS NOT NULL) THEN NOT EXISTS (
+        SELECT 1 FROM shardq_job AS e
+        WHERE e.shard = ANY(COALESCE(held.family, ARRAY[held.shard]::int[]))
+          AND e.shard_key = shardq_job.shard_key AND e.ordered
+          AND e.status IN ('READY', 'CLAIMED', 'RUNNING')
+          AND CASE WHEN e.status = 'READY'
+                   THEN (e.run_after, e.id) < (shardq_job.run_after, shardq_job.id)
+                   ELSE e.fence <> held.claim_version END)
+    -- A job limited by its shard key (key_limited; docs/limits.md):
+    -- its owner's local queue keeps the cap, so all of a key's jobs
+    -- in flight must be under one lease. Over the task's jobs of
+    -- the key: none in flight under another lease, whatever its id
+    -- (a retried job is READY again below newer jobs of its key
+    -- that may run under another pool's lease), and none READY
+    -- before it in one total order, (run_after, id): of two READY
+    -- jobs that two pools' claims see at once, the later one waits.
+    WHEN key_limited AND (held.shared OR held.family IS NOT NULL) THEN NOT EXISTS (
+        SELECT 1 FROM shardq_job AS e
+        WHERE e.shard = ANY(COALESCE(held.family, ARRAY[held.shard]::int[]))
+          AND e.shard_key = shardq_job.shard_key AND e.key_limited
+          AND e.task_path = shardq_job.task_path
+          AND e.status IN ('READY', 'CLAIMED', 'RUNNING')
+          AND CASE WHEN e.status = 'READY'
+                   THEN (e.run_after, e.id) < (shardq_job.run_after, shardq_job.id)
+                   ELSE e.fence <> held.claim_version END)
+    ELSE true END
+
+-- name: claim_candidates
+-- claim_jobs' fourth step (a CTE body over tops and runner_up): the jobs to take, locked (SKIP
+-- LOCKED), level by level: only jobs of the runner-up's priority or more, so every job taken
+-- outranks or equals every job left, however the limits cut.
+-- A shard whose top is above the floor is the only one that has such
+-- jobs: it comes first and, when other shards follow, may fill the batch
+-- (cut at :per_shard it would leave jobs that outrank theirs). The
+-- shards at the floor follow in the fetcher's rotating order,
+-- :per_shard each. The next level comes with the next claim (the
+-- fetcher goes again at once after a short answer).
+SELECT j.id, j.problem, j.priority, j.run_after, j.ordered, j.key_limited, j.task_path, j.shard_key,
+       j.worker_losses, j.last_attempted_at, held.claim_version
+FROM (SELECT tops.*, runner_up.second, runner_up.floor FROM tops, runner_up
+      WHERE tops.priority >= runner_up.floor
+      ORDER BY tops.priority > runner_up.floor DESC, tops.ord) AS held
+CROSS JOIN LATERAL (
+    SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses, last_attempted_at,
+           {{unreadable_row}} AS problem
+    FROM shardq_job
+    WHERE shard = held.shard AND priority >= held.floor AND {{claim_walk*}}
+      AND {{claim_key_free}}
+    ORDER BY priority DESC, run_after, id
+    LIMIT CASE WHEN held.priority > held.second THEN %(limit)s ELSE %(per_shard)s END
+    FOR UPDATE SKIP LOCKED
+) AS j
+LIMIT %(limit)s
+
+-- name: claim_picked
+-- claim_jobs' last step (a CTE body over candidates): each candidate with whether the claim starts
+-- it (start_now): one of the first :start in priority order, readable, unordered, never lost a
+-- worker, due now (not only within the look-ahead), and when limited by its shard key within its
+-- key's room.
+-- A job limited by its shard key starts here only within its
+-- key's room in the worker's local queue (:room_* for keys with
+-- jobs running there, else the task's cap, :cap_*; a task it
+-- has not seen: none), counting the batch's jobs of the key
+-- before it: the gate then admits it at once. Else it is
+-- started when a thread takes it (it may wait at the gate).
+SELECT c.id, c.problem, c.claim_version, c.last_attempted_at AS previous_attempt_at,
+       c.problem IS NULL AND c.place <= %(start)s AND NOT c.ordered
+           AND (NOT c.key_limited OR c.key_place <= COALESCE(
+               (SELECT r.room FROM unnest(%(room_tasks)s::text[], %(room_keys)s::text[], %(rooms)s::int[])
+                    AS r(task, key, room) WHERE r.task = c.task_path AND r.key = c.shard_key),
+               (SELECT k.cap FROM unnest(%(cap_tasks)s::text[], %(caps)s::int[]) AS k(task, cap)
+                WHERE k.task = c.task_path),
+               0))
+           AND c.worker_losses = 0 AND c.run_after <= {{now}} AS start_now
+FROM (SELECT candidates.*,
+             row_number() OVER (ORDER BY priority DESC, run_after, id) AS place,
+             row_number() OVER (PARTITION BY task_path, shard_key ORDER BY priority DESC, run_after, id) AS key_place
+      FROM candidates) AS c
+
 -- name: claim_jobs
 -- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds, the
 -- highest priorities first across them: one index probe per shard finds its best due priority (no
@@ -155,163 +325,26 @@ job.id, job.task_path, job.queue_name, job.priority,
 -- Only jobs of the worker's queues (:queues, or every queue but :exclude_queues when :all_queues)
 -- and of its backend alias (:backend, or any when :any_backend); these are filters on the walk,
 -- not index columns.
--- The first :start jobs (priority order) that are due, unordered (key_limited: within room) and never lost a worker are
--- started at once (RUNNING, the attempt counted, started_at, last_attempted_at, worker_ids: as
--- start_jobs does): they are what this worker's threads run next, so a separate start write would
--- only add a statement per job. The rest are CLAIMED; nothing is counted for them until
--- start_jobs.
--- A row whose values cannot be read (problem IS NOT NULL) is quarantined: FAILED with an
--- UnreadableJob error naming the value, no arithmetic on it.
-WITH held AS MATERIALIZED (
-    -- No lock on the shard rows (a FOR SHARE here costs a WAL record per
-    -- shard per claim): a claim that races a takeover leaves its rows CLAIMED
-    -- under the old version, where starts and acks cannot land (both check the
-    -- shard's current version) and the new owner's sweep (rescue_jobs) puts
-    -- them back.
-    SELECT s.shard, s.claim_version, h.ord,
-           -- Another pool's live lease on the shard: its workers may claim
-           -- jobs of the same keys (the ordered-key guard below).
-           EXISTS (SELECT 1 FROM shardq_shard AS o
-                   WHERE o.shard = s.shard AND o.id <> s.id AND o.owner IS NOT NULL
-                     AND o.lease_expires > clock_timestamp()) AS shared,
-           -- A reshard in progress (shardq_cluster.reshard_from): a key's
-           -- unfinished jobs may sit in any shard of this one's family (the
-           -- shards equal to it below the old count): its old shard, its new
-           -- one, or the old one again for a job placed by a transaction
-           -- that began before the count switched. The ordered-key guard
-           -- below then looks across the family. NULL: no reshard.
-           (SELECT ARRAY(SELECT (s.shard & (c.reshard_from - 1)) + k * c.reshard_from
-                         FROM generate_series(0, c.shard_count / c.reshard_from - 1) AS k)
-            FROM shardq_cluster AS c WHERE c.id = 1 AND c.reshard_from > 0) AS family
-    FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
-    JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
-    WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
-), tops AS MATERIALIZED (
-    -- Each held shard's best due priority: one probe of its slice of the
-    -- ready index (the same filters as the walk below), no lock taken. A
-    -- claim that walked every shard for a few jobs each, as this one did
-    -- before, took priority-0 jobs of one shard while another shard's
-    -- priority-20 jobs waited in the table; the local queue can only order
-    -- what was claimed.
-    SELECT held.shard, held.claim_version, held.ord, held.shared, held.family, top.priority
-    FROM held
-    CROSS JOIN LATERAL (
-        SELECT priority FROM shardq_job
-        WHERE shard = held.shard AND status = 'READY' AND priority >= %(min_priority)s
-          AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
-          -- Limited jobs (docs/limits.md) are claimed by claim_limited_jobs,
-          -- which takes their slots and tokens: never here.
-          AND limit_keys IS NULL
-          AND {{served_jobs*}}
-          AND {{open_gates*}}
-        ORDER BY priority DESC, run_after, id
-        LIMIT 1
-    ) AS top
-), runner_up AS MATERIALIZED (
+-- The first :start jobs (priority order) that are due, unordered (key_limited: within room) and
+-- never lost a worker are started at once (RUNNING, the attempt counted, started_at,
+-- last_attempted_at, worker_ids: as start_jobs does): they are what this worker's threads run next,
+-- so a separate start write would only add a statement per job. The rest are CLAIMED; nothing is
+-- counted for them until start_jobs.
+-- A row whose values cannot be read (unreadable_row) is quarantined: FAILED with an UnreadableJob
+-- error naming the value.
+-- The steps are named blocks: claim_held, claim_tops, runner_up (here), claim_candidates,
+-- claim_picked; :now (None: the database's clock) is the time leases and run_after are read at.
+WITH held AS MATERIALIZED {{claim_held}},
+tops AS MATERIALIZED {{claim_tops}},
+runner_up AS MATERIALIZED (
     -- The second-best top (the best one when two shards share it): no job
     -- left in the table outranks it except in the one shard that leads.
     -- None when at most one shard has work: that shard's walk is the order.
     SELECT second, COALESCE(second, %(min_priority)s) AS floor
     FROM (SELECT (SELECT priority FROM tops ORDER BY priority DESC LIMIT 1 OFFSET 1) AS second) AS s
-), candidates AS MATERIALIZED (
-    SELECT j.id, j.problem, j.priority, j.run_after, j.ordered, j.key_limited, j.task_path, j.shard_key,
-           j.worker_losses, j.last_attempted_at, held.claim_version
-    -- Level by level: only jobs of the runner-up's priority or more, so every
-    -- job taken outranks or equals every job left, however the limits cut.
-    -- A shard whose top is above the floor is the only one that has such
-    -- jobs: it comes first and, when other shards follow, may fill the batch
-    -- (cut at :per_shard it would leave jobs that outrank theirs). The
-    -- shards at the floor follow in the fetcher's rotating order,
-    -- :per_shard each. The next level comes with the next claim (the
-    -- fetcher goes again at once after a short answer).
-    FROM (SELECT tops.*, runner_up.second, runner_up.floor FROM tops, runner_up
-          WHERE tops.priority >= runner_up.floor
-          ORDER BY tops.priority > runner_up.floor DESC, tops.ord) AS held
-    CROSS JOIN LATERAL (
-        SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses, last_attempted_at,
-               CASE
-                   WHEN status_rank NOT BETWEEN 0 AND 2147483000 THEN format('status_rank %%s is out of range', status_rank)
-                   WHEN attempts NOT BETWEEN 0 AND 2147483000 THEN format('attempts %%s is out of range', attempts)
-                   WHEN worker_losses NOT BETWEEN 0 AND 2147483000 THEN format('worker_losses %%s is out of range', worker_losses)
-                   WHEN NOT isfinite(run_after) THEN format('run_after %%s is not a finite time', run_after)
-                   WHEN NOT isfinite(enqueued_at) THEN format('enqueued_at %%s is not a finite time', enqueued_at)
-                   WHEN NOT isfinite(COALESCE(started_at, enqueued_at)) THEN format('started_at %%s is not a finite time', started_at)
-                   WHEN NOT isfinite(COALESCE(last_attempted_at, enqueued_at)) THEN format('last_attempted_at %%s is not a finite time', last_attempted_at)
-                   WHEN jsonb_typeof(args) IS DISTINCT FROM 'array' THEN format('args %%s is not a JSON array', left(args::text, 80))
-                   WHEN jsonb_typeof(kwargs) IS DISTINCT FROM 'object' THEN format('kwargs %%s is not a JSON object', left(kwargs::text, 80))
-                   WHEN jsonb_typeof(errors) IS DISTINCT FROM 'array' THEN format('errors %%s is not a JSON array', left(errors::text, 80))
-                   WHEN jsonb_typeof(worker_ids) IS DISTINCT FROM 'array' THEN format('worker_ids %%s is not a JSON array', left(worker_ids::text, 80))
-               END AS problem
-        FROM shardq_job
-        WHERE shard = held.shard AND status = 'READY' AND priority >= held.floor
-          AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
-          AND limit_keys IS NULL  -- limited jobs: claim_limited_jobs (as above)
-          AND {{served_jobs*}}
-          AND {{open_gates*}}
-          -- Several pools can claim one shard's jobs (docs/architecture.md,
-          -- "Pools"): where another pool holds this shard, an ordered job is
-          -- claimed only when no job of its key is in flight under another
-          -- lease, whatever its id (a retried job is READY again below its
-          -- key's newer jobs, and one of those may run under another pool's
-          -- lease), and no READY one comes before it in one total order,
-          -- (run_after, id), so of two that two pools' claims see at once
-          -- only the first passes. A READY predecessor counts as seen by this
-          -- statement's snapshot, so a claim racing another pool's claim of
-          -- that predecessor errs toward waiting. During a reshard the same
-          -- holds across the shard's family (see held.family): each of its
-          -- shards may have its own owner.
-          AND CASE WHEN ordered AND (held.shared OR held.family IS NOT NULL) THEN NOT EXISTS (
-                  SELECT 1 FROM shardq_job AS e
-                  WHERE e.shard = ANY(COALESCE(held.family, ARRAY[held.shard]::int[]))
-                    AND e.shard_key = shardq_job.shard_key AND e.ordered
-                    AND e.status IN ('READY', 'CLAIMED', 'RUNNING')
-                    AND CASE WHEN e.status = 'READY'
-                             THEN (e.run_after, e.id) < (shardq_job.run_after, shardq_job.id)
-                             ELSE e.fence <> held.claim_version END)
-              -- A job limited by its shard key (key_limited; docs/limits.md):
-              -- its owner's local queue keeps the cap, so all of a key's jobs
-              -- in flight must be under one lease. Over the task's jobs of
-              -- the key: none in flight under another lease, whatever its id
-              -- (a retried job is READY again below newer jobs of its key
-              -- that may run under another pool's lease), and none READY
-              -- before it in one total order, (run_after, id): of two READY
-              -- jobs that two pools' claims see at once, the later one waits.
-              WHEN key_limited AND (held.shared OR held.family IS NOT NULL) THEN NOT EXISTS (
-                  SELECT 1 FROM shardq_job AS e
-                  WHERE e.shard = ANY(COALESCE(held.family, ARRAY[held.shard]::int[]))
-                    AND e.shard_key = shardq_job.shard_key AND e.key_limited
-                    AND e.task_path = shardq_job.task_path
-                    AND e.status IN ('READY', 'CLAIMED', 'RUNNING')
-                    AND CASE WHEN e.status = 'READY'
-                             THEN (e.run_after, e.id) < (shardq_job.run_after, shardq_job.id)
-                             ELSE e.fence <> held.claim_version END)
-              ELSE true END
-        ORDER BY priority DESC, run_after, id
-        LIMIT CASE WHEN held.priority > held.second THEN %(limit)s ELSE %(per_shard)s END
-        FOR UPDATE SKIP LOCKED
-    ) AS j
-    LIMIT %(limit)s
-), picked AS MATERIALIZED (
-    SELECT c.id, c.problem, c.claim_version, c.last_attempted_at AS previous_attempt_at,
-           c.problem IS NULL AND c.place <= %(start)s AND NOT c.ordered
-               -- A job limited by its shard key starts here only within its
-               -- key's room in the worker's local queue (:room_* for keys with
-               -- jobs running there, else the task's cap, :cap_*; a task it
-               -- has not seen: none), counting the batch's jobs of the key
-               -- before it: the gate then admits it at once. Else it is
-               -- started when a thread takes it (it may wait at the gate).
-               AND (NOT c.key_limited OR c.key_place <= COALESCE(
-                   (SELECT r.room FROM unnest(%(room_tasks)s::text[], %(room_keys)s::text[], %(rooms)s::int[])
-                        AS r(task, key, room) WHERE r.task = c.task_path AND r.key = c.shard_key),
-                   (SELECT k.cap FROM unnest(%(cap_tasks)s::text[], %(caps)s::int[]) AS k(task, cap)
-                    WHERE k.task = c.task_path),
-                   0))
-               AND c.worker_losses = 0 AND c.run_after <= clock_timestamp() AS start_now
-    FROM (SELECT candidates.*,
-                 row_number() OVER (ORDER BY priority DESC, run_after, id) AS place,
-                 row_number() OVER (PARTITION BY task_path, shard_key ORDER BY priority DESC, run_after, id) AS key_place
-          FROM candidates) AS c
-)
+),
+candidates AS MATERIALIZED {{claim_candidates}},
+picked AS MATERIALIZED {{claim_picked}}
 UPDATE shardq_job AS job
 SET status = CASE WHEN picked.problem IS NOT NULL THEN 'FAILED'
                   WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
@@ -363,7 +396,7 @@ SET status = a.status,
                   ELSE jsonb_build_array(a.error) END,
     finished_at = CASE WHEN a.status = 'READY' THEN NULL ELSE clock_timestamp() END,
     run_after = CASE WHEN a.status = 'READY'
-                     THEN clock_timestamp() + make_interval(secs => a.delay)
+                     THEN {{now}} + make_interval(secs => a.delay)
                      ELSE job.run_after END
 FROM jsonb_to_recordset(%(batch)s::jsonb)
          AS a(id bigint, fence bigint, rank int, status text, return_value jsonb, error jsonb, delay float8),
@@ -427,9 +460,9 @@ RETURNING job.id, job.shard;
 -- name: seconds_until_due
 -- Seconds until the next deferred READY job of these shards falls due (NULL: none); walks
 -- shardq_job_due_idx.
-SELECT extract(epoch FROM run_after - clock_timestamp())::float8
+SELECT extract(epoch FROM run_after - {{now}})::float8
 FROM shardq_job
-WHERE status = 'READY' AND run_after > clock_timestamp() AND shard = ANY(%(shards)s::int[])
+WHERE status = 'READY' AND run_after > {{now}} AND shard = ANY(%(shards)s::int[])
 ORDER BY run_after
 LIMIT 1;
 
@@ -451,7 +484,7 @@ WITH lost AS MATERIALIZED (
     WHERE NOT EXISTS (
         SELECT 1 FROM shardq_shard AS l
         WHERE l.shard = j.shard AND l.claim_version = j.fence AND l.owner IS NOT NULL
-          AND l.lease_expires > clock_timestamp() - make_interval(secs => %(ttl)s))
+          AND l.lease_expires > {{now}} - make_interval(secs => %(ttl)s))
     FOR UPDATE OF j
 )
 UPDATE shardq_job AS j

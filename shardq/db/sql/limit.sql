@@ -24,14 +24,14 @@ CROSS JOIN LATERAL (
     -- shard's limited jobs (limit_keys IS NOT NULL would filter every row).
     WHERE shard = h.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE
       -- Due now, no look-ahead: a rate token is spent when the job is claimed.
-      AND run_after <= clock_timestamp()
+      AND run_after <= {{now}}
       AND NOT (limit_keys ?| %(full)s::text[])
       AND {{served_jobs*}}
     ORDER BY priority DESC, run_after, id
     LIMIT %(per_shard)s
     FOR UPDATE SKIP LOCKED
 ) AS j
-WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
+WHERE s.owner = %(worker)s AND s.lease_expires > {{now}}
 ORDER BY j.priority DESC, j.run_after, j.id
 LIMIT %(scan)s;
 
@@ -48,7 +48,7 @@ WITH held AS MATERIALIZED (
     SELECT s.shard, s.claim_version
     FROM unnest(%(shards)s::int[]) AS h(shard)
     JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
-    WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
+    WHERE s.owner = %(worker)s AND s.lease_expires > {{now}}
 ), candidates AS MATERIALIZED (
     SELECT j.id, j.limit_keys, j.ordered, j.key_limited, j.worker_losses, j.last_attempted_at, held.claim_version,
            row_number() OVER (ORDER BY j.priority DESC, j.run_after, j.id) AS place
@@ -58,7 +58,7 @@ WITH held AS MATERIALIZED (
         FROM shardq_job
         -- (limit_keys IS NULL) IS FALSE: shardq_job_ready_idx's limited range (as claim_limited_candidates).
         WHERE shard = held.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE
-          AND run_after <= clock_timestamp()
+          AND run_after <= {{now}}
           AND limit_keys <@ %(keys_json)s::jsonb
           AND {{served_jobs*}}
         ORDER BY priority DESC, run_after, id
@@ -104,7 +104,7 @@ SELECT k.key, t.id
 FROM unnest(%(keys)s::text[], %(caps)s::int[], %(wanted)s::int[]) WITH ORDINALITY AS k(key, cap, wanted, ord)
 CROSS JOIN LATERAL (
     SELECT id, slot FROM shardq_limit_slot
-    WHERE limit_key = k.key AND slot < k.cap AND (worker_id IS NULL OR expires_at < clock_timestamp())
+    WHERE limit_key = k.key AND slot < k.cap AND (worker_id IS NULL OR expires_at < {{now}})
     ORDER BY slot
     LIMIT k.wanted
     FOR UPDATE SKIP LOCKED
@@ -120,7 +120,7 @@ ON CONFLICT (limit_key) DO NOTHING;
 -- name: lock_limit_rates
 -- Lock the GCRA rows of these rate limit keys in sorted key order (every claimer locks in this
 -- order: no deadlock); returns key, tat and the database's now, as epoch seconds.
-SELECT limit_key, extract(epoch FROM tat)::float8 AS tat, extract(epoch FROM clock_timestamp())::float8 AS now
+SELECT limit_key, extract(epoch FROM tat)::float8 AS tat, extract(epoch FROM {{now}})::float8 AS now
 FROM shardq_limit_rate
 WHERE limit_key = ANY(%(keys)s::text[])
 ORDER BY limit_key
@@ -135,8 +135,8 @@ FOR UPDATE;
 -- worker_ids); the rest are CLAIMED. Returns claim_jobs' columns.
 WITH slots AS (
     UPDATE shardq_limit_slot AS s
-    SET worker_id = %(worker)s::uuid, taken_at = clock_timestamp(),
-        expires_at = clock_timestamp() + make_interval(secs => %(ttl)s)
+    SET worker_id = %(worker)s::uuid, taken_at = {{now}},
+        expires_at = {{now}} + make_interval(secs => %(ttl)s)
     WHERE s.id = ANY(%(slot_ids)s::bigint[])
     RETURNING s.id
 ), rates AS (
@@ -150,7 +150,7 @@ WITH slots AS (
     FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS a(id, ord)
     JOIN shardq_job AS job ON job.id = a.id
     JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = job.shard
-    WHERE job.status = 'READY' AND s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
+    WHERE job.status = 'READY' AND s.owner = %(worker)s AND s.lease_expires > {{now}}
 )
 UPDATE shardq_job AS job
 SET status = CASE WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
@@ -177,7 +177,7 @@ SELECT pg_notify(%(channel)s, key) FROM (SELECT DISTINCT limit_key AS key FROM f
 -- Heartbeat of this worker's slots: extend the lease of those it still owns (:slots, a zombie
 -- thread's included) by :ttl seconds, and give back the rest. Returns the slots kept.
 UPDATE shardq_limit_slot
-SET expires_at = CASE WHEN id = ANY(%(slots)s::bigint[]) THEN clock_timestamp() + make_interval(secs => %(ttl)s) END,
+SET expires_at = CASE WHEN id = ANY(%(slots)s::bigint[]) THEN {{now}} + make_interval(secs => %(ttl)s) END,
     taken_at = CASE WHEN id = ANY(%(slots)s::bigint[]) THEN taken_at END,
     worker_id = CASE WHEN id = ANY(%(slots)s::bigint[]) THEN worker_id END
 WHERE worker_id = %(worker)s::uuid

@@ -23,3 +23,9 @@ SELECT EXISTS (SELECT 1 FROM pg_locks
                WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
                  AND classid = %(classid)s::int::oid AND objid = %(objid)s::int::oid AND objsubid = 2)
        OR pg_try_advisory_lock(%(classid)s::int, %(objid)s::int);
+
+-- name: now
+-- The time a lease or due-time statement reads (an expression): :now when given, else the
+-- database's clock_timestamp(). The worker passes None; a test passes a time to jump past a
+-- lease's end or a job's run_after instead of waiting for it.
+COALESCE(%(now)s::timestamptz, clock_timestamp())

@@ -21,15 +21,15 @@ ON CONFLICT (pool, shard) DO NOTHING;
 WITH candidate AS (
     SELECT id, shard, owner FROM shardq_shard
     WHERE pool = %(pool)s AND shard < %(shard_count)s
-      AND (owner IS NULL OR lease_expires < clock_timestamp())
+      AND (owner IS NULL OR lease_expires < {{now}})
     ORDER BY shard
     LIMIT %(wanted)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE shardq_shard AS s
 SET owner = %(worker)s, claim_version = nextval('shardq_claim_version_seq'),
-    lease_expires = clock_timestamp() + make_interval(secs => %(ttl)s),
-    claimed_at = clock_timestamp()
+    lease_expires = {{now}} + make_interval(secs => %(ttl)s),
+    claimed_at = {{now}}
 FROM candidate AS c WHERE s.id = c.id
 RETURNING s.shard, s.claim_version, c.owner AS previous_owner;
 
@@ -44,7 +44,7 @@ WITH locked AS (
     FOR UPDATE OF s
 )
 UPDATE shardq_shard AS s
-SET lease_expires = clock_timestamp() + make_interval(secs => %(ttl)s)
+SET lease_expires = {{now}} + make_interval(secs => %(ttl)s)
 FROM locked WHERE s.id = locked.id
 RETURNING s.shard;
 

@@ -13,14 +13,14 @@ VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(pool)s, clock_timest
 -- the TTL, this one included) in a stable order: they share the pool's shards. Each row also
 -- carries the cluster's shard count (NULL: no cluster row), which shardq_reshard may have raised.
 WITH me AS (
-    UPDATE shardq_worker SET heartbeat_at = clock_timestamp(), stats = %(stats)s::jsonb
+    UPDATE shardq_worker SET heartbeat_at = {{now}}, stats = %(stats)s::jsonb
     WHERE id = %(worker)s
     RETURNING id
 )
 SELECT w.id, (SELECT count(*) FROM me), (SELECT c.shard_count FROM shardq_cluster AS c WHERE c.id = 1)
 FROM shardq_worker w
 WHERE w.state = 'RUNNING' AND w.pool = %(pool)s
-  AND (w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s) OR w.id = %(worker)s)
+  AND (w.heartbeat_at > {{now}} - make_interval(secs => %(ttl)s) OR w.id = %(worker)s)
 ORDER BY w.started_at, w.id;
 
 -- name: stop_worker
