@@ -14,7 +14,7 @@ many rounds, ``LEASE_TTL`` = 6 heartbeats), waits until every shard is held
 and the shares have not changed for three heartbeats, and reads
 ``pg_stat_statements`` before and after a window of ``--seconds``. Each
 statement is named by matching its normalized text against
-``shardq/db/queries.sql``; "per heartbeat" divides by the calls of the
+``shardq/db/sql/``; "per heartbeat" divides by the calls of the
 ``heartbeat`` statement (one per lease round of each worker).
 
 Then, with no worker running, it times the ``heartbeat`` and
@@ -68,7 +68,7 @@ NAMES = {normalize(text): name for name, text in QUERIES.items()}
 
 
 def name_of(query: str) -> str:
-    """The queries.sql name of a statement: its normalized text, else the
+    """The block name (shardq/db/sql) of a statement: its normalized text, else the
     block nearest to it (difflib ratio at least 0.9) (the server also turns some
     keywords into constants, such as ``extract(epoch ...)``'s field)."""
     text = normalize(query)
@@ -222,13 +222,15 @@ def time_statements(url: str, live_counts: list[int], repeats: int = 300) -> lis
             for _ in range(repeats):
                 t = time.perf_counter()
                 rows = conn.execute(
-                    QUERIES["heartbeat"], {"worker": str(me), "stats": stats, "ttl": 3600.0, "pool": "*"}, prepare=True
+                    QUERIES["heartbeat"],
+                    {"worker": str(me), "stats": stats, "ttl": 3600.0, "pool": "*", "now": None},
+                    prepare=True,
                 ).fetchall()
                 timings["heartbeat"].append(time.perf_counter() - t)
                 t = time.perf_counter()
                 conn.execute(
                     QUERIES["renew_leases"],
-                    {"worker": str(me), "ttl": 3600.0, "shards": [0], "versions": [1], "pool": "*"},
+                    {"worker": str(me), "ttl": 3600.0, "shards": [0], "versions": [1], "pool": "*", "now": None},
                     prepare=True,
                 ).fetchall()
                 timings["renew_leases"].append(time.perf_counter() - t)

@@ -1,7 +1,7 @@
 """The physical limit: bare psycopg loops running the SQL a shardq worker needs.
 
 No Django, no threads, no buffers: the same named statements from
-``shardq/db/queries.sql`` (``insert_job``, ``claim_jobs``, ``complete_jobs``)
+``shardq/db/sql/`` (``insert_job``, ``claim_jobs``, ``complete_jobs``)
 plus COPY, driven as directly as Python allows. ``bench/e2e.py`` compares the
 public API and the real worker against these numbers.
 
@@ -28,7 +28,7 @@ NOOP = "tests.taskapp.tasks.noop"
 SHARD_COUNT = 64
 CHANNEL = "shardq"
 
-# queries.sql's job columns but the id (the sequence gives it here),
+# shardq/db/sql's job columns but the id (the sequence gives it here),
 # limit_keys (NULL: no limit) and key_limited (false): the columns' defaults.
 COLUMNS = tuple(name for name in JOB_COLUMNS if name not in ("id", "limit_keys", "key_limited"))
 
@@ -209,7 +209,7 @@ class Drainer:
     def warm(self) -> None:
         """Prepare both statements without claiming anything (LIMIT 0, no ids)."""
         self.claim(self.per_shard, limit=0)
-        self.conn.execute(QUERIES["complete_jobs"], {"ids": [], "batch": "[]"}, prepare=True).fetchall()
+        self.conn.execute(QUERIES["complete_jobs"], {"ids": [], "batch": "[]", "now": None}, prepare=True).fetchall()
 
     def run_batch(self, rows: list[tuple]) -> None:
         ids, acks = [], []
@@ -222,7 +222,7 @@ class Drainer:
                 '"status":"SUCCESSFUL","delay":0.0,"return_value":null}'
             )
         self.conn.execute(
-            QUERIES["complete_jobs"], {"ids": ids, "batch": "[" + ",".join(acks) + "]"}, prepare=True
+            QUERIES["complete_jobs"], {"ids": ids, "batch": "[" + ",".join(acks) + "]", "now": None}, prepare=True
         ).fetchall()
         self.done += len(rows)
         self.cpu_samples.append((time.time(), time.process_time()))

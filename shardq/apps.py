@@ -25,11 +25,11 @@ class ShardqConfig(AppConfig):
         # even in a project that has not imported a task yet.
         import django.tasks  # noqa: F401
 
-        from .checks import app_without_backend
+        from .app_checks import app_without_backend
         from .db.store import ensure_shards
         from .dispatch import settings_changed
         from .limits import configured_queue_limits
-        from .metrics import enable_if_configured
+        from .worker.metrics import enable_if_configured
 
         checks.register(app_without_backend)
         # SHARDQ["QUEUES"]' limits: a bad one stops the process at start,

@@ -14,6 +14,8 @@ Stable ids:
   shardq.E011  a key of SHARDQ is unknown (misspelled)
   shardq.E012  TASK_TIMEOUT, MAX_ZOMBIES or ZOMBIE_GRACE is not a valid value
   shardq.W001  "shardq" is in INSTALLED_APPS but no TASKS backend is shardq's
+               (``app_checks.py``: it needs the backend class, and the
+               backend imports this module)
 
 E009 is reported through the backend's ``check()``, which Django runs once
 ``django.tasks`` is imported (a view or tasks module that enqueues does it):
@@ -102,30 +104,6 @@ def unusable(backend) -> str | None:
     if error is None and backend.database_alias in connections.settings:  # else E006: Django names the alias
         error = vendor_error(backend)
     return f"{error.msg} {error.hint}" if error else None
-
-
-def app_without_backend(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
-    """shardq.W001, registered by the app: installed, but no backend uses it."""
-    from django.conf import settings
-    from django.utils.module_loading import import_string
-
-    from .backend import ShardqBackend
-
-    for config in (getattr(settings, "TASKS", None) or {}).values():
-        try:
-            backend_class = import_string(config.get("BACKEND", ""))
-        except (ImportError, AttributeError):
-            continue
-        if isinstance(backend_class, type) and issubclass(backend_class, ShardqBackend):
-            return []
-    return [
-        checks.Warning(
-            "'shardq' is in INSTALLED_APPS but no TASKS backend is shardq's: tasks are not stored by shardq "
-            "and shardq_worker has nothing to serve.",
-            hint="Set TASKS = {'default': {'BACKEND': 'shardq.backend.ShardqBackend'}} (docs/configuration.md).",
-            id="shardq.W001",
-        )
-    ]
 
 
 def backend_checks(backend) -> list[checks.CheckMessage]:

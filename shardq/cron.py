@@ -99,7 +99,7 @@ def periodic(cron: str, *, name: str | None = None, args=(), kwargs=None, timezo
             raise InvalidTask(f"{where}: args and kwargs must be JSON ({exc}); pass ids, not objects.") from exc
         # The checks enqueue makes, here at import: a schedule whose arguments
         # enqueue would refuse must not reach the worker's scheduler loop.
-        from .backend import dump_arguments, dump_keyword_arguments
+        from .enqueue.arguments import dump_arguments, dump_keyword_arguments
         from .tasks import bind_arguments
 
         bind_arguments(task, tuple(args), kwargs)

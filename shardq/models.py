@@ -1,4 +1,4 @@
-"""The schema (DESIGN §3). Hot paths use the SQL of ``shardq/db/queries.sql``;
+"""The schema (DESIGN §3). Hot paths use the SQL of ``shardq/db/sql/``;
 these models are the one schema source and what the admin reads."""
 
 from django.db import models

@@ -12,7 +12,7 @@ gets a rank, and a write applies only if it raises the rank::
 It is one ``UPDATE ... SET rank = :to, ... WHERE pk = ... AND rank < :to``:
 PostgreSQL's row lock orders two racing writers, the second re-reads the row
 and applies only if its rank is still higher. It is written through the ORM
-(a queryset ``update``) rather than as a block of shardq/db/queries.sql: the
+(a queryset ``update``) rather than as a block of shardq/db/sql/: the
 table is the user's model, with its own name, columns, database router and
 manager, which only the ORM knows; shardq/db holds the statements on
 shardq's own tables.

@@ -6,7 +6,7 @@ Everything here is read-only except two actions. Shard ownership belongs to
 the lease protocol, worker rows to their processes and job rows to the
 worker runtime, so no admin page adds, edits or deletes a row. The two
 writes are the dead-letter actions on jobs, each one compare-and-set
-statement from ``queries.sql`` (``admin_retry_failed_jobs``,
+statement from ``shardq/db/sql/`` (``admin_retry_failed_jobs``,
 ``admin_discard_failed_jobs``) behind its own permission
 (``shardq.retry_job``, ``shardq.discard_job``), logged in the admin's
 history. Ages and lease times are computed by the database clock

@@ -17,7 +17,6 @@ from django.db.models import (
     When,
 )
 from django.db.models.constants import LOOKUP_SEP
-from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpResponseRedirect
 from django.template.loader import render_to_string
@@ -110,67 +109,11 @@ OUTCOME_FIELDS = ("return_value", "errors", "worker_ids")
 UNFILTERABLE_FIELDS = frozenset({"args", "kwargs", "return_value", "errors", "shard_key", "key_hash"})
 
 
-def bounded_json(column: str) -> RawSQL:
-    """``{"bytes": size of the value as JSON text, "value": the value when
-    that is at most ARGUMENTS_MAX_BYTES, else null}``: a large value is
-    never sent to the web process."""
-    return RawSQL(
-        f"(SELECT jsonb_build_object('bytes', octet_length(b.t), 'value', "
-        f"CASE WHEN octet_length(b.t) <= %s THEN b.v END) "
-        f"FROM (SELECT shardq_job.{column} AS v, shardq_job.{column}::text AS t) AS b)",
-        [ARGUMENTS_MAX_BYTES],
-        output_field=JSONField(),
-    )
-
-
-def json_excerpt(column: str) -> RawSQL:
-    """``{"text": the first EXCERPT_CHARS characters of the value as JSON
-    text, "chars": its length, "bytes": its size}``, or NULL for SQL NULL."""
-    return RawSQL(
-        f"(SELECT CASE WHEN b.t IS NOT NULL THEN jsonb_build_object('text', left(b.t, %s), "
-        f"'chars', char_length(b.t), 'bytes', octet_length(b.t)) END "
-        f"FROM (SELECT shardq_job.{column}::text AS t) AS b)",
-        [EXCERPT_CHARS],
-        output_field=JSONField(),
-    )
-
-
-def errors_excerpt() -> RawSQL:
-    """``{"count": N, "errors": [...]}``: the oldest and the newest
-    ERRORS_SHOWN_EACH_END errors, each with its class path and the first
-    EXCERPT_CHARS characters of its traceback (and the traceback's size);
-    an element that is not an object (an odd row) as its raw JSON text. A
-    value that is not an array counts as one error."""
-    return RawSQL(
-        """(WITH e AS (
-               SELECT x.e, x.n, count(*) OVER () AS total
-               FROM jsonb_array_elements(CASE WHEN jsonb_typeof(shardq_job.errors) = 'array'
-                                              THEN shardq_job.errors
-                                              ELSE jsonb_build_array(shardq_job.errors) END)
-                    WITH ORDINALITY AS x(e, n)
-           )
-           SELECT jsonb_build_object(
-               'count', COALESCE(max(e.total), 0),
-               'errors', COALESCE(jsonb_agg(
-                   CASE WHEN jsonb_typeof(e.e) = 'object' THEN jsonb_build_object(
-                       'n', e.n,
-                       'exception_class_path', left(e.e ->> 'exception_class_path', 300),
-                       'traceback', left(e.e ->> 'traceback', %s),
-                       'traceback_bytes', octet_length(e.e ->> 'traceback'))
-                   ELSE jsonb_build_object('n', e.n, 'raw', left(e.e::text, %s),
-                                           'raw_bytes', octet_length(e.e::text)) END
-                   ORDER BY e.n) FILTER (WHERE e.n <= %s OR e.n > e.total - %s), '[]'::jsonb))
-           FROM e)""",
-        [EXCERPT_CHARS, EXCERPT_CHARS, ERRORS_SHOWN_EACH_END, ERRORS_SHOWN_EACH_END],
-        output_field=JSONField(),
-    )
-
-
 NOT_PARSED = object()
 
 
 def parsed_excerpt(shown: dict):
-    """The value of a ``json_excerpt`` when the excerpt is all of it, else NOT_PARSED."""
+    """The value of a ``json_excerpt`` (shardq/db/sql/job.sql) when the excerpt is all of it, else NOT_PARSED."""
     if not isinstance(shown, dict) or shown.get("chars", 0) > EXCERPT_CHARS:
         return NOT_PARSED
     try:
@@ -180,7 +123,7 @@ def parsed_excerpt(shown: dict):
 
 
 def excerpt_of_json(shown: dict) -> str:
-    """A ``json_excerpt`` for people: pretty-printed when it is whole, else
+    """A ``json_excerpt`` (shardq/db/sql/job.sql) for people: pretty-printed when it is whole, else
     the first EXCERPT_CHARS characters and "… (N bytes)"."""
     value = parsed_excerpt(shown)
     if value is not NOT_PARSED:
@@ -291,9 +234,10 @@ class JobAdmin(ShardqModelAdmin):
         queryset = super().get_queryset(request).defer("args", "kwargs", *OUTCOME_FIELDS)
         now = ClockTimestamp()
         waiting = Q(status__in=["READY", "CLAIMED"])
+        bounded = {"max_bytes": ARGUMENTS_MAX_BYTES}
         return with_safe_times(queryset, TIMES).annotate(
-            args_bounded=bounded_json("args"),
-            kwargs_bounded=bounded_json("kwargs"),
+            args_bounded=operations.expression("admin_job_args_bounded", bounded, JSONField()),
+            kwargs_bounded=operations.expression("admin_job_kwargs_bounded", bounded, JSONField()),
             # The pickup latency of the dashboard: from due (run_after) to
             # the start of the final attempt; a job not started yet, so far.
             waited_seconds=Case(
@@ -315,10 +259,13 @@ class JobAdmin(ShardqModelAdmin):
 
     def get_object(self, request, object_id, from_field=None):
         """The job of the change page, with its outcome as bounded excerpts."""
+        chars = {"chars": EXCERPT_CHARS}
         queryset = self.get_queryset(request).annotate(
-            return_value_excerpt=json_excerpt("return_value"),
-            worker_ids_excerpt=json_excerpt("worker_ids"),
-            errors_excerpt=errors_excerpt(),
+            return_value_excerpt=operations.expression("admin_job_return_value_excerpt", chars, JSONField()),
+            worker_ids_excerpt=operations.expression("admin_job_worker_ids_excerpt", chars, JSONField()),
+            errors_excerpt=operations.expression(
+                "admin_job_errors_excerpt", {**chars, "each_end": ERRORS_SHOWN_EACH_END}, JSONField()
+            ),
         )
         field = Job._meta.pk if from_field is None else Job._meta.get_field(from_field)
         try:

@@ -1,4 +1,4 @@
-"""Workers: liveness as queries.sql defines it, shards held, stats."""
+"""Workers: liveness as shardq/db/sql/worker.sql defines it, shards held, stats."""
 
 from django.contrib import admin
 from django.db.models import (
@@ -9,14 +9,14 @@ from django.db.models import (
     Subquery,
     TextField,
 )
-from django.db.models.expressions import RawSQL
+from django.db.models.expressions import Expression
 from django.db.models.functions import Coalesce
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.html import format_html
 
 from ..conf import get_config
-from ..db.queries import positional
+from ..db import operations
 from ..models import Shard, Worker
 from .common import (
     ClockTimestamp,
@@ -34,7 +34,7 @@ from .common import (
 # -- workers -----------------------------------------------------------------
 
 
-# worker_liveness's values (shardq/db/queries.sql), and what each means.
+# worker_liveness's values (shardq/db/sql/worker.sql), and what each means.
 LIVENESS = {
     "live": "RUNNING, heartbeat within LEASE_TTL ({ttl:g} s)",
     "stopping": "draining after a signal, heartbeat within LEASE_TTL ({ttl:g} s)",
@@ -43,10 +43,9 @@ LIVENESS = {
 }
 
 
-def worker_liveness(ttl: float) -> RawSQL:
-    """worker_liveness of queries.sql, the definition shardq_status uses too."""
-    sql_text, params = positional("worker_liveness", {"ttl": ttl})
-    return RawSQL(sql_text, params, output_field=TextField())
+def worker_liveness(ttl: float) -> Expression:
+    """worker_liveness of shardq/db/sql/worker.sql, the definition shardq_status uses too."""
+    return operations.expression("worker_liveness", {"ttl": ttl}, TextField())
 
 
 class LivenessFilter(admin.SimpleListFilter):
@@ -65,7 +64,7 @@ class LivenessFilter(admin.SimpleListFilter):
 @admin.register(Worker)
 class WorkerAdmin(ShardqModelAdmin):
     """Worker incarnations: live, stopping, dead or stopped (worker_liveness
-    in queries.sql, which shardq_status reads too)."""
+    in shardq/db/sql/worker.sql, which shardq_status reads too)."""
 
     list_display = (
         "host",
@@ -112,7 +111,7 @@ class WorkerAdmin(ShardqModelAdmin):
             heartbeat_age_seconds=SecondsSince(F("heartbeat_at")),
             shards_held=Coalesce(Subquery(held, output_field=IntegerField()), 0),
             # The lease protocol's rule (DESIGN §4), written once in
-            # queries.sql: live = RUNNING with a heartbeat within LEASE_TTL.
+            # worker_liveness: live = RUNNING with a heartbeat within LEASE_TTL.
             liveness=worker_liveness(ttl),
         )
 

@@ -16,7 +16,7 @@ connection and so in the same transaction (``shardq/backend.py`` says why):
   within the caller's transaction): a failure stores nothing.
 
 Every job INSERT and the COPY name the columns of ``job_columns`` in
-queries.sql; the COPY rows below are written in that order, checked at import.
+shardq/db/sql/job.sql; the COPY rows below are written in that order, checked at import.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ _COPY_ORDER = (
 JOB_COLUMNS = tuple(name.strip() for name in QUERIES["job_columns"].split(","))
 if JOB_COLUMNS != _COPY_ORDER:
     raise ImportError(
-        f"queries.sql's job_columns {JOB_COLUMNS} and the COPY row order in shardq/db/enqueue.py "
+        f"shardq/db/sql/job.sql's job_columns {JOB_COLUMNS} and the COPY row order in shardq/db/enqueue.py "
         f"{_COPY_ORDER} differ: change both together."
     )
 
@@ -233,7 +233,7 @@ _WORKFLOW_COPY_COLUMNS = tuple(
 )
 if (*JOB_COLUMNS, *_WORKFLOW_COLUMNS) != _WORKFLOW_COPY_COLUMNS:
     raise ImportError(
-        f"queries.sql's copy_workflow_jobs names {_WORKFLOW_COPY_COLUMNS}: it must name job_columns, then "
+        f"shardq/db/sql/workflow.sql's copy_workflow_jobs names {_WORKFLOW_COPY_COLUMNS}: it must name job_columns, then "
         + ", ".join(_WORKFLOW_COLUMNS)
     )
 

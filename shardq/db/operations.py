@@ -2,15 +2,17 @@
 admin and transactional completion run (the worker's own statements run on
 its psycopg connections through ``store.WorkerStore``).
 
-Every statement is a block of ``queries.sql``; callers name it and pass
+Every statement is a named block of ``shardq/db/sql/``; callers name it and pass
 parameters, and never hold SQL text of their own.
 """
 
 from typing import Any, Literal
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models import Field
+from django.db.models.expressions import RawSQL
 
-from .queries import QUERIES
+from .queries import QUERIES, positional
 
 
 def run(
@@ -35,3 +37,11 @@ def run(
         if fetch == "all":
             return rows
         return rows[0] if rows else None
+
+
+def expression(name: str, params: dict[str, Any], output_field: Field) -> RawSQL:
+    """The named block ``name`` (an expression over the queried table's row)
+    as a Django expression for a queryset's ``annotate``, its parameters
+    bound: the admin's bounded columns and liveness."""
+    text, values = positional(name, params)
+    return RawSQL(text, values, output_field=output_field)

@@ -1,4 +1,21 @@
-"""Loads ``queries.sql``: one dict entry per ``-- name:`` block."""
+"""Loads shardq's SQL: every ``shardq/db/sql/*.sql`` file (one a table, as
+River keeps its statements), one dict entry per ``-- name:`` block, names
+unique across the files.
+
+How a file is written:
+
+- ``-- name: NAME`` starts a block; the comment lines right after it say
+  what it does (they are not part of the statement).
+- Parameters are psycopg's ``%(name)s``; a literal percent sign is ``%%``.
+  A statement that reads the time takes ``coalesce(%(now)s::timestamptz,
+  clock_timestamp())`` where a test may move the clock (``now`` None: the
+  database's own).
+- A block may be an SQL expression that others include as ``{{NAME}}`` (in
+  parentheses), so a definition is written once; ``{{NAME*}}`` includes it
+  bare (a column list that goes on, a CTE's body). An include may name a
+  block of another file.
+- Comment lines before a file's first block describe the file.
+"""
 
 import re
 from pathlib import Path
@@ -10,30 +27,58 @@ from pathlib import Path
 INCLUDE = re.compile(r"\{\{(\w+)(\*?)\}\}")
 
 
-def load(path: Path) -> dict[str, str]:
+SQL_DIR = Path(__file__).with_name("sql")
+
+
+def blocks(path: Path) -> dict[str, str]:
+    """The blocks of one file, by name, as written (includes not expanded)."""
     queries: dict[str, str] = {}
     name = None
     lines: list[str] = []
+
+    def close() -> None:
+        if name is None:
+            return
+        if name in queries:
+            raise ValueError(f"{path.name}: two blocks are named {name!r}")
+        # Comment lines after the statement say something of the next block.
+        while lines and (not lines[-1].strip() or lines[-1].lstrip().startswith("--")):
+            lines.pop()
+        queries[name] = "\n".join(lines).strip().rstrip(";")
+
     for line in path.read_text().splitlines():
         if line.startswith("-- name:"):
-            if name:
-                queries[name] = "\n".join(lines).strip().rstrip(";")
+            close()
             name, lines = line.split(":", 1)[1].strip(), []
         elif name and not (line.startswith("--") and not lines):
             # (a block's leading comment lines are its description)
             lines.append(line)
-    if name:
-        queries[name] = "\n".join(lines).strip().rstrip(";")
+    close()
+    return queries
+
+
+def load(*paths: Path) -> dict[str, str]:
+    """Every block of ``paths``, its includes expanded (across the files)."""
+    queries: dict[str, str] = {}
+    for path in paths:
+        for name, text in blocks(path).items():
+            if name in queries:
+                raise ValueError(f"{path.name}: a block named {name!r} is in another file too")
+            queries[name] = text
     return {name: expand(text, queries) for name, text in queries.items()}
+
+
+def sql_files() -> list[Path]:
+    return sorted(SQL_DIR.glob("*.sql"))
 
 
 def expand(text: str, queries: dict[str, str], seen: tuple[str, ...] = ()) -> str:
     def include(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in queries:
-            raise KeyError(f"queries.sql: {{{{{name}}}}} names no block")
+            raise KeyError(f"shardq/db/sql: {{{{{name}}}}} names no block")
         if name in seen:
-            raise ValueError(f"queries.sql: {{{{{name}}}}} includes itself")
+            raise ValueError(f"shardq/db/sql: {{{{{name}}}}} includes itself")
         text = expand(queries[name], queries, (*seen, name))
         return text if match.group(2) else "(" + text + ")"
 
@@ -50,7 +95,7 @@ def positional(name: str, params: dict[str, object]) -> tuple[str, list[object]]
     return PARAMETER.sub("%s", text), [params[p] for p in PARAMETER.findall(text)]
 
 
-QUERIES = load(Path(__file__).with_name("queries.sql"))
+QUERIES = load(*sql_files())
 
 # psycopg parses a statement's %(name)s placeholders on every execute, and
 # caches the result only for statements up to this many bytes (its

@@ -1,4 +1,4 @@
-"""The one place that runs shardq's SQL (``queries.sql``).
+"""The one place that runs shardq's SQL (``shardq/db/sql/``).
 
 ``WorkerStore`` owns a worker's psycopg connections; the enqueue path runs on
 the caller's Django connection (see ``backend.py``). Driver errors are
@@ -15,6 +15,7 @@ domain (DESIGN §5):
   row's job fails.
 """
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -22,7 +23,8 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import psycopg
@@ -39,9 +41,6 @@ from .queries import ANY_PRIORITY, QUERIES, RAW_QUERIES
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
-
-    from ..worker.buffer import KeyRooms
-    from ..worker.limits import Limiter, LimitPlan
 
 logger = logging.getLogger("shardq.store")
 
@@ -63,11 +62,14 @@ def claim_scope(
     exclude_queues: list[str] | None,
     backend: str | None,
     per_shard: int,
+    now: datetime | None = None,
 ) -> dict[str, Any]:
     """The parameters every claim statement shares: who claims, which shards,
     the worker's queues (``queues`` None: all; ``exclude_queues``: all but
     these, --exclude-queues), its backend alias (None: any alias's jobs,
-    else only jobs stored by that alias, --backend) and the per-shard cap."""
+    else only jobs stored by that alias, --backend), the per-shard cap, and
+    the time leases and due times are read at (None: the database's clock;
+    a test's jump in time otherwise)."""
     return {
         "worker": worker,
         "shards": shards,
@@ -78,7 +80,18 @@ def claim_scope(
         "backend": backend or "",
         "any_backend": backend is None,
         "per_shard": per_shard,
+        "now": now,
     }
+
+
+class KeyRoomsRef(Protocol):
+    """The local queue's per-key gates as the claim reads them (``KeyRooms``
+    in the worker): task path -> cap, and (task path, shard key, room) of busy keys."""
+
+    @property
+    def caps(self) -> Mapping[str, int]: ...
+    @property
+    def rooms(self) -> Sequence[tuple[str, str, int]]: ...
 
 
 def claim_jobs_params(
@@ -87,7 +100,7 @@ def claim_jobs_params(
     start: int = 0,
     min_priority: int = ANY_PRIORITY,
     full_keys: list[tuple[str, str]] | None = None,
-    key_rooms: "KeyRooms | None" = None,
+    key_rooms: "KeyRoomsRef | None" = None,
 ) -> dict[str, Any]:
     """``claim_jobs``' own parameters beside ``claim_scope``'s (see
     WorkerStore.claim_jobs): the batch, the look-ahead, how many to start,
@@ -450,19 +463,24 @@ class WorkerStore:
             self.guard.failed()
             raise
         except psycopg.Error as exc:
-            if not is_transient(exc):
-                # The server answered: the connection is fine (autocommit, or
-                # the transaction block rolled back).
-                self.guard.succeeded()
-                if self.conn is not None and self.conn.broken:
-                    self.close()
-                raise StatementRejected(f"{what}: {exc}".strip(), getattr(exc, "sqlstate", None)) from exc
-            if is_connection_error(exc) or self.conn is None or self.conn.broken:
-                self.guard.failed()
-            self.close()
-            raise DatabaseUnavailable(f"{what}: {one_line(exc)}") from exc
+            raise self._translated(what, exc) from exc
         self.guard.succeeded()
         return result
+
+    def _translated(self, what: str, exc: psycopg.Error) -> StatementRejected | DatabaseUnavailable:
+        """The error domain of a driver error (the module docstring), with the
+        guard and the connection brought up to date."""
+        if not is_transient(exc):
+            # The server answered: the connection is fine (autocommit, or
+            # the transaction block rolled back).
+            self.guard.succeeded()
+            if self.conn is not None and self.conn.broken:
+                self.close()
+            return StatementRejected(f"{what}: {exc}".strip(), getattr(exc, "sqlstate", None))
+        if is_connection_error(exc) or self.conn is None or self.conn.broken:
+            self.guard.failed()
+        self.close()
+        return DatabaseUnavailable(f"{what}: {one_line(exc)}")
 
     def run_split[I, R](
         self, items: list[I], run_batch: Callable[[list[I]], Iterable[R]]
@@ -528,29 +546,41 @@ class WorkerStore:
 
         self.guarded("register_worker", work)
 
-    def heartbeat(self, worker: str, stats: Mapping[str, object], ttl: float, pool: str = pools.ALL) -> list[str]:
-        """Record the heartbeat; the live workers of ``pool``, in start order."""
-        return self.beat(worker, stats, ttl, pool)[0]
+    def heartbeat(
+        self, worker: str, stats: Mapping[str, object], ttl: float, pool: str = pools.ALL, now: datetime | None = None
+    ) -> list[str]:
+        """Record the heartbeat; the live workers of ``pool``, in start order
+        (``now``: the time it is taken at, None: the database's clock)."""
+        return self.beat(worker, stats, ttl, pool, now)[0]
 
     def beat(
-        self, worker: str, stats: Mapping[str, object], ttl: float, pool: str = pools.ALL
+        self, worker: str, stats: Mapping[str, object], ttl: float, pool: str = pools.ALL, now: datetime | None = None
     ) -> tuple[list[str], int | None]:
         """``heartbeat``, and the cluster's shard count (None: unknown)."""
-        rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl, "pool": pool})
+        rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl, "pool": pool, "now": now})
         return [str(row[0]) for row in rows], (rows[0][2] if rows else None)
 
     def claim_shards(
-        self, worker: str, wanted: int, ttl: float, shard_count: int, max_worker_losses: int, pool: str = pools.ALL
+        self,
+        worker: str,
+        wanted: int,
+        ttl: float,
+        shard_count: int,
+        max_worker_losses: int,
+        pool: str = pools.ALL,
+        now: datetime | None = None,
     ) -> list[NamedRow]:
         """Take up to ``wanted`` free or expired shards of ``pool``, rescue
         the jobs their previous owners left in flight and log each claim: one
-        transaction. Rows: shard, claim_version, previous_owner, rescued."""
+        transaction. Rows: shard, claim_version, previous_owner, rescued.
+        ``now``: the time leases are read and written at (None: the
+        database's clock; a test jumps past a lease's end with it)."""
 
         def work(cursor: psycopg.Cursor[NamedRow]) -> list[NamedRow]:
             taken = self._execute(
                 cursor,
                 "claim_shards",
-                {"worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count, "pool": pool},
+                {"worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count, "pool": pool, "now": now},
             )
             if not taken:
                 return []
@@ -566,6 +596,7 @@ class WorkerStore:
                         "versions": list(pairs.values()),
                         "max_worker_losses": max_worker_losses,
                         "ttl": ttl,
+                        "now": now,
                     },
                 )
             )
@@ -595,11 +626,20 @@ class WorkerStore:
 
         return self.guarded("claim_shards", in_transaction, named=True)
 
-    def renew_leases(self, worker: str, held: dict[int, int], ttl: float, pool: str = pools.ALL) -> set[int]:
+    def renew_leases(
+        self, worker: str, held: dict[int, int], ttl: float, pool: str = pools.ALL, now: datetime | None = None
+    ) -> set[int]:
         shards = list(held)
         rows = self.run(
             "renew_leases",
-            {"worker": worker, "ttl": ttl, "shards": shards, "versions": [held[s] for s in shards], "pool": pool},
+            {
+                "worker": worker,
+                "ttl": ttl,
+                "shards": shards,
+                "versions": [held[s] for s in shards],
+                "pool": pool,
+                "now": now,
+            },
         )
         return {row[0] for row in rows}
 
@@ -657,18 +697,21 @@ class WorkerStore:
         pool: str = pools.ALL,
         min_priority: int = ANY_PRIORITY,
         full_keys: list[tuple[str, str]] | None = None,
-        key_rooms: "KeyRooms | None" = None,
+        key_rooms: "KeyRoomsRef | None" = None,
+        now: datetime | None = None,
     ) -> list[Any]:
         """Claim a batch of the highest priority level due (rows by name:
         dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
         quarantined, not claimed; one with ``started`` true was started by
-        the claim, see queries.sql). Only jobs of priority ``min_priority``
+        the claim, see sql/job.sql). Only jobs of priority ``min_priority``
         or more are taken; key_limited jobs of ``full_keys`` ((task path,
         shard key) pairs whose gate in the local queue has jobs waiting)
         are passed over. Of the first ``start``, a key_limited job is
-        started only within its key's room (``key_rooms``; None: none)."""
+        started only within its key's room (``key_rooms``; None: none).
+        ``now``: the time leases and due times are read at (None: the
+        database's clock)."""
         params = {
-            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
+            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, now),
             **claim_jobs_params(limit, lookahead, start, min_priority, full_keys, key_rooms),
         }
         # Binary results: timestamps and numbers decode without parsing text.
@@ -683,105 +726,28 @@ class WorkerStore:
 
     # -- limits (docs/limits.md; the decisions are shardq/worker/limits.py's) --
 
-    def claim_limited(
-        self,
-        limiter: "Limiter",
-        *,
-        worker: str,
-        shards: list[int],
-        pool: str,
-        queues: list[str] | None,
-        exclude_queues: list[str] | None,
-        backend: str | None,
-        per_shard: int,
-        scan: int,
-        idle_threads: int,
-        ttl: float,
-        row_factory: "type[DataclassInstance]",
-        limit: int,
-        start: int = 0,
-    ) -> tuple[list[Any], "LimitPlan | None"]:
-        """One limited claim, one transaction: lock the candidates, the free
-        slots (SKIP LOCKED) and the rate rows (sorted), let ``limiter.pick``
-        choose (at most ``limit`` jobs), then write slots, tokens and claims
-        together, the first ``start`` jobs started. Returns the claimed jobs
-        (``row_factory`` rows) and the plan (None: no candidate)."""
-        full = limiter.full_keys()
-        params = {
-            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
-            "scan": scan,
-            "full": full,
-        }
-        ensured: tuple[dict[str, int], list[str]] = ({}, [])
-
-        def work(cursor: psycopg.Cursor[Any]) -> tuple[list[Any], "LimitPlan | None"]:
-            nonlocal ensured
-            conn = cursor.connection
-            # A cursor per row shape: psycopg applies a new row_factory to the
-            # current result at once, so one cursor cannot change shapes.
-            with conn.transaction(), conn.cursor(row_factory=dict_row) as named:
-                rows = self._execute(named, "claim_limited_candidates", params, binary=True)
-                limiter.walked(rows, full)
-                if not rows:
-                    return [], None
-                slots, rates = limiter.needs(rows, limit)
-                new_slots = limiter.new_slot_keys(slots)
-                new_rates = limiter.new_rate_keys(rates)
-                if new_slots:
-                    self._execute(
-                        cursor,
-                        "ensure_limit_slots",
-                        {"keys": list(new_slots), "caps": list(new_slots.values())},
-                        fetch="none",
-                    )
-                if new_rates:
-                    self._execute(cursor, "ensure_limit_rates", {"keys": new_rates}, fetch="none")
-                ensured = (new_slots, new_rates)
-                slot_rows = []
-                # Only limits that want more slots: in a steady state a
-                # worker's owned slots serve its claims with no statement.
-                slots = {k: v for k, v in slots.items() if v[1] > 0}
-                if slots:
-                    slot_rows = self._execute(
-                        cursor,
-                        "take_limit_slots",
-                        {
-                            "keys": list(slots),
-                            "caps": [cap for cap, _ in slots.values()],
-                            "wanted": [n for _, n in slots.values()],
-                        },
-                    )
-                rate_rows = []
-                if rates:
-                    rate_rows = self._execute(named, "lock_limit_rates", {"keys": rates})
-                plan = limiter.pick(rows, slot_rows, rate_rows, idle_threads, limit)
-                if not plan.ids:
-                    # Nothing to claim: the slots locked stay free (rolled back).
-                    plan.slot_ids.clear()
-                    plan.slot_keys.clear()
-                    return [], plan
-                with conn.cursor(row_factory=fields_row(row_factory)) as jobs:
-                    claimed = self._execute(
-                        jobs,
-                        "claim_limited_jobs",
-                        {
-                            "worker": worker,
-                            "pool": pool,
-                            "ids": plan.ids,
-                            "start": start,
-                            "slot_ids": plan.slot_ids,
-                            "rate_keys": plan.rate_keys,
-                            "rate_tats": plan.rate_tats,
-                            "ttl": ttl,
-                        },
-                        binary=True,
-                    )
-                return claimed, plan
-
-        result = self.guarded("claim_limited_jobs", work)
-        limiter.slots_ensured(ensured[0])
-        limiter.rates_ensured(ensured[1])
-        return result
+    @contextlib.contextmanager
+    def limited_claim(self, now: datetime | None = None) -> Iterator["LimitedClaim"]:
+        """One transaction for the statements of a limited claim (the worker's
+        ``Limiter.claim`` decides between them): committed when the block
+        ends, rolled back when it raises. Driver errors are translated as
+        ``guarded`` does. ``now``: the time its statements read leases, due
+        times and tokens at (None: the database's clock)."""
+        what = "claim_limited_jobs"
+        self.guard.admit(what)
+        try:
+            with self._cursor() as cursor:
+                conn = cursor.connection
+                # A cursor per row shape: psycopg applies a new row_factory to
+                # the current result at once, so one cursor cannot change shapes.
+                with conn.transaction(), conn.cursor(row_factory=dict_row) as named:
+                    yield LimitedClaim(cursor, named, now)
+        except DatabaseUnavailable:
+            self.guard.failed()
+            raise
+        except psycopg.Error as exc:
+            raise self._translated(what, exc) from exc
+        self.guard.succeeded()
 
     def claim_limited_owned(
         self,
@@ -797,13 +763,14 @@ class WorkerStore:
         limit: int,
         start: int,
         row_factory: "type[DataclassInstance]",
+        now: datetime | None = None,
     ) -> list[Any]:
         """The limited claim of jobs whose every limit has room in the
         slots this worker owns (``rooms``: key -> jobs it may still claim):
         one statement, no transaction of its own (``claim_limited_owned``)."""
         keys = list(rooms)
         params = {
-            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
+            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, now),
             "keys_json": Jsonb(keys),
             "keys": keys,
             "rooms": list(rooms.values()),
@@ -814,15 +781,16 @@ class WorkerStore:
             "claim_limited_owned",
             lambda cursor: self._execute(cursor, "claim_limited_owned", params, binary=True),
             row_factory=fields_row(row_factory),
+            raw="claim_limited_owned" in RAW_QUERIES,
         )
 
     def release_limit_slots(self, worker: str, slots: list[int], channel: str) -> None:
         """Give back this worker's ``slots`` and NOTIFY each freed key on ``channel``."""
         self.run("release_limit_slots", {"worker": worker, "slots": slots, "channel": channel})
 
-    def renew_limit_slots(self, worker: str, slots: list[int], ttl: float) -> int:
+    def renew_limit_slots(self, worker: str, slots: list[int], ttl: float, now: datetime | None = None) -> int:
         """Extend ``slots`` by ``ttl``; give back this worker's others. Returns how many were kept."""
-        return len(self.run("renew_limit_slots", {"worker": worker, "slots": slots, "ttl": ttl}))
+        return len(self.run("renew_limit_slots", {"worker": worker, "slots": slots, "ttl": ttl, "now": now}))
 
     def start_jobs[J: JobRef](
         self, worker: str, jobs: list[J]
@@ -854,7 +822,7 @@ class WorkerStore:
         self, shards: list[int], batch: int, channel: str, notify: bool = True
     ) -> tuple[int, list[NamedRow]]:
         """One pass of the workflow resolver over ``shards`` (see
-        ``resolve_children`` in queries.sql): (parents resolved, children moved)."""
+        ``resolve_children`` in sql/workflow.sql): (parents resolved, children moved)."""
         rows = self.run(
             "resolve_children",
             {"shards": shards, "batch": batch, "channel": channel, "notify": notify},
@@ -871,13 +839,17 @@ class WorkerStore:
         rows = self.run("cancelled_attempts", {"ids": [a[0] for a in attempts], "ranks": [a[1] for a in attempts]})
         return {row[0] for row in rows}
 
-    def seconds_until_due(self, shards: list[int]) -> float | None:
-        row = self.run("seconds_until_due", {"shards": shards}, fetch="one")
+    def seconds_until_due(self, shards: list[int], now: datetime | None = None) -> float | None:
+        """Seconds from ``now`` (None: the database's clock) until the next
+        deferred READY job of ``shards`` falls due; None: there is none."""
+        row = self.run("seconds_until_due", {"shards": shards, "now": now}, fetch="one")
         seconds: float | None = row[0] if row else None
         return seconds
 
-    def rescue_jobs(self, held: dict[int, int], max_worker_losses: int, ttl: float | None = None) -> list[NamedRow]:
-        """The one rescue (see ``rescue_jobs`` in queries.sql) over the
+    def rescue_jobs(
+        self, held: dict[int, int], max_worker_losses: int, ttl: float | None = None, now: datetime | None = None
+    ) -> list[NamedRow]:
+        """The one rescue (see ``rescue_jobs`` in sql/job.sql) over the
         (shard, claim_version) pairs ``held``: rows shard, id, started, dead."""
         shards = sorted(held)
         if ttl is None:
@@ -889,12 +861,13 @@ class WorkerStore:
                 "versions": [held[s] for s in shards],
                 "max_worker_losses": max_worker_losses,
                 "ttl": ttl,
+                "now": now,
             },
             named=True,
         )
 
     def complete_jobs[O: OutcomeRef](
-        self, outcomes: list[O], parents: set[int] | None = None
+        self, outcomes: list[O], parents: set[int] | None = None, now: datetime | None = None
     ) -> tuple[set[tuple[int, int]], list[tuple[O, StatementRejected]]]:
         """Write outcomes (objects with id, fence, rank, status, return_value_json,
         error_json, delay) in one statement; returns the (id, rank) pairs
@@ -906,13 +879,14 @@ class WorkerStore:
 
         Pairs, not ids: one batch may hold two outcomes of a job (a rejected
         one and the one written again under a later claim, see
-        ``Completer.recall``), and only one of them can land."""
+        ``Completer.recall``), and only one of them can land. A retry is due
+        its delay after ``now`` (None: the database's clock)."""
 
         def batch(part: list[O]) -> list[TupleRow]:
             # The ids as one array literal: psycopg's list dumper costs a Python
             # call per element, a tenth of the completer's time at no-op rates.
             ids = "{" + ",".join([str(o.id) for o in part]) + "}"
-            return self.run("complete_jobs", {"ids": ids, "batch": outcome_batch_json(part)})
+            return self.run("complete_jobs", {"ids": ids, "batch": outcome_batch_json(part), "now": now})
 
         rows, rejected = self.run_split(outcomes, batch)
         if parents is not None:
@@ -945,6 +919,111 @@ class WorkerStore:
             },
         )
         return {row[0] for row in rows}
+
+
+class LimitedClaim:
+    """The statements of one limited claim (docs/limits.md), run in the
+    transaction ``WorkerStore.limited_claim`` opened. Plain values in,
+    rows out: which of them run, and what they take, is the worker's
+    decision (``shardq/worker/limits.py``)."""
+
+    def __init__(
+        self, cursor: psycopg.Cursor[TupleRow], named: psycopg.Cursor[NamedRow], now: datetime | None = None
+    ) -> None:
+        self.cursor = cursor
+        self.named = named
+        # The time every statement of the claim reads (None: the database's clock).
+        self.now = now
+
+    @staticmethod
+    def _execute(cursor: psycopg.Cursor[Any], name: str, params: Mapping[str, Any], **kwargs: Any) -> Any:
+        """``WorkerStore._execute`` on ``cursor``, or on a RawCursor of its
+        connection and row factory for a statement of ``RAW_QUERIES``."""
+        if name not in RAW_QUERIES:
+            return WorkerStore._execute(cursor, name, params, **kwargs)
+        with psycopg.RawCursor(cursor.connection, row_factory=cursor.row_factory) as raw:
+            return WorkerStore._execute(raw, name, params, **kwargs)
+
+    def candidates(
+        self,
+        *,
+        worker: str,
+        shards: list[int],
+        pool: str,
+        queues: list[str] | None,
+        exclude_queues: list[str] | None,
+        backend: str | None,
+        per_shard: int,
+        scan: int,
+        full: list[str],
+    ) -> list[NamedRow]:
+        """Lock up to ``scan`` due READY limited jobs (``claim_limited_candidates``),
+        passing over those with a key in ``full``."""
+        params = {
+            **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, self.now),
+            "scan": scan,
+            "full": full,
+        }
+        rows: list[NamedRow] = self._execute(self.named, "claim_limited_candidates", params, binary=True)
+        return rows
+
+    def ensure_slots(self, caps: Mapping[str, int]) -> None:
+        """Make sure the slot rows of each key exist, ``caps[key]`` of them."""
+        params = {"keys": list(caps), "caps": list(caps.values())}
+        self._execute(self.cursor, "ensure_limit_slots", params, fetch="none")
+
+    def ensure_rates(self, keys: list[str]) -> None:
+        """Make sure the GCRA row of each rate key exists."""
+        self._execute(self.cursor, "ensure_limit_rates", {"keys": keys}, fetch="none")
+
+    def take_slots(self, wanted: Mapping[str, tuple[int, int]]) -> list[tuple[str, int]]:
+        """Lock free slot rows (SKIP LOCKED): ``wanted``, key -> (cap, how
+        many), sorted by key. Returns (key, slot id) rows."""
+        params = {
+            "keys": list(wanted),
+            "caps": [cap for cap, _ in wanted.values()],
+            "wanted": [n for _, n in wanted.values()],
+            "now": self.now,
+        }
+        rows: list[tuple[str, int]] = self._execute(self.cursor, "take_limit_slots", params)
+        return rows
+
+    def lock_rates(self, keys: list[str]) -> list[NamedRow]:
+        """Lock the GCRA rows of ``keys`` (sorted: the lock order); rows
+        limit_key, tat, now."""
+        rows: list[NamedRow] = self._execute(self.named, "lock_limit_rates", {"keys": keys, "now": self.now})
+        return rows
+
+    def claim[R: "DataclassInstance"](
+        self,
+        *,
+        worker: str,
+        pool: str,
+        ids: list[int],
+        start: int,
+        slot_ids: list[int],
+        rate_keys: list[str],
+        rate_tats: list[float],
+        ttl: float,
+        row_factory: type[R],
+    ) -> list[R]:
+        """Write the slots (owned by ``worker`` for ``ttl``), the rate rows'
+        new TATs and the claims of ``ids`` in one statement, the first
+        ``start`` started (``claim_limited_jobs``)."""
+        params = {
+            "worker": worker,
+            "pool": pool,
+            "ids": ids,
+            "start": start,
+            "slot_ids": slot_ids,
+            "rate_keys": rate_keys,
+            "rate_tats": rate_tats,
+            "ttl": ttl,
+            "now": self.now,
+        }
+        with self.cursor.connection.cursor(row_factory=fields_row(row_factory)) as jobs:
+            claimed: list[R] = self._execute(jobs, "claim_limited_jobs", params, binary=True)
+        return claimed
 
 
 def fields_row[R: "DataclassInstance"](cls: type[R]) -> RowFactory[R]:

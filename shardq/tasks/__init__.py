@@ -1,6 +1,6 @@
 """shardq's tasks: ``definition`` (``@shard_task`` and ``ShardTask``, options
-validated at definition), ``keys`` (shard keys, argument binding, unique keys)
-and ``registry`` (how a worker resolves a row's task path). Redaction of
+validated at definition), ``keys`` (shard keys, argument binding), ``unique``
+(unique keys) and ``registry`` (how a worker resolves a row's task path). Redaction of
 sensitive arguments is the admin's (``shardq.admin.redaction``)."""
 
 from .definition import (
@@ -13,12 +13,9 @@ from .definition import (
     validate_shard_options,
 )
 from .keys import (
-    HASHED_UNIQUE_KEY_MARK,
-    UNIQUE_KEY_MAX_BYTES,
     bind_arguments,
     check_text,
     compute_shard_key,
-    compute_unique_key,
     key_to_str,
 )
 from .registry import (
@@ -27,6 +24,7 @@ from .registry import (
     registered_task_paths,
     resolve,
 )
+from .unique import HASHED_UNIQUE_KEY_MARK, UNIQUE_KEY_MAX_BYTES, compute_unique_key
 
 __all__ = [
     "HASHED_UNIQUE_KEY_MARK",

@@ -4,7 +4,7 @@ Demand-driven: the fetcher asks for at most ``demand()`` jobs — the worker's
 in-flight target (its concurrency plus a look-ahead sized from the measured
 task duration, see ``Worker.demand``) minus what is buffered or processing —,
 in one statement over every fetchable shard (a per-shard index range walk,
-see ``claim_jobs`` in queries.sql) that takes the highest priority level due
+see ``claim_jobs`` in shardq/db/sql) that takes the highest priority level due
 across them first, rotating the shard order so no shard starves within a
 level when demand is small. It sleeps until woken by a NOTIFY for a shard
 this worker holds, by free slots appearing after the buffer was full, or by
@@ -364,7 +364,7 @@ class Fetcher(Service):
         the slots this worker owns, in one statement (``claim_limited_owned``);
         then, when that came back short and more may come of it
         (``Limiter.full_claim_due``), the full claim, which takes slots and
-        tokens in the same transaction (WorkerStore.claim_limited). The
+        tokens in the same transaction (Limiter.claim). The
         caller holds the ownership read lock. Returns how many were claimed."""
         limiter = self.limiter
         if limiter is None or wanted <= 0:
@@ -424,8 +424,8 @@ class Fetcher(Service):
         limiter = self.limiter
         assert limiter is not None
         try:
-            rows, plan = self.store.claim_limited(
-                limiter,
+            rows, plan = limiter.claim(
+                self.store,
                 worker=self.worker_id,
                 shards=order,
                 pool=self.leaser.pool,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected
-from ..metrics import Metrics
+from .metrics import Metrics
 from .service import Service
 
 logger = logging.getLogger("shardq.worker.gauges")

@@ -45,15 +45,19 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.tasks import Task
 
 from ..conf import Config
 from ..core.limits import LimitSpec, assign, grant, next_token_in
+from ..db.store import WorkerStore
 from ..exceptions import UnknownTask
 from ..limits import spec_for_key, task_spec
 from ..tasks import registered_task_paths, resolve
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 logger = logging.getLogger("shardq.worker.limits")
 
@@ -198,6 +202,83 @@ class Limiter:
             for key in [k for k, until in self._full.items() if until <= now]:
                 del self._full[key]
             return sorted(self._full)
+
+    def claim[R: "DataclassInstance"](
+        self,
+        store: WorkerStore,
+        *,
+        worker: str,
+        shards: list[int],
+        pool: str,
+        queues: list[str] | None,
+        exclude_queues: list[str] | None,
+        backend: str | None,
+        per_shard: int,
+        scan: int,
+        idle_threads: int,
+        ttl: float,
+        row_factory: type[R],
+        limit: int,
+        start: int = 0,
+    ) -> tuple[list[R], LimitPlan | None]:
+        """One full limited claim, one transaction (``store.limited_claim``):
+        lock the candidates, the free slots (SKIP LOCKED) and the rate rows
+        (sorted), ``pick`` (at most ``limit`` jobs), then write slots, tokens
+        and claims together, the first ``start`` jobs started. Returns the
+        claimed jobs (``row_factory`` rows) and the plan (None: no candidate)."""
+        full = self.full_keys()
+        new_slots: dict[str, int] = {}
+        new_rates: list[str] = []
+        with store.limited_claim() as tx:
+            rows = tx.candidates(
+                worker=worker,
+                shards=shards,
+                pool=pool,
+                queues=queues,
+                exclude_queues=exclude_queues,
+                backend=backend,
+                per_shard=per_shard,
+                scan=scan,
+                full=full,
+            )
+            self.walked(rows, full)
+            if not rows:
+                return [], None
+            slots, rates = self.needs(rows, limit)
+            new_slots = self.new_slot_keys(slots)
+            new_rates = self.new_rate_keys(rates)
+            if new_slots:
+                tx.ensure_slots(new_slots)
+            if new_rates:
+                tx.ensure_rates(new_rates)
+            # Only limits that want more slots: in a steady state a worker's
+            # owned slots serve its claims with no statement.
+            wanted = {k: v for k, v in slots.items() if v[1] > 0}
+            slot_rows = tx.take_slots(wanted) if wanted else []
+            rate_rows = tx.lock_rates(rates) if rates else []
+            plan = self.pick(rows, slot_rows, rate_rows, idle_threads, limit)
+            if not plan.ids:
+                # Nothing to claim: the slots locked are not taken (the claim
+                # statement that would write them does not run).
+                plan.slot_ids.clear()
+                plan.slot_keys.clear()
+                claimed: list[R] = []
+            else:
+                claimed = tx.claim(
+                    worker=worker,
+                    pool=pool,
+                    ids=plan.ids,
+                    start=start,
+                    slot_ids=plan.slot_ids,
+                    rate_keys=plan.rate_keys,
+                    rate_tats=plan.rate_tats,
+                    ttl=ttl,
+                    row_factory=row_factory,
+                )
+        # Committed: the rows ensured exist for good.
+        self.slots_ensured(new_slots)
+        self.rates_ensured(new_rates)
+        return claimed, plan
 
     def wake_in(self) -> float | None:
         """Seconds until a limit passed over may have room again (None: none is)."""

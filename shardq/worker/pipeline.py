@@ -42,7 +42,7 @@ from .remembered import RememberedOutcomes
 from .stats import Stats
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
+    from .metrics import Metrics
 
 # Jobs buffered beyond the running ones cover this much of the threads' work
 # at the measured task time (see Pipeline.demand).

@@ -41,9 +41,9 @@ from .stats import Stats
 __all__ = ["Worker", "WorkerOptions"]
 
 if TYPE_CHECKING:
-    from ..metrics import Metrics
+    from .metrics import Metrics
 
-# shardq.cancel() announces a cancelled RUNNING job here (cancel_jobs in queries.sql).
+# shardq.cancel() announces a cancelled RUNNING job here (cancel_jobs in shardq/db/sql).
 CANCEL_CHANNEL = "shardq_cancel"
 
 logger = logging.getLogger("shardq.worker")

@@ -5,7 +5,7 @@ the transactional test database).
 
 The rows the pages show are made the way the system makes them: jobs through
 ``enqueue``; leases, heartbeats and outcomes with the columns the worker's
-statements write (see ``shardq/db/queries.sql``).
+statements write (see ``shardq/db/sql/``).
 """
 
 import os

@@ -1,7 +1,7 @@
 """Rows as the system writes them, for the admin's browser tests: workers
 and leases with the columns of ``register_worker`` / ``heartbeat`` /
 ``claim_shards``, failed attempts as the worker's claims and acks leave
-them (``shardq/db/queries.sql``). Jobs themselves come from ``enqueue``.
+them (``shardq/db/sql/``). Jobs themselves come from ``enqueue``.
 """
 
 import json

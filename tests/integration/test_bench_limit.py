@@ -1,5 +1,5 @@
 """`make bench` compares shardq with a bare psycopg loop (bench/limit.py) that
-runs shardq's own statements from queries.sql with the parameters the backend
+runs shardq's own statements from shardq/db/sql with the parameters the backend
 and the worker pass. When a statement gains a parameter or a column, that loop
 must follow. This test runs it at a tiny size against the test database, so
 `make bench` cannot break unnoticed (it did once this session, after a merge

@@ -156,7 +156,7 @@ def test_enqueue_on_sqlite_is_a_clear_error(sqlite_alias):
     [("django.tasks.backends.immediate.ImmediateBackend", ["shardq.W001"]), ("shardq.backend.ShardqBackend", [])],
 )
 def test_the_app_installed_without_a_shardq_backend_warns_w001(backend_path, expected):
-    from shardq.checks import app_without_backend
+    from shardq.app_checks import app_without_backend
 
     with override_settings(TASKS={"default": {"BACKEND": backend_path}}):
         messages = app_without_backend()

@@ -62,7 +62,7 @@ def test_keyed_jobs_get_their_shards():
     results = shardq.enqueue_many(keyed, [((42,), {}), ((), {"user_id": 42})])
 
     rows = [job_row(r.id) for r in results]
-    assert rows[0]["shard"] == rows[1]["shard"] == keyed.get_backend().job_row(keyed, (42,), {})["key_hash"] & 63
+    assert rows[0]["shard"] == rows[1]["shard"] == keyed.get_backend().rows.job_row(keyed, (42,), {})["key_hash"] & 63
     assert rows[0]["shard_key"] == rows[1]["shard_key"] == "42"
 
 

@@ -266,7 +266,7 @@ def test_the_copy_stores_exactly_the_rows_with_their_ids_shards_and_times(sent):
     assert enqueued_at.tzinfo is not None
     for result, (args, kwargs) in zip(results, calls, strict=True):
         row = job_row(result.id)
-        expected = backend.job_row(keyed, args, kwargs)
+        expected = backend.rows.job_row(keyed, args, kwargs)
         assert (row["shard"], row["key_hash"], row["shard_key"]) == (
             expected["key_hash"] & 63,
             expected["key_hash"],

@@ -36,7 +36,7 @@ def rows(*ids: int) -> list[dict]:
 
 
 def claim(lim: Limiter, candidates: list[dict], slot_ids: list[int], limit: int = 100) -> list[int]:
-    """One limited claim as WorkerStore.claim_limited runs it; every job picked is claimed."""
+    """One limited claim as Limiter.claim runs it; every job picked is claimed."""
     lim.full_keys()
     lim.walked(candidates, [])
     if not candidates:

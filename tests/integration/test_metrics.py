@@ -14,8 +14,8 @@ from django.test import override_settings
 from prometheus_client import CollectorRegistry
 
 import shardq
-from shardq import metrics
 from shardq.db.store import WorkerStore
+from shardq.worker import metrics
 from tests.helpers import wait_until
 from tests.taskapp import tasks
 from tests.workers import ROOT
@@ -145,9 +145,21 @@ def test_metrics_off_imports_no_prometheus_client():
     code = (
         "import sys, django; django.setup();"
         "import shardq.backend, shardq.worker.runtime, shardq.management.commands.shardq_worker;"
-        "from shardq import metrics; assert metrics.active is None;"
+        "from shardq.worker import metrics; assert metrics.active is None;"
         "assert 'prometheus_client' not in sys.modules, 'imported'"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_view_at_the_path_the_docs_give_serves_prometheus_text():
+    from django.test import RequestFactory
+
+    from shardq.metrics import metrics_view  # docs/operations.md's import, kept beside shardq.worker.metrics
+
+    response = metrics_view(RequestFactory().get("/metrics"))
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    assert b"python_info" in response.content  # prometheus_client's default registry

@@ -21,7 +21,8 @@ from django.test.utils import CaptureQueriesContext
 
 import shardq
 from shardq import shard_task
-from shardq.backend import UNIQUE_CACHE_MARGIN_SECONDS, ShardqBackend
+from shardq.backend import ShardqBackend
+from shardq.enqueue.unique import UNIQUE_CACHE_MARGIN_SECONDS
 from shardq.tasks import compute_unique_key
 from tests.helpers import job_row, wait_until
 from tests.taskapp.tasks import (
@@ -75,7 +76,7 @@ def unique_row(key: str):
 
 def cached(task, key: str):
     """The backend's LRU entry of a unique key (deadline, result), or None."""
-    lru = task.get_backend()._unique
+    lru = task.get_backend().unique.cache
     return None if lru is None else lru.peek(key)
 
 
@@ -540,7 +541,7 @@ def test_a_unique_cache_size_of_zero_turns_the_lru_off():
         with CaptureQueriesContext(connection) as queries:
             assert unique_report.enqueue(7).id == first.id
         assert len(queries) == 2
-        assert unique_report.get_backend()._unique is None
+        assert unique_report.get_backend().unique.cache is None
 
 
 def test_a_bad_unique_cache_size_fails_e007():

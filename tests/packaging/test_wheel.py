@@ -31,6 +31,7 @@ from tests.packaging.wheels import (
 COMMANDS = {"shardq_worker", "shardq_status", "shardq_prune", "shardq_reshard"}
 # What `shardq/` imports, and nothing else, is required unconditionally.
 REQUIRED = {"django", "psycopg", "mmh3", "sortedcontainers", "croniter"}
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -95,7 +96,10 @@ def test_the_wheel_holds_only_the_library_and_its_type_marker(wheel):
     dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"
     assert {name.split("/")[0] for name in names} == {"shardq", dist_info}
     assert "shardq/py.typed" in names
-    assert "shardq/db/queries.sql" in names and "shardq/db/testing.sql" in names
+    # Every file of named SQL (one a table): the loader reads them all.
+    sql = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "shardq" / "db" / "sql").glob("*.sql"))
+    assert len(sql) > 1 and set(sql) <= set(names), sorted(set(sql) - set(names))
+    assert "shardq/db/testing.sql" in names
     assert "shardq/templates/admin/shardq/dashboard.html" in names and "shardq/static/shardq/admin.css" in names
     assert not [n for n in names if n.startswith(("example_project/", "bench/", "tests/"))]
     assert not [n for n in names if "shardq_demo" in n or "shardq_bench" in n]

@@ -53,7 +53,7 @@ TTL = float(FAST_LEASES["SHARDQ_LEASE_TTL"])
 TASK = "tests.taskapp.scale_tasks.nap"
 NAP_SECONDS = 0.2
 # The lease protocol's statements (shardq/worker/leaser.py and the store's
-# claim_shards transaction), as named in shardq/db/queries.sql.
+# claim_shards transaction), as named in shardq/db/sql/.
 LEASE_STATEMENTS = ("heartbeat", "renew_leases", "rescue_jobs", "claim_shards", "log_shard_claims", "release_shards")
 
 
@@ -161,7 +161,7 @@ def settled(sample: Sample, alive: set[str]) -> bool:
 
 def normalized(sql: str) -> str:
     """A statement with comments, parameters and constants folded, as
-    pg_stat_statements and queries.sql can be compared."""
+    pg_stat_statements and shardq/db/sql can be compared."""
     sql = re.sub(r"--[^\n]*", " ", sql)
     sql = re.sub(r"%\(\w+\)s|\$\d+|'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b", "?", sql)
     return re.sub(r"\s+", " ", sql).strip().rstrip(";").strip()
@@ -185,7 +185,7 @@ class Observer:
         return int(self.sql("SELECT coalesce(sum((stats->>'heartbeats')::bigint), 0)::bigint FROM shardq_worker")[0][0])
 
     def statement_calls(self) -> dict[str, int]:
-        """Calls since the last reset, by queries.sql name, of the workers' role."""
+        """Calls since the last reset, by block name (shardq/db/sql), of the workers' role."""
         calls: dict[str, int] = {}
         for query, n in self.sql(
             "SELECT query, calls FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from shardq.metrics import Metrics
+from shardq.worker.metrics import Metrics
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -1,8 +1,8 @@
-"""The named blocks of queries.sql: an expression written once and included as {{name}}."""
+"""The named blocks of shardq/db/sql/: an expression written once and included as {{name}}."""
 
 import pytest
 
-from shardq.db.queries import CACHED_STATEMENT_BYTES, QUERIES, RAW_QUERIES, load, positional, raw
+from shardq.db.queries import CACHED_STATEMENT_BYTES, QUERIES, RAW_QUERIES, load, positional, raw, sql_files
 
 
 def test_a_block_includes_another_in_parentheses(tmp_path):
@@ -31,17 +31,32 @@ def test_worker_liveness_is_one_definition_shared_by_the_status_statements():
 
 
 def test_every_block_says_what_it_does_in_lines_a_reader_can_read():
-    from pathlib import Path
+    count = 0
+    for path in sql_files():
+        text = path.read_text().splitlines()
+        blocks = [i for i, line in enumerate(text) if line.startswith("-- name:")]
+        count += len(blocks)
+        for i in blocks:
+            assert text[i + 1].startswith("-- ") and len(text[i + 1]) > 10, f"{path.name}: {text[i]} has no description"
+        too_long = [(n + 1, len(line)) for n, line in enumerate(text) if line.startswith("--") and len(line) > 120]
+        assert too_long == [], f"{path.name}: comment lines over 120 characters (line, length): {too_long}"
+    assert count == len(QUERIES)
 
-    import shardq.db.queries
 
-    text = Path(shardq.db.queries.__file__).with_name("queries.sql").read_text().splitlines()
-    blocks = [i for i, line in enumerate(text) if line.startswith("-- name:")]
-    assert len(blocks) == len(QUERIES)
-    for i in blocks:
-        assert text[i + 1].startswith("-- ") and len(text[i + 1]) > 10, f"{text[i]} has no description"
-    too_long = [(n + 1, len(line)) for n, line in enumerate(text) if line.startswith("--") and len(line) > 120]
-    assert too_long == [], f"comment lines over 120 characters (line, length): {too_long}"
+def test_the_sql_is_one_file_a_table_and_a_name_is_used_once_across_them(tmp_path):
+    assert {p.stem for p in sql_files()} >= {"job", "shard", "worker", "limit"}
+    (tmp_path / "a.sql").write_text("-- name: x\n-- One.\nSELECT 1;\n")
+    (tmp_path / "b.sql").write_text("-- name: y\n-- Uses a's.\nSELECT {{x}};\n\n-- name: x\n-- Again.\nSELECT 2;\n")
+    with pytest.raises(ValueError, match=r"b\.sql: a block named 'x' is in another file too"):
+        load(tmp_path / "a.sql", tmp_path / "b.sql")
+    (tmp_path / "b.sql").write_text("-- name: y\n-- Uses a's.\nSELECT {{x}};\n")
+    assert load(tmp_path / "a.sql", tmp_path / "b.sql")["y"] == "SELECT (SELECT 1)"
+
+
+def test_comment_lines_after_a_statement_are_not_part_of_it(tmp_path):
+    path = tmp_path / "q.sql"
+    path.write_text("-- name: a\n-- One.\nSELECT 1;\n\n-- About the next block.\n\n-- name: b\n-- Two.\nSELECT 2;\n")
+    assert load(path) == {"a": "SELECT 1", "b": "SELECT 2"}
 
 
 def test_a_description_over_several_lines_is_not_part_of_the_statement(tmp_path):

@@ -105,7 +105,7 @@ class Command(BaseCommand):
 
             metrics = None
             if endpoint is not None:
-                from shardq import metrics as shardq_metrics
+                from shardq.worker import metrics as shardq_metrics
 
                 if directory is not None:
                     endpoint.close_in_child()  # the supervisor serves the group
@@ -233,7 +233,7 @@ def serve_metrics(port: int, multiprocess: bool):
     """(the endpoint listening on ``port``, the multiprocess directory or
     None), or a CommandError: prometheus-client missing, the port in use or
     not ours to bind."""
-    from shardq import metrics
+    from shardq.worker import metrics
 
     try:
         metrics.import_client()

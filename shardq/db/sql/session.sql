@@ -1,0 +1,31 @@
+-- Statements on no table: NOTIFY, session settings, advisory locks, the database's clock.
+-- Named blocks, loaded by shardq/db/queries.py (its docstring says how they are written).
+
+-- name: notify
+-- Send one NOTIFY (a lease announcement; enqueue NOTIFYs ride on their INSERT).
+SELECT pg_notify(%(channel)s, %(payload)s);
+
+-- name: async_commit
+-- Commit this session's writes without waiting for the WAL flush (the claim and start connections:
+-- a lost claim or start leaves its jobs READY or CLAIMED, never a wrong outcome).
+SET synchronous_commit = off;
+
+-- name: time_before
+-- The database's time :age (an interval) ago: the cutoff of shardq_prune.
+SELECT clock_timestamp() - %(age)s;
+
+-- name: metrics_lock
+-- Take or keep the session advisory lock (:classid, :objid) that makes this connection's worker
+-- the one that computes the cluster gauges; true while this session holds it (looked up in
+-- pg_locks first, so keeping it never stacks a second hold). Released with the session: a dead
+-- worker's lock goes to the next worker that asks.
+SELECT EXISTS (SELECT 1 FROM pg_locks
+               WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+                 AND classid = %(classid)s::int::oid AND objid = %(objid)s::int::oid AND objsubid = 2)
+       OR pg_try_advisory_lock(%(classid)s::int, %(objid)s::int);
+
+-- name: now
+-- The time a lease or due-time statement reads (an expression): :now when given, else the
+-- database's clock_timestamp(). The worker passes None; a test passes a time to jump past a
+-- lease's end or a job's run_after instead of waiting for it.
+COALESCE(%(now)s::timestamptz, clock_timestamp())
