@@ -175,10 +175,17 @@ def split_shards(processes: int) -> list[list[int]]:
 
 
 class Drainer:
-    """One connection: claim a batch over every owned shard, call noop() per job,
-    ack the batch with one fenced ``complete_jobs``."""
+    """One connection: claim a batch over every owned shard, then per job its
+    start (``start_jobs``: RUNNING, the attempt counted, as the worker writes
+    it when a thread begins the job, never ahead) and a noop() call; ack the
+    batch with one fenced ``complete_jobs``.
 
-    def __init__(self, url: str, worker: str, shards: list[int], batch: int = 256):
+    ``start_ahead`` is the limit of the worker before issue 24: the claim
+    writes every claimed job's start, none of its own (jobs read RUNNING
+    before anything runs them)."""
+
+    def __init__(self, url: str, worker: str, shards: list[int], batch: int = 256, start_ahead: bool = False):
+        self.start_ahead = start_ahead
         self.conn = connect(url)
         self.worker = worker
         self.shards = shards
@@ -195,11 +202,10 @@ class Drainer:
             {
                 # A worker serving every queue.
                 **claim_scope(self.worker, self.shards, pools.ALL, None, None, None, per_shard),
-                # Every claimed job starts now: the claim writes the start too
-                # (RUNNING, attempts + 1), as the worker's claim does for the
-                # jobs its threads run next.
+                # start_ahead: every claimed job is started by the claim.
                 **claim_jobs_params(
-                    self.batch if limit is None else limit, start=self.batch if limit is None else limit
+                    self.batch if limit is None else limit,
+                    start=(self.batch if limit is None else limit) if self.start_ahead else 0,
                 ),
             },
             prepare=True,
@@ -213,12 +219,22 @@ class Drainer:
 
     def run_batch(self, rows: list[tuple]) -> None:
         ids, acks = [], []
+        start = QUERIES["start_jobs"]
         for row in rows:
+            rank = row[13]
+            if not self.start_ahead:
+                # The start, as the job begins: one statement a job (one thread).
+                rank = self.conn.execute(
+                    start,
+                    {"worker": self.worker, "ids": [row[0]], "fences": [row[12]], "ranks": [rank], "now": None},
+                    prepare=True,
+                    binary=True,
+                ).fetchall()[0][2]
             # Arguments come back as JSON text (the worker's claim): decode, call.
             noop(*json.loads(row[8]), **json.loads(row[9]))
             ids.append(row[0])
             acks.append(
-                f'{{"id":{row[0]:d},"fence":{row[12]:d},"rank":{row[13] + 1:d},'
+                f'{{"id":{row[0]:d},"fence":{row[12]:d},"rank":{rank + 1:d},'
                 '"status":"SUCCESSFUL","delay":0.0,"return_value":null}'
             )
         self.conn.execute(

@@ -1000,7 +1000,7 @@ class LimitedClaim:
         worker: str,
         pool: str,
         ids: list[int],
-        start: int,
+        start_ids: list[int],
         slot_ids: list[int],
         rate_keys: list[str],
         rate_tats: list[float],
@@ -1009,12 +1009,12 @@ class LimitedClaim:
     ) -> list[R]:
         """Write the slots (owned by ``worker`` for ``ttl``), the rate rows'
         new TATs and the claims of ``ids`` in one statement, the first
-        ``start`` started (``claim_limited_jobs``)."""
+        ``start_ids`` started (``claim_limited_jobs``)."""
         params = {
             "worker": worker,
             "pool": pool,
             "ids": ids,
-            "start": start,
+            "start_ids": start_ids,
             "slot_ids": slot_ids,
             "rate_keys": rate_keys,
             "rate_tats": rate_tats,

@@ -36,7 +36,7 @@ from ..dispatch import LogVerdicts, SignalGate
 from ..exceptions import FenceLost, ResultTooLarge, TaskTimeout, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
 from .completer import Completer
-from .jobs import ClaimedJob, Outcome
+from .jobs import STARTED, ClaimedJob, Outcome
 from .leaser import Leaser
 from .pipeline import Pipeline, PipelineConfig
 from .runcontrol import Attempt, RunControl
@@ -352,9 +352,14 @@ class Executor:
             self.stats.add("starts_refused")
             self.handback.return_jobs([job])
             return None
-        # Started now, as this thread begins it (group-committed with the
-        # threads that begin beside it, starter.py).
-        verdict, problem = self.starts.start(job)
+        if job.started:
+            # Started by the limited claim that spent its rate token, for a
+            # thread idle then: this one (Limiter.rate_only).
+            verdict, problem = STARTED, None
+        else:
+            # Started now, as this thread begins it (group-committed with
+            # the threads that begin beside it, starter.py).
+            verdict, problem = self.starts.start(job)
         if verdict == LOST:
             # Not an outcome refused (fence_rejections counts those): the job
             # never ran here.

@@ -219,13 +219,13 @@ class Limiter:
         ttl: float,
         row_factory: type[R],
         limit: int,
-        start: int = 0,
     ) -> tuple[list[R], LimitPlan | None]:
         """One full limited claim, one transaction (``store.limited_claim``):
         lock the candidates, the free slots (SKIP LOCKED) and the rate rows
         (sorted), ``pick`` (at most ``limit`` jobs), then write slots, tokens
-        and claims together, the first ``start`` jobs started. Returns the
-        claimed jobs (``row_factory`` rows) and the plan (None: no candidate)."""
+        and claims together. The jobs limited by rates alone are started by
+        this claim (``rate_only``). Returns the claimed jobs (``row_factory``
+        rows) and the plan (None: no candidate)."""
         full = self.full_keys()
         new_slots: dict[str, int] = {}
         new_rates: list[str] = []
@@ -268,7 +268,7 @@ class Limiter:
                     worker=worker,
                     pool=pool,
                     ids=plan.ids,
-                    start=start,
+                    start_ids=self.rate_only(rows, plan.ids),
                     slot_ids=plan.slot_ids,
                     rate_keys=plan.rate_keys,
                     rate_tats=plan.rate_tats,
@@ -279,6 +279,25 @@ class Limiter:
         self.slots_ensured(new_slots)
         self.rates_ensured(new_rates)
         return claimed, plan
+
+    def rate_only(self, rows: Sequence[dict[str, Any]], ids: list[int]) -> list[int]:
+        """Of the picked ``ids``, the jobs limited by rates alone. A rate
+        token is spent by the claim, and rate-limited jobs are claimed only
+        for threads idle now (``pick``), so the claim is these jobs' start
+        write, for threads that begin them at once: their start is their
+        token's time, and a rate limit holds on starts. Started by their
+        threads instead, a start write's latency after the token (a round
+        trip, more on a loaded machine) bunched them: 23 starts in a second
+        of a 20/s limit (burst 2) across three workers."""
+        picked = set(ids)
+        found = []
+        for row in rows:
+            if row["id"] not in picked or not row["limit_keys"]:
+                continue
+            specs = [self.spec(key) for key in row["limit_keys"]]
+            if all(spec is not None and spec.max_concurrency is None and spec.rate is not None for spec in specs):
+                found.append(row["id"])
+        return found
 
     def wake_in(self) -> float | None:
         """Seconds until a limit passed over may have room again (None: none is)."""

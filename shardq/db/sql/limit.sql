@@ -130,9 +130,11 @@ FOR UPDATE;
 -- The limited claim's writes, in its transaction: make this worker the owner of the slot rows
 -- :slot_ids with a lease of :ttl seconds, move each rate key's tat to :rate_tats, and claim the
 -- jobs :ids (in claim order) under the shard's current version, only on shards this worker holds.
--- The first :start of them that are unordered, not key_limited and never lost a worker are started at once, as
--- claim_jobs starts them (RUNNING, the attempt counted, started_at, last_attempted_at,
--- worker_ids); the rest are CLAIMED. Returns claim_jobs' columns.
+-- Those of :start_ids (jobs limited by rates alone, claimed for threads idle now: the claim spends
+-- their tokens, and starts them, so a rate limit holds on starts) that are unordered, not
+-- key_limited and never lost a worker are started at once (RUNNING, the attempt counted,
+-- started_at, last_attempted_at, worker_ids); the rest are CLAIMED, started by their threads.
+-- Returns claim_jobs' columns.
 WITH slots AS (
     UPDATE shardq_limit_slot AS s
     SET worker_id = %(worker)s::uuid, taken_at = {{now}},
@@ -146,7 +148,8 @@ WITH slots AS (
     RETURNING r.limit_key
 ), picked AS MATERIALIZED (
     SELECT job.id, s.claim_version, job.last_attempted_at AS previous_attempt_at, NULL::text AS problem,
-           a.ord <= %(start)s AND NOT job.ordered AND NOT job.key_limited AND job.worker_losses = 0 AS start_now
+           job.id = ANY(%(start_ids)s::bigint[]) AND NOT job.ordered AND NOT job.key_limited
+           AND job.worker_losses = 0 AS start_now
     FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS a(id, ord)
     JOIN shardq_job AS job ON job.id = a.id
     JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = job.shard
