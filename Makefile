@@ -69,9 +69,13 @@ workflows: $(STAMP)
 limits-full: $(STAMP)
 	SHARDQ_LIMITS_FULL=1 $(PY) -m pytest -q -s tests/acceptance/test_limits.py
 
-# bench/run.py --help for its flags (--only, --rounds, --no-docs, ...).
+# bench/run.py --help for its flags (--only, --rounds, --no-docs, ...); then a
+# 20k burst into an idle worker (bench/burst.py) and the worker's boot by stage
+# (bench/boot.py), both on DATABASE_URL's database.
 bench: $(STAMP)
 	$(PY) bench/run.py
+	$(PY) bench/burst.py
+	$(PY) bench/boot.py
 
 # Sustained load through the example project's gunicorn, 15 minutes at 70 %
 # of the measured peak, then a drain beside 5M finished rows (about 25
