@@ -109,7 +109,15 @@ class Completer(Service):
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                if not outcomes or time.monotonic() >= linger_until or self.stopping:
+                # No lingering for an outcome whose limit slot or key gate
+                # waits for its write (Outcome.after_written): the next job
+                # of its limit starts only then.
+                if (
+                    not outcomes
+                    or time.monotonic() >= linger_until
+                    or self.stopping
+                    or any(o.after_written is not None for o in outcomes)
+                ):
                     break
                 time.sleep(self.flush_seconds / 5)
                 continue
