@@ -14,7 +14,7 @@ import requests
 from tests.helpers import wait_until
 from tests.workers import ROOT, alive, database_url
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.process]
 
 
 def start_demo(tmp_path, **env) -> tuple[subprocess.Popen, object]:

@@ -141,6 +141,7 @@ def test_a_worker_that_stops_computing_the_cluster_gauges_exports_zeros():
     assert registry.get_sample_value("shardq_cluster_metrics_holder") == 0
 
 
+@pytest.mark.process
 def test_metrics_off_imports_no_prometheus_client():
     code = (
         "import sys, django; django.setup();"
