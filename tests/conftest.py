@@ -48,8 +48,17 @@ XDIST_GROUPS = {"demo": ("example/test_demo.py",)}
 XDIST_FIXTURE_GROUPS = {"wheel": "wheel"}
 
 
+# Under xdist the longest tests go first, so that none starts last and runs
+# alone at the end: directory by directory, the ones with the longest first
+# (scale and faults run for tens of seconds each; unit tests in milliseconds).
+XDIST_ORDER = ("scale", "faults", "packaging", "acceptance", "isolation", "browser", "example")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker (each sorts alike: xdist checks they agree)
+        first = {name: rank for rank, name in enumerate(XDIST_ORDER)}
+        items.sort(key=lambda item: first.get(Path(str(item.path)).relative_to(TESTS).parts[0], len(first)))
     for item in items:
         path = Path(str(item.path)).relative_to(TESTS)
         if path.parts[0] in PROCESS_DIRECTORIES or PROCESS_FIXTURES.intersection(item.fixturenames):

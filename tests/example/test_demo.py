@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from tests.helpers import wait_until
-from tests.workers import ROOT, alive, database_url
+from tests.workers import ROOT, alive, database_url, kill_tree
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.process]
 
@@ -29,6 +29,22 @@ def start_demo(tmp_path, **env) -> tuple[subprocess.Popen, object]:
             start_new_session=True,  # its own group: Ctrl-C reaches it as a terminal's would
         )
     return proc, out
+
+
+def stop_demo(proc) -> None:
+    """SIGKILL a demo still running and what it started: its gunicorn and
+    workers lead sessions of their own, which a kill of its group misses (left
+    behind, they hold connections to the test database, whose drop then fails)."""
+    if proc.poll() is None:
+        kill_tree(proc.pid)
+        proc.wait(timeout=30)
+
+
+def exit_code(proc, out, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the demo did not exit within {timeout} s:\n{out.read_text()}")
 
 
 def test_the_demo_serves_the_admin_with_the_login_it_printed_until_ctrl_c(transactional_db, tmp_path):
@@ -56,21 +72,19 @@ def test_the_demo_serves_the_admin_with_the_login_it_printed_until_ctrl_c(transa
 
         os.killpg(proc.pid, signal.SIGINT)
 
-        assert proc.wait(timeout=90) == 0, out.read_text()
+        assert exit_code(proc, out, timeout=90) == 0, out.read_text()
         assert "everything it started is stopped" in out.read_text()
         wait_until(lambda: not alive(gunicorn), timeout=30, message="gunicorn to be gone")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_demo(proc)
 
 
 def test_demo_exit_stops_after_the_summary(transactional_db, tmp_path):
     proc, out = start_demo(tmp_path, DEMO_EXIT="1")
     try:
-        assert proc.wait(timeout=240) == 0, out.read_text()
+        assert exit_code(proc, out, timeout=240) == 0, out.read_text()
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_demo(proc)
     text = out.read_text()
     assert "who did what" in text and "DEMO_EXIT is set: stopping now" in text
     assert "login:" not in text
