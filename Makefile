@@ -28,7 +28,7 @@ demo: $(STAMP)
 # The suite runs in parallel under pytest-xdist, each xdist worker on a test
 # database of its own (CONTRIBUTING.md, "The test tiers"); loadgroup keeps the
 # tests of one xdist_group on one worker. TEST_WORKERS=0 runs it serially.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
 
 test: $(STAMP) chromium
