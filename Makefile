@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv bench bench-cancel soak faults scale clean chromium lint workflows limits-full
+.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium lint workflows limits-full
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -25,8 +25,19 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) manage.py shardq_demo
 
+# The suite runs in parallel under pytest-xdist, each xdist worker on a test
+# database of its own (CONTRIBUTING.md, "The test tiers"); loadgroup keeps the
+# tests of one xdist_group on one worker. TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(STAMP) chromium
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
+
+# The fast tier: every test that starts no process (tests/conftest.py marks
+# the others `process`), in about a minute.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q $(XDIST) -m "not process"
 
 # The browser tests (tests/browser) drive Debian's chromium through Playwright:
 # `playwright install` downloads a browser build of its own, which a machine

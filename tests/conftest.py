@@ -1,16 +1,124 @@
-"""Shared fixtures: real PostgreSQL only.
+"""Shared fixtures: real PostgreSQL only, and the two test tiers.
 
 With DATABASE_URL unset the settings start the embedded server (pgserver);
 pytest-django then creates the test database on whichever server it is.
+
+Tiers (CONTRIBUTING.md): a test that starts a process (a worker, a
+subprocess, a fork, a browser) is marked ``process``; the rest run in this
+process and form the fast tier, ``pytest -m "not process"``. Whole
+directories and the ``workers`` fixture are marked here; anything else that
+starts a process carries the mark itself. A guard holds the line: an
+unmarked test that starts a process fails, naming what it started.
+
+Under pytest-xdist (``-n``) every xdist worker has a test database of its
+own (pytest-django names it ``test_<name>_gw0``, ``_gw1``, ...), and the
+worker processes a test starts join that database (tests/workers.py reads
+it from Django's connection). That also gives each its own NOTIFY channels:
+PostgreSQL delivers a NOTIFY only to listeners in the database it was sent
+in, and advisory locks are per database as well.
 """
 
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 
 from tests.helpers import wait_until  # noqa: F401 (older tests import it from here)
 
 WORKER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+TESTS = Path(__file__).resolve().parent
+# Every test under these starts worker processes, servers or subprocesses.
+PROCESS_DIRECTORIES = ("acceptance", "faults", "scale", "browser")
+# Fixtures that start processes: worker processes, and the packaging tests'
+# wheel build (pip, a fresh venv, the installed commands).
+PROCESS_FIXTURES = {"workers", "wheel"}
+# The audit events of starting a process (docs.python.org/3/library/audit_events.html).
+PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system"})
+
+
+# Under xdist (`--dist loadgroup`, as `make test` runs) the tests of one
+# group run one after another on one xdist worker:
+# - "demo": the demo's gunicorn takes port 8000 when it is free, so two demos
+#   at once would both try it;
+# - "wheel": the packaging tests share one wheel, built once a session (an
+#   xdist worker is a session of its own).
+XDIST_GROUPS = {"demo": ("example/test_demo.py",)}
+XDIST_FIXTURE_GROUPS = {"wheel": "wheel"}
+
+
+# Under xdist the longest tests go first, so that none starts last and runs
+# alone at the end: directory by directory, the ones with the longest first
+# (scale and faults run for tens of seconds each; unit tests in milliseconds).
+XDIST_ORDER = ("scale", "faults", "packaging", "acceptance", "isolation", "browser", "example")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker (each sorts alike: xdist checks they agree)
+        first = {name: rank for rank, name in enumerate(XDIST_ORDER)}
+        items.sort(key=lambda item: first.get(Path(str(item.path)).relative_to(TESTS).parts[0], len(first)))
+    for item in items:
+        path = Path(str(item.path)).relative_to(TESTS)
+        if path.parts[0] in PROCESS_DIRECTORIES or PROCESS_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.process)
+        for group, paths in XDIST_GROUPS.items():
+            if path.as_posix() in paths:
+                item.add_marker(pytest.mark.xdist_group(group))
+        for fixture, group in XDIST_FIXTURE_GROUPS.items():
+            if fixture in item.fixturenames:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+class ProcessOutsideTier(RuntimeError):
+    """An unmarked test started a process."""
+
+
+# The test running now, when it is not marked ``process`` (None otherwise),
+# and what it started: set around each test's setup, call and teardown.
+_unmarked_test: pytest.Item | None = None
+_started_outside_tier: list[str] = []
+
+
+def _forbid_processes(event: str, args: tuple) -> None:
+    # An audit hook sees every way a process starts (subprocess, fork,
+    # posix_spawn, os.system), from any thread, with nothing patched.
+    if _unmarked_test is None or event not in PROCESS_EVENTS:
+        return
+    what = f"{event} {args[1] if event == 'subprocess.Popen' else args[:2]!r}"
+    _started_outside_tier.append(what)
+    raise ProcessOutsideTier(
+        f"{_unmarked_test.nodeid} started a process ({what}) but is not marked `process`: "
+        'mark it (@pytest.mark.process), or keep it in-process, so that `pytest -m "not process"` starts none.'
+    )
+
+
+def pytest_configure(config):
+    sys.addaudithook(_forbid_processes)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    global _unmarked_test
+    _unmarked_test = None if item.get_closest_marker("process") else item
+    try:
+        return (yield)
+    finally:
+        _unmarked_test = None
+        _started_outside_tier.clear()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A phase that started a process fails even when the code it ran caught
+    the guard's error."""
+    report = yield
+    started, _started_outside_tier[:] = list(_started_outside_tier), []
+    if started and report.passed:
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid} started a process but is not marked `process`: {started}"
+    return report
 
 
 @pytest.fixture(autouse=True)

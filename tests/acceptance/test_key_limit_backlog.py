@@ -5,8 +5,6 @@ after them. Without the demand leaving gated jobs out and the claim
 passing over full keys, the buffer fills with the hot key's waiting jobs
 and the others wait for the whole backlog."""
 
-import time
-
 import pytest
 
 import shardq
@@ -31,13 +29,14 @@ def test_a_hot_key_at_its_cap_does_not_hold_back_other_keys_jobs(workers, tmp_pa
     proc = workers.start("--concurrency", "8", env={"SHARDQ_LIMIT_LEDGER": str(ledger)})
     worker_id_of(proc.pid)
     # 300 jobs of one key (2 at a time, 0.1 s each: 15 s of backlog), then,
-    # once the worker has been at it for a second, 60 jobs over 30 other keys
+    # once the worker has been at it for a second (20 more of them run: 40
+    # more ledger lines, a start and an end each), 60 jobs over 30 other keys
     # of the same shard: behind the whole backlog in the shard's claim order.
     shard = shard_key_hash("hot") & 63
     keys = [k for k in (f"k{i}" for i in range(100_000)) if shard_key_hash(k) & 63 == shard][:30]
     hot = shardq.enqueue_many(t.per_account_sleep, [(("hot",), {}) for _ in range(300)])
     wait_until(lambda: ledger.exists() and len(read_ledger(ledger)) >= 10, message="the hot key's first jobs")
-    time.sleep(1.0)
+    wait_until(lambda: len(read_ledger(ledger)) >= 50, message="a second of the hot key's jobs at its cap")
     rest = shardq.enqueue_many(t.per_account_sleep, [((keys[i % 30],), {}) for i in range(60)])
     rest_ids = [int(r.id) for r in rest]
     wait_until(

@@ -288,11 +288,14 @@ def test_shardq_status_shows_a_limit_by_the_shard_key_its_running_jobs_and_their
     print(f"[key limits] shardq_status: {line}")
     assert match, line
     assert int(match[1]) <= CAP and (match[3] or "0") == match[1], line
+
     # Sampled while the rest run: never more than 2 in use.
-    while not finished(ids):
+    def sampled_until_finished():
         lim = mine()
         assert lim is None or lim["in_use"] <= CAP, lim
-        time.sleep(0.05)
+        return finished(ids)
+
+    wait_until(sampled_until_finished, timeout=30, message="the other 4 jobs to finish")
     assert max(peaks_by_customer(runs(ledger)).values()) == CAP
     # Done: nothing left to show.
     assert mine() is None

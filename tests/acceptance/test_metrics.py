@@ -4,7 +4,6 @@ import glob
 import os
 import signal
 import socket
-import tempfile
 import urllib.request
 from datetime import timedelta
 
@@ -113,11 +112,14 @@ def test_a_worker_serves_metrics_that_match_the_jobs_it_ran(workers):
     proc.wait(timeout=60)
 
 
-def test_processes_share_one_port_that_reports_the_group(workers):
+def test_processes_share_one_port_that_reports_the_group(workers, tmp_path):
     attempts = enqueue_the_mix()
     port = free_port()
-    directories_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "shardq-metrics-*")))
-    proc = workers.start("--metrics-port", str(port), "--processes", "2", "--concurrency", "2")
+    # The supervisor's temp dir is the test's own: other tests and runs on
+    # this machine make and remove shardq-metrics-* directories in the shared one.
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    proc = workers.start("--metrics-port", str(port), "--processes", "2", "--concurrency", "2", env={"TMPDIR": tmpdir})
     wait_until(
         lambda: status_counts() == {"SUCCESSFUL": 32, "FAILED": 4, "READY": 4},
         timeout=90,
@@ -139,6 +141,7 @@ def test_processes_share_one_port_that_reports_the_group(workers):
         message="the group's counters and gauges",
     )
     check_the_mix(samples, attempts)
+    assert len(glob.glob(str(tmpdir / "shardq-metrics-*"))) == 1  # the group's PROMETHEUS_MULTIPROC_DIR
     assert value(samples, "shardq_worker_slots") == 4  # 2 processes x 2 threads, summed
     assert value(samples, "shardq_jobs", queue="default", state="READY") == 4  # one holder, not two
     # A child killed and restarted: its counters stay in the group's totals,
@@ -155,4 +158,4 @@ def test_processes_share_one_port_that_reports_the_group(workers):
     proc.terminate()
     assert proc.wait(timeout=60) == 0
     # The supervisor's PROMETHEUS_MULTIPROC_DIR goes with it.
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "shardq-metrics-*"))) <= directories_before
+    assert glob.glob(str(tmpdir / "shardq-metrics-*")) == []

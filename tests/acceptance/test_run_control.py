@@ -169,9 +169,16 @@ def test_a_late_completion_of_a_timed_out_attempt_is_refused(workers, tmp_path):
     assert row["errors"][-1]["exception_class_path"] == "shardq.exceptions.TaskTimeout"
 
 
+def running(result) -> bool:
+    """Does the job's row read RUNNING? Only then does a cancel NOTIFY its
+    worker (queries.sql cancel_jobs); before, the worker would learn of it at
+    its next heartbeat."""
+    return scalar("SELECT status FROM shardq_job WHERE id = %s", [int(result.id)]) == "RUNNING"
+
+
 def cancel_when_started(result, path: Path) -> float:
     wait_until(lambda: events(path) == ["start"], timeout=30, interval=0.01)
-    time.sleep(0.2)  # the task is well inside its wait
+    wait_until(lambda: running(result), timeout=10, interval=0.01, message="the job's row to read RUNNING")
     sent = time.time()
     assert shardq.cancel(result, reason="stop") == [result.id]
     return sent
@@ -250,7 +257,7 @@ def test_cancel_latency_from_cancel_to_the_task_seeing_it(workers, tmp_path):
             path = tmp_path / f"{kind}-{n}"
             result = task.enqueue(str(path))
             wait_until(lambda path=path: events(path) == ["start"], timeout=30, interval=0.005)
-            time.sleep(0.02)
+            wait_until(lambda result=result: running(result), timeout=10, interval=0.002, message="RUNNING")
             sent = time.time()
             shardq.cancel(result)
             wait_until(lambda path=path: len(marks(path)) == 2, timeout=30, interval=0.002)

@@ -12,9 +12,9 @@ import pytest
 import requests
 
 from tests.helpers import wait_until
-from tests.workers import ROOT, alive, database_url
+from tests.workers import POOL_TAG, ROOT, alive, database_url, kill_tree, tagged
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.process]
 
 
 def start_demo(tmp_path, **env) -> tuple[subprocess.Popen, object]:
@@ -23,12 +23,38 @@ def start_demo(tmp_path, **env) -> tuple[subprocess.Popen, object]:
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "shardq_demo", "--orders", "20", "--processes", "1", "--concurrency", "2"],
             cwd=ROOT,
-            env={**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "tests.settings", **env},
+            env={
+                **os.environ,
+                "DATABASE_URL": database_url(),
+                "DJANGO_SETTINGS_MODULE": "tests.settings",
+                # Inherited by its gunicorn and workers: stop_demo finds them by it.
+                POOL_TAG: str(tmp_path),
+                **env,
+            },
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: Ctrl-C reaches it as a terminal's would
         )
     return proc, out
+
+
+def stop_demo(proc, tmp_path) -> None:
+    """SIGKILL a demo still running and whatever it started that is left: its
+    gunicorn and workers lead sessions of their own, which a kill of its group
+    misses, and outlive a demo that died (left behind, they hold connections
+    to the test database, whose drop then fails the session)."""
+    if proc.poll() is None:
+        kill_tree(proc.pid)
+        proc.wait(timeout=30)
+    for pid in tagged(str(tmp_path)):
+        kill_tree(pid)
+
+
+def exit_code(proc, out, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the demo did not exit within {timeout} s:\n{out.read_text()}")
 
 
 def test_the_demo_serves_the_admin_with_the_login_it_printed_until_ctrl_c(transactional_db, tmp_path):
@@ -56,21 +82,19 @@ def test_the_demo_serves_the_admin_with_the_login_it_printed_until_ctrl_c(transa
 
         os.killpg(proc.pid, signal.SIGINT)
 
-        assert proc.wait(timeout=90) == 0, out.read_text()
+        assert exit_code(proc, out, timeout=90) == 0, out.read_text()
         assert "everything it started is stopped" in out.read_text()
         wait_until(lambda: not alive(gunicorn), timeout=30, message="gunicorn to be gone")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_demo(proc, tmp_path)
 
 
 def test_demo_exit_stops_after_the_summary(transactional_db, tmp_path):
     proc, out = start_demo(tmp_path, DEMO_EXIT="1")
     try:
-        assert proc.wait(timeout=240) == 0, out.read_text()
+        assert exit_code(proc, out, timeout=240) == 0, out.read_text()
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_demo(proc, tmp_path)
     text = out.read_text()
     assert "who did what" in text and "DEMO_EXIT is set: stopping now" in text
     assert "login:" not in text

@@ -14,7 +14,7 @@ import pytest
 from shardq import embedded
 from tests.workers import ROOT
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.process]
 
 
 @pytest.fixture

@@ -101,6 +101,7 @@ def test_manage_py_check_is_clean_on_the_test_settings():
     assert "no issues" in out.getvalue()
 
 
+@pytest.mark.process
 def test_manage_py_check_is_clean_on_the_example_projects_settings():
     # DATABASE_URL is in the environment (the settings export the embedded
     # server's URL when it was unset), so the subprocess finds the same server.

@@ -45,6 +45,7 @@ def test_the_hash_function_is_murmur3_x86_32_with_seed_zero():
     assert shard_key_hash("hello") == 0x248BFA47
 
 
+@pytest.mark.process
 def test_a_keys_shard_is_the_same_in_a_fresh_process():
     keys = ["42", "user:7", "order:{42}:line:7", "émoji-🐎", "", "{}", "x" * 500]
     rows = [job_row(keyed.using(shard_key=key).enqueue(user_id=1).id) for key in keys]

@@ -39,7 +39,10 @@ def test_a_bad_metrics_port_setting_is_a_command_error(port):
 
 
 @pytest.mark.parametrize("processes", ["1", "2"])
-def test_a_metrics_port_in_use_is_a_command_error_before_anything_starts(processes):
+def test_a_metrics_port_in_use_is_a_command_error_before_anything_starts(processes, tmp_path, monkeypatch):
+    # A temp dir of the test's own: another test or run on this machine may
+    # make and remove shardq-metrics-* directories in the shared one meanwhile.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     directories = set(glob.glob(os.path.join(tempfile.gettempdir(), "shardq-metrics-*")))
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
@@ -141,6 +144,7 @@ def test_a_worker_that_stops_computing_the_cluster_gauges_exports_zeros():
     assert registry.get_sample_value("shardq_cluster_metrics_holder") == 0
 
 
+@pytest.mark.process
 def test_metrics_off_imports_no_prometheus_client():
     code = (
         "import sys, django; django.setup();"

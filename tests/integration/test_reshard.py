@@ -151,7 +151,10 @@ def test_a_second_reshard_is_refused_while_one_runs_and_an_interrupted_one_is_re
     wait_until(
         lambda: (
             not scalar(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s AND granted",
+                # pg_locks is the cluster's: only this database's lock (another
+                # test database on the server may hold its own reshard lock).
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s AND granted "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
                 [RESHARD_LOCK["classid"], RESHARD_LOCK["objid"]],
             )
         ),

@@ -62,6 +62,7 @@ def nested(depth: int):
 # -- lone surrogates ---------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_hashing_a_lone_surrogate_raises_instead_of_crashing_the_process():
     # In a child process: before the fix mmh3 segfaulted on this str.
     code = (

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, time
@@ -34,6 +36,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 def test_sigterm_during_the_restart_delay_starts_no_new_worker(tmp_path):
     runs = tmp_path / "runs"
     done = subprocess.run(

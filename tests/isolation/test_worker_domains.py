@@ -238,8 +238,10 @@ def test_spoofed_notifies_neither_deafen_nor_flood_a_worker(workers):
     # before that is not delivered to it).
     wait_until(
         lambda: scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'shardq-listener' "
-            "AND query LIKE 'LISTEN \"shardq\\_%%' AND state = 'idle'"
+            # pg_stat_activity is the cluster's: only this database's
+            # listeners (workers on other test databases listen too).
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'shardq-listener' AND query LIKE 'LISTEN \"shardq\\_%%' AND state = 'idle'"
         ),
         timeout=30,
         message="the worker's Listener to listen",

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import shardq.core
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +44,7 @@ def run_child(script):
     )
 
 
+@pytest.mark.process
 def test_core_modules_themselves_import_no_django_or_psycopg():
     script = BARE_PARENT + (
         "import importlib, json, sys\n"
@@ -55,6 +58,7 @@ def test_core_modules_themselves_import_no_django_or_psycopg():
     assert json.loads(result.stdout) == []
 
 
+@pytest.mark.process
 def test_importing_every_core_module_loads_no_django_or_psycopg():
     script = (
         "import importlib, json, sys\n"
@@ -74,6 +78,7 @@ def test_importing_every_core_module_loads_no_django_or_psycopg():
     )
 
 
+@pytest.mark.process
 def test_core_modules_start_no_threads_and_read_no_clock_at_import():
     script = BARE_PARENT + (
         "import importlib, threading, time\n"
