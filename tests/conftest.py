@@ -54,13 +54,20 @@ XDIST_FIXTURE_GROUPS = {"wheel": "wheel"}
 XDIST_ORDER = ("scale", "faults", "packaging", "acceptance", "isolation", "browser", "example")
 
 
+def _under_tests(item) -> Path:
+    """The item's path inside tests/ (a test collected elsewhere, the example
+    project's own, as ``example/...``: it is the example's layer)."""
+    path = Path(str(item.path))
+    return path.relative_to(TESTS) if path.is_relative_to(TESTS) else Path("example", path.name)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):  # an xdist worker (each sorts alike: xdist checks they agree)
         first = {name: rank for rank, name in enumerate(XDIST_ORDER)}
-        items.sort(key=lambda item: first.get(Path(str(item.path)).relative_to(TESTS).parts[0], len(first)))
+        items.sort(key=lambda item: first.get(_under_tests(item).parts[0], len(first)))
     for item in items:
-        path = Path(str(item.path)).relative_to(TESTS)
+        path = _under_tests(item)
         if path.parts[0] in PROCESS_DIRECTORIES or PROCESS_FIXTURES.intersection(item.fixturenames):
             item.add_marker(pytest.mark.process)
         for group, paths in XDIST_GROUPS.items():

@@ -608,6 +608,7 @@ def plugin_project(tmp_path):
     return tmp_path
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 def test_a_real_pytest_run_gets_the_fixture_from_the_entry_point_and_from_pytest_plugins_at_once(plugin_project):
     # Both ways of loading the plugin in one run: no "already registered" error.
@@ -627,6 +628,7 @@ def test_a_real_pytest_run_gets_the_fixture_from_the_entry_point_and_from_pytest
     assert blocked.returncode != 0 and "fixture 'shardq_drain' not found" in blocked.stdout
 
 
+@pytest.mark.process
 def test_shardq_testing_needs_no_pytest_and_the_plugin_loads_no_django():
     script = textwrap.dedent("""
         import json, sys
