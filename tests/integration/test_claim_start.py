@@ -17,7 +17,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def shard0():
     """Shard 0 held by a fresh worker id; five READY jobs there: priorities
     50, 40, 30 (one of them ordered), 20 (delayed 0.2 s) and 10 (lost a worker
-    once, last attempted an hour ago)."""
+    once, last attempted an hour ago). The claims below run at the moment the
+    undelayed jobs were all written (the store's injectable ``now``), so the
+    delayed job is still about 0.2 s from due however long the machine took
+    to get there."""
     worker, _ = leased_shard_factory([0])
     ids = {}
     for name, priority, ordered, delay, losses in [
@@ -40,8 +43,12 @@ def shard0():
 
 def claim(worker, start):
     store = WorkerStore(application_name="test-claim-start")
+    # Once every job but the delayed one was due: the delayed one is due 0.2 s after its own write.
+    [(written,)] = sql("SELECT max(run_after) FROM shardq_job WHERE run_after <= enqueued_at")
     try:
-        return store, store.claim_jobs(worker, [0], None, 10, 10, lookahead=1.0, row_factory=ClaimedJob, start=start)
+        return store, store.claim_jobs(
+            worker, [0], None, 10, 10, lookahead=1.0, row_factory=ClaimedJob, start=start, now=written
+        )
     except BaseException:
         store.close()
         raise
