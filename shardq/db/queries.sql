@@ -207,6 +207,103 @@ WHERE id = %(worker)s;
 NOT COALESCE(key_limited AND (task_path, shard_key) IN (
     SELECT f.task, f.key FROM unnest(%(full_tasks)s::text[], %(full_keys)s::text[]) AS f(task, key)), false)
 
+-- name: job_problem
+-- What makes a job row unreadable for the worker, naming the column and its value (NULL: nothing):
+-- the one check of every value a claim hands on, an expression over an unqualified shardq_job row
+-- (included by claim_jobs, claim_limited_candidates and claim_limited_owned, whose UPDATE then
+-- quarantines the row: FAILED with an UnreadableJob error, see claim_status_set). A row written
+-- outside shardq may hold anything its column types allow; read as it is, one odd value failed
+-- every job of its claim or stopped the fetcher (issue 24). The bounds are what shardq itself
+-- writes and what Python can hold: ranks, attempts and losses far from the integer's end (the
+-- claim, start and rescue add to them); Django's priorities; at least one attempt allowed; times
+-- that are Python datetimes (years 1 to 9999, a day's margin for the session's time zone); JSON
+-- of the kind each column holds, nested at most 200 deep (enqueue refuses more than 100; Python's
+-- json fails near 1,000) and with no integer of more than 4300 digits (Python's int refuses it);
+-- limit_keys NULL or distinct strings (a key twice would wait for its own slot). A COALESCE of
+-- CASEs: each stops at its first problem, and a long argument list (no problem) does not hide the
+-- columns after it. A value the worker does not read here (shard, key_hash, fence, status, queue
+-- and backend names, return_value, finished_at, the workflow columns) cannot fail a claim: a row
+-- whose shard, status, queue or backend is not one a claim serves is never claimed, the claim
+-- writes its own fence, and the rest stays in the table.
+COALESCE(
+    CASE
+        WHEN status_rank NOT BETWEEN 0 AND 2147483000 THEN format('status_rank %%s is out of range', status_rank)
+        WHEN attempts NOT BETWEEN 0 AND 2147483000 THEN format('attempts %%s is out of range', attempts)
+        WHEN worker_losses NOT BETWEEN 0 AND 2147483000 THEN format('worker_losses %%s is out of range', worker_losses)
+        WHEN max_attempts < 1 THEN format('max_attempts %%s is below 1', max_attempts)
+        WHEN priority NOT BETWEEN -100 AND 100 THEN format('priority %%s is outside -100..100', priority)
+        WHEN run_after NOT BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+            THEN format('run_after %%s is not a time of the years 1 to 9999', run_after)
+        WHEN enqueued_at NOT BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+            THEN format('enqueued_at %%s is not a time of the years 1 to 9999', enqueued_at)
+        WHEN started_at NOT BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+            THEN format('started_at %%s is not a time of the years 1 to 9999', started_at)
+        WHEN last_attempted_at NOT BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+            THEN format('last_attempted_at %%s is not a time of the years 1 to 9999', last_attempted_at)
+        WHEN jsonb_typeof(args) IS DISTINCT FROM 'array' THEN format('args %%s is not a JSON array', left(args::text, 80))
+        WHEN jsonb_typeof(kwargs) IS DISTINCT FROM 'object'
+            THEN format('kwargs %%s is not a JSON object', left(kwargs::text, 80))
+        WHEN jsonb_typeof(errors) IS DISTINCT FROM 'array'
+            THEN format('errors %%s is not a JSON array', left(errors::text, 80))
+        WHEN jsonb_typeof(worker_ids) IS DISTINCT FROM 'array'
+            THEN format('worker_ids %%s is not a JSON array', left(worker_ids::text, 80))
+    END,
+    -- Each JSON column: one text conversion (the costly part: about 0.35 us a row, measured), not
+    -- for an empty list or object (a value nested 201 deep or holding such a number takes more
+    -- than 14 bytes: the smallest, [1e4300], takes 19), and only a text long enough to fail is
+    -- walked.
+    CASE WHEN pg_column_size(args) > 14 AND octet_length(args::text) > 400 THEN CASE
+        WHEN jsonb_path_exists(args, 'strict $.**{201}') THEN 'args is nested deeper than 200 lists or objects'
+        WHEN octet_length(args::text) > 4300
+             AND jsonb_path_exists(args, 'strict $.** ? (@.type() == "number" && (@ >= 1e4300 || @ <= -1e4300))')
+            THEN 'args holds a number of more than 4300 digits'
+    END END,
+    CASE WHEN pg_column_size(kwargs) > 14 AND octet_length(kwargs::text) > 400 THEN CASE
+        WHEN jsonb_path_exists(kwargs, 'strict $.**{201}') THEN 'kwargs is nested deeper than 200 lists or objects'
+        WHEN octet_length(kwargs::text) > 4300
+             AND jsonb_path_exists(kwargs, 'strict $.** ? (@.type() == "number" && (@ >= 1e4300 || @ <= -1e4300))')
+            THEN 'kwargs holds a number of more than 4300 digits'
+    END END,
+    CASE WHEN pg_column_size(errors) > 14 AND octet_length(errors::text) > 400 THEN CASE
+        WHEN jsonb_path_exists(errors, 'strict $.**{201}') THEN 'errors is nested deeper than 200 lists or objects'
+        WHEN octet_length(errors::text) > 4300
+             AND jsonb_path_exists(errors, 'strict $.** ? (@.type() == "number" && (@ >= 1e4300 || @ <= -1e4300))')
+            THEN 'errors holds a number of more than 4300 digits'
+    END END,
+    CASE WHEN pg_column_size(worker_ids) > 14 AND octet_length(worker_ids::text) > 400 THEN CASE
+        WHEN jsonb_path_exists(worker_ids, 'strict $.**{201}') THEN 'worker_ids is nested deeper than 200 lists or objects'
+        WHEN octet_length(worker_ids::text) > 4300
+             AND jsonb_path_exists(worker_ids, 'strict $.** ? (@.type() == "number" && (@ >= 1e4300 || @ <= -1e4300))')
+            THEN 'worker_ids holds a number of more than 4300 digits'
+    END END,
+    CASE
+        WHEN limit_keys IS NULL THEN NULL  -- no limit (and no subquery below for it)
+        WHEN jsonb_typeof(limit_keys) <> 'array'
+            THEN format('limit_keys %%s is not a JSON array', left(limit_keys::text, 80))
+        WHEN jsonb_path_exists(limit_keys, 'strict $[*] ? (@.type() != "string")')
+            THEN format('limit_keys %%s holds a value that is not a string', left(limit_keys::text, 80))
+        WHEN (SELECT count(DISTINCT k) <> count(*) FROM jsonb_array_elements_text(limit_keys) AS k)
+            THEN format('limit_keys %%s names a limit twice', left(limit_keys::text, 80))
+    END)
+
+-- name: claim_status_set
+-- What a claim writes on each job it takes besides claim_start_set: the status (FAILED for a row
+-- job_problem found unreadable, RUNNING for a job the claim starts, else CLAIMED), and for an
+-- unreadable row its finished_at and an UnreadableJob error naming the value, appended to its
+-- errors. A SET list fragment over ``job`` and ``picked`` (problem, start_now), included bare by
+-- claim_jobs, claim_limited_owned and claim_limited_jobs.
+status = CASE WHEN picked.problem IS NOT NULL THEN 'FAILED'
+                  WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
+    finished_at = CASE WHEN picked.problem IS NULL THEN job.finished_at ELSE clock_timestamp() END,
+    errors = CASE WHEN picked.problem IS NULL THEN job.errors
+        ELSE (CASE WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors ELSE '[]'::jsonb END)
+             || jsonb_build_array(jsonb_build_object(
+                 'exception_class_path', 'shardq.exceptions.UnreadableJob',
+                 'traceback', format('shardq.exceptions.UnreadableJob: job %%s was not run: %%s '
+                                     || E'(the row was written outside shardq; enqueue the task again)\n',
+                                     job.id, picked.problem)))
+        END
+
 -- name: claim_start_set
 -- What a claim writes on each job it takes (``job``, from ``picked``: its claim_version and whether
 -- the claim starts it): the fence, the rank, and for a job started by the claim the attempt, the
@@ -243,8 +340,9 @@ job.id, job.task_path, job.queue_name, job.priority,
     octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes,
     job.worker_losses, picked.problem, picked.start_now AS started,
     CASE WHEN picked.problem IS NULL THEN picked.previous_attempt_at END AS previous_attempt_at,
-    -- The limits it counts against (NULL: none), for the worker's limiter.
-    job.limit_keys,
+    -- The limits it counts against (NULL: none), for the worker's limiter;
+    -- none for a quarantined row (its value may be any JSON, decoded here).
+    CASE WHEN picked.problem IS NULL THEN job.limit_keys END AS limit_keys,
     -- Limited by its own shard key: the local queue holds it to the cap.
     job.key_limited
 
@@ -336,19 +434,7 @@ WITH held AS MATERIALIZED (
           ORDER BY tops.priority > runner_up.floor DESC, tops.ord) AS held
     CROSS JOIN LATERAL (
         SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses, last_attempted_at,
-               CASE
-                   WHEN status_rank NOT BETWEEN 0 AND 2147483000 THEN format('status_rank %%s is out of range', status_rank)
-                   WHEN attempts NOT BETWEEN 0 AND 2147483000 THEN format('attempts %%s is out of range', attempts)
-                   WHEN worker_losses NOT BETWEEN 0 AND 2147483000 THEN format('worker_losses %%s is out of range', worker_losses)
-                   WHEN NOT isfinite(run_after) THEN format('run_after %%s is not a finite time', run_after)
-                   WHEN NOT isfinite(enqueued_at) THEN format('enqueued_at %%s is not a finite time', enqueued_at)
-                   WHEN NOT isfinite(COALESCE(started_at, enqueued_at)) THEN format('started_at %%s is not a finite time', started_at)
-                   WHEN NOT isfinite(COALESCE(last_attempted_at, enqueued_at)) THEN format('last_attempted_at %%s is not a finite time', last_attempted_at)
-                   WHEN jsonb_typeof(args) IS DISTINCT FROM 'array' THEN format('args %%s is not a JSON array', left(args::text, 80))
-                   WHEN jsonb_typeof(kwargs) IS DISTINCT FROM 'object' THEN format('kwargs %%s is not a JSON object', left(kwargs::text, 80))
-                   WHEN jsonb_typeof(errors) IS DISTINCT FROM 'array' THEN format('errors %%s is not a JSON array', left(errors::text, 80))
-                   WHEN jsonb_typeof(worker_ids) IS DISTINCT FROM 'array' THEN format('worker_ids %%s is not a JSON array', left(worker_ids::text, 80))
-               END AS problem
+               {{job_problem}} AS problem
         FROM shardq_job
         WHERE shard = held.shard AND status = 'READY' AND priority >= held.floor
           AND run_after <= clock_timestamp() + make_interval(secs => %(lookahead)s)
@@ -420,18 +506,8 @@ WITH held AS MATERIALIZED (
           FROM candidates) AS c
 )
 UPDATE shardq_job AS job
-SET status = CASE WHEN picked.problem IS NOT NULL THEN 'FAILED'
-                  WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
-    {{claim_start_set*}},
-    finished_at = CASE WHEN picked.problem IS NULL THEN job.finished_at ELSE clock_timestamp() END,
-    errors = CASE WHEN picked.problem IS NULL THEN job.errors
-        ELSE (CASE WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors ELSE '[]'::jsonb END)
-             || jsonb_build_array(jsonb_build_object(
-                 'exception_class_path', 'shardq.exceptions.UnreadableJob',
-                 'traceback', format('shardq.exceptions.UnreadableJob: job %%s was not run: %%s '
-                                     || E'(the row was written outside shardq; enqueue the task again)\n',
-                                     job.id, picked.problem)))
-        END
+SET {{claim_status_set*}},
+    {{claim_start_set*}}
 FROM picked WHERE job.id = picked.id
 RETURNING {{claim_returning*}};
 
@@ -533,10 +609,12 @@ RETURNING job.id, job.shard;
 
 -- name: seconds_until_due
 -- Seconds until the next deferred READY job of these shards falls due (NULL: none); walks
--- shardq_job_due_idx.
+-- shardq_job_due_idx. A run_after of 'infinity' (a row written by hand) is never due, and no
+-- interval reaches it (the subtraction fails): left out.
 SELECT extract(epoch FROM run_after - clock_timestamp())::float8
 FROM shardq_job
-WHERE status = 'READY' AND run_after > clock_timestamp() AND shard = ANY(%(shards)s::int[])
+WHERE status = 'READY' AND run_after > clock_timestamp() AND run_after < 'infinity'
+  AND shard = ANY(%(shards)s::int[])
 ORDER BY run_after
 LIMIT 1;
 
@@ -551,7 +629,8 @@ LIMIT 1;
 -- dead-lettered.
 WITH lost AS MATERIALIZED (
     SELECT j.id, h.version, j.status = 'RUNNING' AS started,
-           j.status = 'RUNNING' AND j.worker_losses + 1 >= %(max_worker_losses)s AS dead
+           -- LEAST: a hand-written worker_losses at the integer's end must not overflow.
+           j.status = 'RUNNING' AND LEAST(j.worker_losses, 2147483646) + 1 >= %(max_worker_losses)s AS dead
     FROM unnest(%(shards)s::int[], %(versions)s::bigint[]) AS h(shard, version)
     JOIN shardq_job AS j ON j.shard = h.shard AND j.status IN ('CLAIMED', 'RUNNING') AND j.fence <> h.version
     -- Another pool's lease of the shard that is still live keeps its jobs.
@@ -1090,18 +1169,24 @@ WITH parents AS MATERIALIZED (
     ORDER BY c.id
     FOR UPDATE OF c
 ), moved AS (
+    -- GREATEST(c.waiting_on, 0) and LEAST(c.status_rank, ...): a child's
+    -- counters written by hand at the integer's ends must not overflow, or
+    -- the whole pass fails, every pass, and every other child of the batch
+    -- waits with it. (A negative waiting_on meant "nothing to wait for"
+    -- already; the claim quarantines a rank it cannot read.)
     UPDATE shardq_job AS c
-    SET waiting_on = GREATEST(c.waiting_on - pc.n, 0),
+    SET waiting_on = GREATEST(GREATEST(c.waiting_on, 0) - pc.n, 0),
         -- A child that is also a parent of this batch (cancelled while it
         -- waited) is marked here: one row is never updated twice in one statement.
         children_pending = c.children_pending AND c.id NOT IN (SELECT id FROM parents),
         status = CASE WHEN c.status <> 'WAITING' THEN c.status
                       WHEN pc.failed_parent IS NOT NULL THEN 'FAILED'
-                      WHEN c.waiting_on - pc.n <= 0 THEN 'READY'
+                      WHEN GREATEST(c.waiting_on, 0) - pc.n <= 0 THEN 'READY'
                       ELSE 'WAITING' END,
-        status_rank = c.status_rank + CASE WHEN c.status = 'WAITING'
-            AND (pc.failed_parent IS NOT NULL OR c.waiting_on - pc.n <= 0) THEN 1 ELSE 0 END,
-        run_after = CASE WHEN c.status = 'WAITING' AND pc.failed_parent IS NULL AND c.waiting_on - pc.n <= 0
+        status_rank = LEAST(c.status_rank, 2147483646) + CASE WHEN c.status = 'WAITING'
+            AND (pc.failed_parent IS NOT NULL OR GREATEST(c.waiting_on, 0) - pc.n <= 0) THEN 1 ELSE 0 END,
+        run_after = CASE WHEN c.status = 'WAITING' AND pc.failed_parent IS NULL
+                              AND GREATEST(c.waiting_on, 0) - pc.n <= 0
                          THEN GREATEST(c.run_after, clock_timestamp()) ELSE c.run_after END,
         finished_at = CASE WHEN c.status = 'WAITING' AND pc.failed_parent IS NOT NULL
                            THEN clock_timestamp() ELSE c.finished_at END,
@@ -1213,12 +1298,14 @@ SELECT EXISTS (SELECT 1 FROM shardq_edge WHERE parent = %(id)s OR child = %(id)s
 -- pool :pool, in claim order (priority, run_after, id) over shardq_job_ready_idx, :scan in all,
 -- FOR UPDATE SKIP LOCKED; jobs with a key in :full (limits known to be full) are passed over
 -- without a lock, so they keep their place and do not hold back other jobs of the shard. Same
--- queue and backend filters as claim_jobs.
-SELECT j.id, j.shard, j.task_path, j.limit_keys
+-- queue and backend filters as claim_jobs. A row job_problem finds unreadable comes with its
+-- problem (and no limit_keys: they may be any JSON), for claim_limited_jobs to quarantine; the
+-- limiter never sees it.
+SELECT j.id, j.shard, j.task_path, CASE WHEN j.problem IS NULL THEN j.limit_keys END AS limit_keys, j.problem
 FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
 JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
 CROSS JOIN LATERAL (
-    SELECT id, shard, task_path, limit_keys, priority, run_after FROM shardq_job
+    SELECT id, shard, task_path, limit_keys, priority, run_after, {{job_problem}} AS problem FROM shardq_job
     -- (limit_keys IS NULL) IS FALSE: written so, it is the equality on
     -- shardq_job_ready_idx's second column that keeps this walk to the
     -- shard's limited jobs (limit_keys IS NOT NULL would filter every row).
@@ -1243,18 +1330,20 @@ LIMIT %(scan)s;
 -- of has room (:rooms, one per key of :keys; a job's place among a key's candidates counts
 -- against that key's room, so no key gets more than its room), :limit in all, under each shard's
 -- current claim version; the first :start are started as claim_jobs starts them. Same queue and
--- backend filters as claim_jobs. Returns claim_jobs' columns.
+-- backend filters as claim_jobs. A row job_problem finds unreadable among those walked is
+-- quarantined, as claim_jobs does. Returns claim_jobs' columns.
 WITH held AS MATERIALIZED (
     SELECT s.shard, s.claim_version
     FROM unnest(%(shards)s::int[]) AS h(shard)
     JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
     WHERE s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
 ), candidates AS MATERIALIZED (
-    SELECT j.id, j.limit_keys, j.ordered, j.key_limited, j.worker_losses, j.last_attempted_at, held.claim_version,
-           row_number() OVER (ORDER BY j.priority DESC, j.run_after, j.id) AS place
+    SELECT j.id, j.limit_keys, j.problem, j.ordered, j.key_limited, j.worker_losses, j.last_attempted_at,
+           held.claim_version, row_number() OVER (ORDER BY j.priority DESC, j.run_after, j.id) AS place
     FROM held
     CROSS JOIN LATERAL (
-        SELECT id, limit_keys, ordered, key_limited, worker_losses, last_attempted_at, priority, run_after
+        SELECT id, limit_keys, ordered, key_limited, worker_losses, last_attempted_at, priority, run_after,
+               {{job_problem}} AS problem
         FROM shardq_job
         -- (limit_keys IS NULL) IS FALSE: shardq_job_ready_idx's limited range (as claim_limited_candidates).
         WHERE shard = held.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE
@@ -1268,20 +1357,24 @@ WITH held AS MATERIALIZED (
 ), fits AS (
     SELECT x.id
     FROM (SELECT c.id, e.key, row_number() OVER (PARTITION BY e.key ORDER BY c.place) AS n
-          FROM candidates AS c CROSS JOIN LATERAL jsonb_array_elements_text(c.limit_keys) AS e(key)) AS x
+          -- An unreadable row's limit_keys may be no array (a scalar string passes the walk's <@).
+          FROM candidates AS c
+          CROSS JOIN LATERAL jsonb_array_elements_text(CASE WHEN c.problem IS NULL THEN c.limit_keys
+                                                            ELSE '[]' END) AS e(key)) AS x
     JOIN unnest(%(keys)s::text[], %(rooms)s::int[]) AS r(key, room) ON r.key = x.key
     GROUP BY x.id
     HAVING bool_and(x.n <= r.room)
 ), picked AS MATERIALIZED (
-    SELECT c.id, c.claim_version, c.last_attempted_at AS previous_attempt_at, NULL::text AS problem,
-           row_number() OVER (ORDER BY c.place) <= %(start)s AND NOT c.ordered AND NOT c.key_limited
-               AND c.worker_losses = 0 AS start_now
-    FROM candidates AS c JOIN fits ON fits.id = c.id
+    SELECT c.id, c.claim_version, c.last_attempted_at AS previous_attempt_at, c.problem,
+           c.problem IS NULL AND row_number() OVER (ORDER BY c.place) <= %(start)s AND NOT c.ordered
+               AND NOT c.key_limited AND c.worker_losses = 0 AS start_now
+    FROM candidates AS c LEFT JOIN fits ON fits.id = c.id
+    WHERE fits.id IS NOT NULL OR c.problem IS NOT NULL
     ORDER BY c.place
     LIMIT %(limit)s
 )
 UPDATE shardq_job AS job
-SET status = CASE WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
+SET {{claim_status_set*}},
     {{claim_start_set*}}
 FROM picked
 WHERE job.id = picked.id
@@ -1332,7 +1425,9 @@ FOR UPDATE;
 -- jobs :ids (in claim order) under the shard's current version, only on shards this worker holds.
 -- The first :start of them that are unordered, not key_limited and never lost a worker are started at once, as
 -- claim_jobs starts them (RUNNING, the attempt counted, started_at, last_attempted_at,
--- worker_ids); the rest are CLAIMED. Returns claim_jobs' columns.
+-- worker_ids); the rest are CLAIMED. A job with a :problems entry (what job_problem found in
+-- claim_limited_candidates; NULL: none) is quarantined instead, as claim_jobs does. Returns
+-- claim_jobs' columns.
 WITH slots AS (
     UPDATE shardq_limit_slot AS s
     SET worker_id = %(worker)s::uuid, taken_at = clock_timestamp(),
@@ -1345,15 +1440,16 @@ WITH slots AS (
     WHERE r.limit_key = a.key
     RETURNING r.limit_key
 ), picked AS MATERIALIZED (
-    SELECT job.id, s.claim_version, job.last_attempted_at AS previous_attempt_at, NULL::text AS problem,
-           a.ord <= %(start)s AND NOT job.ordered AND NOT job.key_limited AND job.worker_losses = 0 AS start_now
-    FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS a(id, ord)
+    SELECT job.id, s.claim_version, job.last_attempted_at AS previous_attempt_at, a.problem,
+           a.problem IS NULL AND a.ord <= %(start)s AND NOT job.ordered AND NOT job.key_limited
+               AND job.worker_losses = 0 AS start_now
+    FROM unnest(%(ids)s::bigint[], %(problems)s::text[]) WITH ORDINALITY AS a(id, problem, ord)
     JOIN shardq_job AS job ON job.id = a.id
     JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = job.shard
     WHERE job.status = 'READY' AND s.owner = %(worker)s AND s.lease_expires > clock_timestamp()
 )
 UPDATE shardq_job AS job
-SET status = CASE WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
+SET {{claim_status_set*}},
     {{claim_start_set*}}
 -- slots and rates are written whatever this returns (a data-modifying CTE
 -- always runs to completion).

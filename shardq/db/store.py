@@ -36,6 +36,7 @@ from ..core import pools
 from ..core.breaker import CircuitBreaker
 from ..exceptions import DatabaseUnavailable, StatementRejected
 from .queries import ANY_PRIORITY, QUERIES, RAW_QUERIES
+from .queries import raw as raw_form
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
     from ..worker.limits import Limiter, LimitPlan
 
 logger = logging.getLogger("shardq.store")
+
+# The $n forms of the short statements a RawCursor has run (_execute).
+_raw_forms: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 #: The session advisory lock (two int4 keys: 'shrq', 1) whose holder
 #: computes the cluster gauges (``metrics_lock``).
@@ -417,13 +421,17 @@ class WorkerStore:
     def _execute(
         cursor: psycopg.Cursor[Any], name: str, params: Mapping[str, Any], fetch: Fetch = "all", binary: bool = False
     ) -> Any:
-        raw = RAW_QUERIES.get(name)
-        if raw is None:
-            cursor.execute(QUERIES[name], params, prepare=True, binary=binary)
-        else:
-            # A long statement, on a RawCursor (see RAW_QUERIES): sent as it is.
-            text, names = raw
+        if isinstance(cursor, psycopg.RawCursor):
+            # Sent as it is (see RAW_QUERIES): a long statement, or a short
+            # one in the same transaction as one (claim_limited).
+            form = RAW_QUERIES.get(name) or _raw_forms.get(name)
+            if form is None:
+                form = _raw_forms[name] = raw_form(QUERIES[name])
+            text, names = form
             cursor.execute(text, [params[n] for n in names], prepare=True, binary=binary)
+        else:
+            # (A long statement on a plain cursor works too, parsed each time.)
+            cursor.execute(QUERIES[name], params, prepare=True, binary=binary)
         if fetch == "all":
             return cursor.fetchall()
         if fetch == "one":
@@ -704,8 +712,11 @@ class WorkerStore:
         """One limited claim, one transaction: lock the candidates, the free
         slots (SKIP LOCKED) and the rate rows (sorted), let ``limiter.pick``
         choose (at most ``limit`` jobs), then write slots, tokens and claims
-        together, the first ``start`` jobs started. Returns the claimed jobs
-        (``row_factory`` rows) and the plan (None: no candidate)."""
+        together, the first ``start`` jobs started. Candidates the walk found
+        unreadable (``job_problem``) never reach the limiter: the same write
+        quarantines them, and they come back with ``problem`` set. Returns
+        the claimed jobs (``row_factory`` rows) and the plan (None: no
+        candidate)."""
         full = limiter.full_keys()
         params = {
             **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard),
@@ -719,10 +730,15 @@ class WorkerStore:
             conn = cursor.connection
             # A cursor per row shape: psycopg applies a new row_factory to the
             # current result at once, so one cursor cannot change shapes.
-            with conn.transaction(), conn.cursor(row_factory=dict_row) as named:
+            # Raw cursors: the walk and the claim are RAW_QUERIES (job_problem
+            # makes them long).
+            with conn.transaction(), psycopg.RawCursor(conn, row_factory=dict_row) as named:
                 rows = self._execute(named, "claim_limited_candidates", params, binary=True)
+                unreadable = [row for row in rows if row["problem"] is not None]
+                if unreadable:
+                    rows = [row for row in rows if row["problem"] is None]
                 limiter.walked(rows, full)
-                if not rows:
+                if not rows and not unreadable:
                     return [], None
                 slots, rates = limiter.needs(rows, limit)
                 new_slots = limiter.new_slot_keys(slots)
@@ -756,18 +772,20 @@ class WorkerStore:
                     rate_rows = self._execute(named, "lock_limit_rates", {"keys": rates})
                 plan = limiter.pick(rows, slot_rows, rate_rows, idle_threads, limit)
                 if not plan.ids:
-                    # Nothing to claim: the slots locked stay free (rolled back).
+                    # Nothing to claim: the slots locked stay free (not taken).
                     plan.slot_ids.clear()
                     plan.slot_keys.clear()
-                    return [], plan
-                with conn.cursor(row_factory=fields_row(row_factory)) as jobs:
+                    if not unreadable:
+                        return [], plan
+                with psycopg.RawCursor(conn, row_factory=fields_row(row_factory)) as jobs:
                     claimed = self._execute(
                         jobs,
                         "claim_limited_jobs",
                         {
                             "worker": worker,
                             "pool": pool,
-                            "ids": plan.ids,
+                            "ids": plan.ids + [row["id"] for row in unreadable],
+                            "problems": [None] * len(plan.ids) + [row["problem"] for row in unreadable],
                             "start": start,
                             "slot_ids": plan.slot_ids,
                             "rate_keys": plan.rate_keys,
@@ -778,7 +796,7 @@ class WorkerStore:
                     )
                 return claimed, plan
 
-        result = self.guarded("claim_limited_jobs", work)
+        result = self.guarded("claim_limited_jobs", work, raw=True)
         limiter.slots_ensured(ensured[0])
         limiter.rates_ensured(ensured[1])
         return result
@@ -814,6 +832,7 @@ class WorkerStore:
             "claim_limited_owned",
             lambda cursor: self._execute(cursor, "claim_limited_owned", params, binary=True),
             row_factory=fields_row(row_factory),
+            raw="claim_limited_owned" in RAW_QUERIES,
         )
 
     def release_limit_slots(self, worker: str, slots: list[int], channel: str) -> None:
