@@ -12,11 +12,13 @@ every column of ``shardq_job`` is tests/isolation/test_row_properties.py.
 """
 
 import json
+import time
 import uuid
 
 import pytest
 
 import shardq
+from shardq import exponential
 from shardq.db.store import WorkerStore
 from shardq.worker.jobs import ClaimedJob
 from shardq.worker.limits import Limiter
@@ -264,6 +266,23 @@ def test_a_task_path_naming_a_module_that_fails_to_import_fails_that_job_only():
     [error] = job_row(bad)["errors"]
     assert error["exception_class_path"] == "shardq.exceptions.UnknownTask"
     assert "cannot be imported" in error["traceback"] and "RuntimeError" in error["traceback"], error
+
+
+def test_the_retry_delay_of_any_attempt_is_at_most_the_cap_and_costs_nothing():
+    """A failed attempt's retry delay is ``min(cap, base ** attempt)``, and
+    attempts pass the claim up to 2147483000 (a task may allow as many, or a
+    hand may write them): the power overflowed a float base past about 1,024
+    doublings (the job failed with OverflowError instead of a retry) and, for
+    an int base, took a minute of the executor thread's CPU to build a number
+    of 600 million digits."""
+    for base in (2, 2.0):
+        backoff = exponential(base=base, cap=600, jitter=0)
+        began = time.perf_counter()
+        assert backoff.delay(1100) == backoff.delay(2147483000) == 600
+        assert time.perf_counter() - began < 1.0
+        assert [backoff.delay(n) for n in (1, 3, 9, 10)] == [2, 8, 512, 600]
+    assert exponential(base=1, cap=600).delay(10**9) <= 1
+    assert exponential(base=3, cap=0).delay(5) == 0
 
 
 def all_done(ids) -> bool:
