@@ -268,6 +268,34 @@ def test_a_task_path_naming_a_module_that_fails_to_import_fails_that_job_only():
     assert "cannot be imported" in error["traceback"] and "RuntimeError" in error["traceback"], error
 
 
+def test_the_issues_two_rows_leave_a_real_worker_process_running_with_no_restart(workers):
+    """Issue 24 as reported, with a real ``shardq_worker --processes 2``: a
+    row with limit_keys ``[1, 2]`` killed every worker within a second of its
+    start, and a READY row due at 'infinity' killed the idle fetcher, which
+    the supervisor restarted 45 times in 75 s."""
+    numbers = poison("limit_keys = '[1, 2]'")
+    never = poison("run_after = 'infinity'", shard=9)
+    proc = workers.start("--concurrency", "2", "--processes", "2")
+    good = shardq.enqueue_many(t.noop, [((), {}) for _ in range(20)])
+    limited = shardq.enqueue_many(limit_tasks.three_at_once, [((), {"n": i, "sleep": 0}) for i in range(5)])
+    wait_until(
+        lambda: all_done([r.id for r in [*good, *limited]]) and unreadable_error(numbers),
+        timeout=60,
+        message=lambda: workers.log(proc)[-3000:],
+    )
+    # Idle for a few poll intervals (each asks seconds_until_due): still the same processes.
+    children = sorted(workers.children(proc))
+    assert len(children) == 2
+    deadline = time.monotonic() + 3
+    wait_until(lambda: time.monotonic() > deadline or proc.poll() is not None, timeout=10)
+    assert proc.poll() is None
+    assert sorted(workers.children(proc)) == children
+    log = workers.log(proc)
+    assert "restarting" not in log and "stopped unexpectedly" not in log, log[-3000:]
+    assert f"job {numbers} (tests.taskapp.tasks.noop) quarantined: limit_keys [1, 2] holds" in log, log[-3000:]
+    assert status_of(never) == "READY"
+
+
 def test_the_retry_delay_of_any_attempt_is_at_most_the_cap_and_costs_nothing():
     """A failed attempt's retry delay is ``min(cap, base ** attempt)``, and
     attempts pass the claim up to 2147483000 (a task may allow as many, or a
