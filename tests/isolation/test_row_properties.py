@@ -6,10 +6,12 @@ Each example writes one value of a column's real SQL type (read from
 timestamps, JSON of any shape, depth and size, empty and long text, NULL
 where the column allows it) into an otherwise valid READY job — a plain one
 or a limited one, so the ordinary claim, both limited claims and the idle
-fetcher's ``seconds_until_due`` all read it — beside valid jobs, plain and
-limited, which must all succeed while every service of one in-process worker
-stays alive. The odd job itself may run, fail, be quarantined or stay READY
-(a shard, status, queue or backend no claim serves).
+fetcher's ``seconds_until_due`` all read it; or RUNNING under a superseded
+fence (the rescue reads it) or WAITING on a parent beside a sibling (the
+resolver reads it) — beside valid jobs, plain and limited, which must all
+succeed while every service of one in-process worker stays alive. The odd
+job itself may run, fail, be quarantined or stay where it is (a shard,
+status, queue or backend no claim serves).
 
 ``make test`` runs a few dozen examples; SHARDQ_FULL_FAULTS=1 (``make
 faults``) runs many more.
@@ -30,7 +32,7 @@ from tests.taskapp import tasks as t
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-EXAMPLES_PER_COLUMN = 40 if os.environ.get("SHARDQ_FULL_FAULTS") else 3
+EXAMPLES_PER_COLUMN = 40 if os.environ.get("SHARDQ_FULL_FAULTS") else 2
 LIMITED_PATH = "tests.taskapp.limit_tasks.three_at_once"
 LIMITED_KEYS = '["t:tests.taskapp.limit_tasks.three_at_once"]'
 
@@ -50,9 +52,13 @@ def columns() -> list[tuple[str, str, bool, int | None]]:
 
 
 def integers(low: int, high: int) -> st.SearchStrategy[int]:
-    # The ends and their neighbours, and the small values a hand might write.
+    # The ends (where arithmetic overflows), their neighbours, and the small
+    # values a hand might write.
     return st.one_of(
-        st.sampled_from([low, low + 1, high - 1, high, -1, 0, 1, 2]), st.integers(low, high), st.integers(-300, 300)
+        st.sampled_from([low, high]),
+        st.sampled_from([low + 1, high - 1, -1, 0, 1, 2]),
+        st.integers(low, high),
+        st.integers(-300, 300),
     )
 
 
@@ -138,11 +144,38 @@ def value_of(data_type: str, nullable: bool, length: int | None) -> st.SearchStr
     return st.one_of(st.none(), base) if nullable else base
 
 
-def write_odd_job(name: str, data_type: str, value: str | None, limited: bool, shard: int) -> int:
-    """A valid READY job (limited or not) with column ``name`` set to ``value``."""
-    [job_id] = job_factory(1, shard=shard, task_path=LIMITED_PATH if limited else "tests.taskapp.tasks.noop")
-    if limited:
+# Where the odd rows are when the worker reads them (one of each a value):
+# READY for the ordinary
+# claim (and the idle fetcher), READY and limited for both limited claims,
+# RUNNING under a superseded fence for the leaser's rescue, WAITING on a
+# parent (beside a sibling) for the workflow resolver.
+STATES = ("ready", "limited", "rescued", "waiting")
+
+
+def write_odd_job(name: str, data_type: str, value: str | None, state: str, shard: int) -> tuple[int, list[int]]:
+    """A valid job in ``state`` with column ``name`` then set to ``value``:
+    (its id, the ids of the valid jobs written with it)."""
+    others: list[int] = []
+    if state == "waiting":
+        wf = shardq.Workflow(name="odd")
+        parent = wf.add(t.noop)
+        wf.add(t.noop, after=[parent], step_name="odd")
+        wf.add(t.noop, after=[parent], step_name="sibling")
+        parent_id, job_id, sibling_id = (int(r.id) for r in wf.enqueue())
+        others = [parent_id, sibling_id]
+    else:
+        [job_id] = job_factory(
+            1, shard=shard, task_path=LIMITED_PATH if state == "limited" else "tests.taskapp.tasks.noop"
+        )
+    if state == "limited":
         sql("UPDATE shardq_job SET limit_keys = %s::jsonb WHERE id = %s", [LIMITED_KEYS, job_id])
+    if state == "rescued":
+        sql(
+            "UPDATE shardq_job SET status = 'RUNNING', fence = 0, status_rank = 2, attempts = 1, "
+            "worker_ids = '[\"gone\"]', started_at = clock_timestamp(), last_attempted_at = clock_timestamp() "
+            "WHERE id = %s",
+            [job_id],
+        )
     if value is None:
         expression, params = "NULL", []
     elif data_type == "timestamp with time zone" and value.startswith("now"):
@@ -151,13 +184,19 @@ def write_odd_job(name: str, data_type: str, value: str | None, limited: bool, s
         expression, params = f"%s::{'timestamptz' if data_type.startswith('timestamp') else data_type}", [value]
     try:
         [(job_id,)] = sql(f"UPDATE shardq_job SET {name} = {expression} WHERE id = %s RETURNING id", [*params, job_id])
-    except IntegrityError:  # an id taken by another row
-        reject()
+    except IntegrityError as exc:  # an id taken by another row
+        sql("DELETE FROM shardq_job WHERE id = ANY(%s)", [[job_id, *others]])
+        raise Unstorable from exc
     except DataError as exc:  # a value the column's type refuses after all (PostgreSQL's own limits)
+        sql("DELETE FROM shardq_job WHERE id = ANY(%s)", [[job_id, *others]])
         if "stack depth" in str(exc) or "exceeds the maximum" in str(exc) or "out of range" in str(exc):
-            reject()
+            raise Unstorable from exc
         raise
-    return job_id
+    return job_id, others
+
+
+class Unstorable(Exception):
+    """The drawn value cannot be written (the example is rejected)."""
 
 
 def test_any_value_of_any_column_leaves_the_worker_up_and_every_other_job_done(fast_poll):
@@ -172,31 +211,59 @@ def check_column(worker, name: str, data_type: str, nullable: bool, length: int 
     """Hypothesis over the values of one column, with the worker running."""
 
     @settings(max_examples=EXAMPLES_PER_COLUMN, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(value_of(data_type, nullable, length), st.booleans(), st.integers(0, 63))
-    def example(value, limited, shard):
-        odd = write_odd_job(name, data_type, value, limited, shard)
-        good = [int(r.id) for r in shardq.enqueue_many(t.noop, [((), {}) for _ in range(3)])]
+    @given(value_of(data_type, nullable, length), st.integers(0, 63))
+    def example(value, shard):
+        # The value in a row of every state at once: each path reads it.
+        odd: list[int] = []
+        good: list[int] = []
+        try:
+            for i, state in enumerate(STATES):
+                job_id, others = write_odd_job(name, data_type, distinct(name, value, i), state, shard)
+                odd.append(job_id)
+                good += others
+        except Unstorable:
+            sql("DELETE FROM shardq_job WHERE id = ANY(%s)", [[*odd, *good]])
+            reject()
+        heartbeats = worker.stats["heartbeats"]
+        good += [int(r.id) for r in shardq.enqueue_many(t.noop, [((), {}) for _ in range(3)])]
         good += [int(r.id) for r in shardq.enqueue_many(limit_tasks.three_at_once, [((), {"sleep": 0})])]
         try:
             wait_until(
                 lambda: done(good) or failed(worker),
                 timeout=30,
-                message=lambda: f"the other jobs, beside {name} = {value!r:.200}: {pending(good)}",
+                message=lambda: f"the other jobs, beside rows with {name} = {value!r:.200}: {pending(good)}",
             )
-            # An idle round after them: the fetcher asks seconds_until_due.
+            # An idle round after them (the fetcher asks seconds_until_due),
+            # and two heartbeats since the rows were written (each renewal
+            # rescues the jobs of superseded fences).
             claims = worker.stats["claim_statements"]
-            wait_until(lambda: worker.stats["claim_statements"] >= claims + 2 or failed(worker), timeout=10)
-            assert not failed(worker), f"{name} = {value!r:.200} stopped {failed(worker)}"
+            wait_until(
+                lambda: (
+                    (worker.stats["claim_statements"] >= claims + 2 and worker.stats["heartbeats"] >= heartbeats + 2)
+                    or failed(worker)
+                ),
+                timeout=10,
+            )
+            assert not failed(worker), f"rows with {name} = {value!r:.200} stopped {failed(worker)}"
         finally:
-            sql("DELETE FROM shardq_job WHERE id = ANY(%s)", [[odd, *good]])
+            sql("DELETE FROM shardq_job WHERE id = ANY(%s)", [[*odd, *good]])
 
     example()
 
 
+def distinct(name: str, value: str | None, i: int) -> str | None:
+    """The value for the ``i``-th row of an example: ids must differ."""
+    if name != "id" or value is None:
+        return value
+    number = int(value)
+    return str(number - i if number >= 0 else number + i)
+
+
 @pytest.fixture
 def fast_poll(settings):
-    """A fast poll: each example waits for an idle round of the fetcher."""
-    settings.SHARDQ = {**settings.SHARDQ, "POLL_INTERVAL": 0.05, "METRICS_PORT": None}
+    """A fast poll and heartbeat: each example waits for an idle round of the
+    fetcher and for two renewals of the leases (each with its rescue)."""
+    settings.SHARDQ = {**settings.SHARDQ, "POLL_INTERVAL": 0.05, "HEARTBEAT": 0.2, "METRICS_PORT": None}
     yield
 
 
