@@ -125,7 +125,13 @@ def raw(text: str) -> tuple[str, tuple[str, ...]]:
 
 
 # The statements psycopg would parse on every execute: run as raw statements.
-RAW_QUERIES = {name: raw(text) for name, text in QUERIES.items() if len(text.encode()) > CACHED_STATEMENT_BYTES}
+# A long block with no parameter (job_problem, a fragment the claims include)
+# is never sent alone, and psycopg has nothing to parse in it.
+RAW_QUERIES = {
+    name: raw(text)
+    for name, text in QUERIES.items()
+    if len(text.encode()) > CACHED_STATEMENT_BYTES and RAW_TOKEN.search(text) and "%(" in text
+}
 
 # claim_jobs' :min_priority that leaves no job out: the least smallint (a row
 # written by hand may hold a priority below Django's -100).

@@ -38,11 +38,15 @@ from ..core import pools
 from ..core.breaker import CircuitBreaker
 from ..exceptions import DatabaseUnavailable, StatementRejected
 from .queries import ANY_PRIORITY, QUERIES, RAW_QUERIES
+from .queries import raw as raw_form
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 logger = logging.getLogger("shardq.store")
+
+# The $n forms of the short statements a RawCursor has run (_execute).
+_raw_forms: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 #: The session advisory lock (two int4 keys: 'shrq', 1) whose holder
 #: computes the cluster gauges (``metrics_lock``).
@@ -430,13 +434,17 @@ class WorkerStore:
     def _execute(
         cursor: psycopg.Cursor[Any], name: str, params: Mapping[str, Any], fetch: Fetch = "all", binary: bool = False
     ) -> Any:
-        raw = RAW_QUERIES.get(name)
-        if raw is None:
-            cursor.execute(QUERIES[name], params, prepare=True, binary=binary)
-        else:
-            # A long statement, on a RawCursor (see RAW_QUERIES): sent as it is.
-            text, names = raw
+        if isinstance(cursor, psycopg.RawCursor):
+            # Sent as it is (see RAW_QUERIES): a long statement, or a short
+            # one in the same transaction as one (claim_limited).
+            form = RAW_QUERIES.get(name) or _raw_forms.get(name)
+            if form is None:
+                form = _raw_forms[name] = raw_form(QUERIES[name])
+            text, names = form
             cursor.execute(text, [params[n] for n in names], prepare=True, binary=binary)
+        else:
+            # (A long statement on a plain cursor works too, parsed each time.)
+            cursor.execute(QUERIES[name], params, prepare=True, binary=binary)
         if fetch == "all":
             return cursor.fetchall()
         if fetch == "one":
@@ -1001,6 +1009,7 @@ class LimitedClaim:
         pool: str,
         ids: list[int],
         start_ids: list[int],
+        problems: list[str | None],
         slot_ids: list[int],
         rate_keys: list[str],
         rate_tats: list[float],
@@ -1009,12 +1018,14 @@ class LimitedClaim:
     ) -> list[R]:
         """Write the slots (owned by ``worker`` for ``ttl``), the rate rows'
         new TATs and the claims of ``ids`` in one statement, the first
-        ``start_ids`` started (``claim_limited_jobs``)."""
+        ``start_ids`` started; a job with a ``problems`` entry (not None) is
+        quarantined instead (``claim_limited_jobs``)."""
         params = {
             "worker": worker,
             "pool": pool,
             "ids": ids,
             "start_ids": start_ids,
+            "problems": problems,
             "slot_ids": slot_ids,
             "rate_keys": rate_keys,
             "rate_tats": rate_tats,

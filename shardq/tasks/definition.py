@@ -29,7 +29,16 @@ class Backoff:
     jitter: float = 0.25
 
     def delay(self, attempt: int) -> float:
-        raw = min(self.cap, self.base**attempt)
+        if self.cap <= 0:
+            raw = 0.0
+        elif self.base > 1 and attempt >= math.log(self.cap) / math.log(self.base):
+            # Capped: the power is not computed. It made a number of
+            # millions of digits for an int base (a minute of CPU for an
+            # attempts written by hand) and overflowed a float one past
+            # about 1,024 doublings (a task with a high max_attempts).
+            raw = self.cap
+        else:
+            raw = min(self.cap, float(self.base) ** attempt)
         return raw * (1.0 - self.jitter * random.random())
 
 

@@ -44,6 +44,11 @@ def resolve(task_path: str, extra_modules: tuple = ()) -> Task:
         module = import_module(module_name)
     except ImportError as exc:
         raise UnknownTask(f"Task {task_path!r} cannot be imported: {exc}") from exc
+    except Exception as exc:
+        # A row may name any module of an installed app, and one can fail to
+        # import in other ways (a module-level bug, a half-deployed file):
+        # that is its job's failure, never the thread's that resolves it.
+        raise UnknownTask(f"Task {task_path!r} cannot be imported: {type(exc).__name__}: {exc}") from exc
     obj = getattr(module, attr, None)
     if obj is None:
         raise UnknownTask(f"Task {task_path!r} does not exist: {module_name} has no {attr!r}.")

@@ -15,7 +15,18 @@ class ClaimedJob:
     """A job this worker claimed: CLAIMED in the table under ``fence`` until an
     executor starts it (``start_jobs`` makes it RUNNING, counts the attempt and
     updates ``attempts``, ``status_rank``, ``started_at`` and
-    ``last_attempted_at`` here)."""
+    ``last_attempted_at`` here).
+
+    Built only from a claim's row, whose values passed the claim's
+    ``job_problem`` (shardq/db/queries.sql), the one boundary where rows
+    become jobs: a row that fails it comes back with ``problem`` set (and no
+    value this worker cannot hold: its times and limit_keys are None) and is
+    never run. So every field here is of its type and range: ranks,
+    attempts and losses in 0..2147483000, ``max_attempts`` >= 1, the
+    priority in -100..100, the times Python datetimes, the JSON texts of
+    the kind their names say and decodable by ``json`` (at most 200 deep,
+    no integer of more than 4300 digits), ``limit_keys`` None or distinct
+    strings."""
 
     id: int
     task_path: str

@@ -175,6 +175,10 @@ class Limiter:
             return None
 
     def spec(self, key: str) -> LimitSpec | None:
+        if not isinstance(key, str):
+            # No limit known here (a row written by hand: the claim's walk
+            # quarantines it, see job_problem; this is the guard behind it).
+            return None
         return spec_for_key(key, self._resolve, self.queue_limits)
 
     def _share(self, key: str) -> int:
@@ -241,8 +245,14 @@ class Limiter:
                 scan=scan,
                 full=full,
             )
+            # Candidates the walk found unreadable (job_problem) never reach
+            # the policy: the claim's write quarantines them, and they come
+            # back with ``problem`` set.
+            unreadable = [row for row in rows if row["problem"] is not None]
+            if unreadable:
+                rows = [row for row in rows if row["problem"] is None]
             self.walked(rows, full)
-            if not rows:
+            if not rows and not unreadable:
                 return [], None
             slots, rates = self.needs(rows, limit)
             new_slots = self.new_slot_keys(slots)
@@ -258,17 +268,18 @@ class Limiter:
             rate_rows = tx.lock_rates(rates) if rates else []
             plan = self.pick(rows, slot_rows, rate_rows, idle_threads, limit)
             if not plan.ids:
-                # Nothing to claim: the slots locked are not taken (the claim
-                # statement that would write them does not run).
+                # Nothing to claim: the slots locked are not taken.
                 plan.slot_ids.clear()
                 plan.slot_keys.clear()
-                claimed: list[R] = []
+            if not plan.ids and not unreadable:
+                claimed: list[R] = []  # the claim statement that would write them does not run
             else:
                 claimed = tx.claim(
                     worker=worker,
                     pool=pool,
-                    ids=plan.ids,
+                    ids=plan.ids + [row["id"] for row in unreadable],
                     start_ids=self.rate_only(rows, plan.ids),
+                    problems=[None] * len(plan.ids) + [row["problem"] for row in unreadable],
                     slot_ids=plan.slot_ids,
                     rate_keys=plan.rate_keys,
                     rate_tats=plan.rate_tats,

@@ -526,3 +526,28 @@ def test_push_many_and_pop_many_match_single_calls(lanes, min_priority):
             assert single.snapshot() == batched.snapshot()
 
     check()
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_a_run_after_that_is_no_finite_number_is_due_now_and_keeps_the_order(many):
+    """A job's run_after comes from its row: not a finite number (NaN, an
+    infinity; the claim quarantines such rows, this is the guard behind it)
+    it would sit in the delayed index for good, holding a buffer slot, or
+    compare false to every other key of a lane's heap. It is due now."""
+    now = 1000.0
+    jobs = [
+        QueuedJob(1, "default", 0, float("inf"), 0),
+        QueuedJob(2, "default", 5, float("nan"), 0),
+        QueuedJob(3, "default", 1, now - 1, 0),
+        QueuedJob(4, "default", 9, float("-inf"), 0),
+        QueuedJob(5, "default", 3, now - 2, 0),
+    ]
+    q = LocalQueue(1, 10)
+    if many:
+        assert q.push_many(jobs, now) == []
+    else:
+        for job in jobs:
+            q.push(job, now)
+    assert q.next_due() is None
+    popped = [q.pop(now) for _ in jobs]
+    assert [job.id for job in popped if job is not None] == [4, 2, 5, 3, 1]

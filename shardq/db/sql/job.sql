@@ -136,8 +136,9 @@ job.id, job.task_path, job.queue_name, job.priority,
     octet_length(job.args::text) + octet_length(job.kwargs::text) AS payload_bytes,
     job.worker_losses, picked.problem, picked.start_now AS started,
     CASE WHEN picked.problem IS NULL THEN picked.previous_attempt_at END AS previous_attempt_at,
-    -- The limits it counts against (NULL: none), for the worker's limiter.
-    job.limit_keys,
+    -- The limits it counts against (NULL: none), for the worker's limiter;
+    -- none for a quarantined row (its value may be any JSON, decoded here).
+    CASE WHEN picked.problem IS NULL THEN job.limit_keys END AS limit_keys,
     -- Limited by its own shard key: the local queue holds it to the cap.
     job.key_limited
 
@@ -197,23 +198,102 @@ CROSS JOIN LATERAL (
     LIMIT 1
 ) AS top
 
--- name: unreadable_row
--- Why a job row cannot be run (an expression over shardq_job, NULL: it can): a number out of
--- range, a time that is not finite, a JSON value of the wrong shape. Such a row is quarantined by
--- the claim (FAILED with an UnreadableJob error naming the value), with no arithmetic on it.
-CASE
-    WHEN status_rank NOT BETWEEN 0 AND 2147483000 THEN format('status_rank %%s is out of range', status_rank)
-    WHEN attempts NOT BETWEEN 0 AND 2147483000 THEN format('attempts %%s is out of range', attempts)
-    WHEN worker_losses NOT BETWEEN 0 AND 2147483000 THEN format('worker_losses %%s is out of range', worker_losses)
-    WHEN NOT isfinite(run_after) THEN format('run_after %%s is not a finite time', run_after)
-    WHEN NOT isfinite(enqueued_at) THEN format('enqueued_at %%s is not a finite time', enqueued_at)
-    WHEN NOT isfinite(COALESCE(started_at, enqueued_at)) THEN format('started_at %%s is not a finite time', started_at)
-    WHEN NOT isfinite(COALESCE(last_attempted_at, enqueued_at)) THEN format('last_attempted_at %%s is not a finite time', last_attempted_at)
-    WHEN jsonb_typeof(args) IS DISTINCT FROM 'array' THEN format('args %%s is not a JSON array', left(args::text, 80))
-    WHEN jsonb_typeof(kwargs) IS DISTINCT FROM 'object' THEN format('kwargs %%s is not a JSON object', left(kwargs::text, 80))
-    WHEN jsonb_typeof(errors) IS DISTINCT FROM 'array' THEN format('errors %%s is not a JSON array', left(errors::text, 80))
-    WHEN jsonb_typeof(worker_ids) IS DISTINCT FROM 'array' THEN format('worker_ids %%s is not a JSON array', left(worker_ids::text, 80))
-END
+-- name: job_problem
+-- What makes a job row unreadable for the worker, naming the column and its value (NULL: nothing):
+-- the one check of every value a claim hands on, an expression over an unqualified shardq_job row
+-- (included by claim_jobs, claim_limited_candidates and claim_limited_owned, whose UPDATE then
+-- quarantines the row: FAILED with an UnreadableJob error, see claim_status_set). A row written
+-- outside shardq may hold anything its column types allow; read as it is, one odd value failed
+-- every job of its claim or stopped the fetcher (issue 24). The bounds are what shardq itself
+-- writes and what Python can hold: ranks, attempts and losses far from the integer's end (the
+-- claim, start and rescue add to them); Django's priorities; at least one attempt allowed; times
+-- that are Python datetimes (years 1 to 9999, a day's margin for the session's time zone); JSON
+-- of the kind each column holds, nested at most 200 deep (enqueue refuses more than 100; Python's
+-- json fails near 1,000) and with no integer of more than 4300 digits (Python's int refuses it);
+-- limit_keys NULL or distinct strings (a key twice would wait for its own slot). A COALESCE of
+-- CASEs: each stops at its first problem, and a long argument list (no problem) does not hide the
+-- columns after it. A value the worker does not read here (shard, key_hash, fence, status, queue
+-- and backend names, return_value, finished_at, the workflow columns) cannot fail a claim: a row
+-- whose shard, status, queue or backend is not one a claim serves is never claimed, the claim
+-- writes its own fence, and the rest stays in the table.
+COALESCE(
+    CASE
+        WHEN status_rank NOT BETWEEN 0 AND 2147483000 THEN format('status_rank %%s is out of range', status_rank)
+        WHEN attempts NOT BETWEEN 0 AND 2147483000 THEN format('attempts %%s is out of range', attempts)
+        WHEN worker_losses NOT BETWEEN 0 AND 2147483000 THEN format('worker_losses %%s is out of range', worker_losses)
+        WHEN max_attempts < 1 THEN format('max_attempts %%s is below 1', max_attempts)
+        WHEN priority NOT BETWEEN -100 AND 100 THEN format('priority %%s is outside -100..100', priority)
+        WHEN run_after NOT BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+            THEN format('run_after %%s is not a time of the years 1 to 9999', run_after)
+        WHEN enqueued_at NOT BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+            THEN format('enqueued_at %%s is not a time of the years 1 to 9999', enqueued_at)
+        WHEN started_at NOT BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+            THEN format('started_at %%s is not a time of the years 1 to 9999', started_at)
+        WHEN last_attempted_at NOT BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'
+            THEN format('last_attempted_at %%s is not a time of the years 1 to 9999', last_attempted_at)
+        WHEN jsonb_typeof(args) IS DISTINCT FROM 'array' THEN format('args %%s is not a JSON array', left(args::text, 80))
+        WHEN jsonb_typeof(kwargs) IS DISTINCT FROM 'object'
+            THEN format('kwargs %%s is not a JSON object', left(kwargs::text, 80))
+        WHEN jsonb_typeof(errors) IS DISTINCT FROM 'array'
+            THEN format('errors %%s is not a JSON array', left(errors::text, 80))
+        WHEN jsonb_typeof(worker_ids) IS DISTINCT FROM 'array'
+            THEN format('worker_ids %%s is not a JSON array', left(worker_ids::text, 80))
+    END,
+    -- Each JSON column: one text conversion (the costly part: about 0.35 us a row, measured), not
+    -- for an empty list or object (a value nested 201 deep or holding such a number takes more
+    -- than 14 bytes: the smallest, [1e4300], takes 19), and only a text long enough to fail is
+    -- walked.
+    CASE WHEN pg_column_size(args) > 14 AND octet_length(args::text) > 400 THEN CASE
+        WHEN jsonb_path_exists(args, 'strict $.**{201}') THEN 'args is nested deeper than 200 lists or objects'
+        WHEN octet_length(args::text) > 4300
+             AND jsonb_path_exists(args, 'strict $.** ? (@.type() == "number" && (@ >= 1e4300 || @ <= -1e4300))')
+            THEN 'args holds a number of more than 4300 digits'
+    END END,
+    CASE WHEN pg_column_size(kwargs) > 14 AND octet_length(kwargs::text) > 400 THEN CASE
+        WHEN jsonb_path_exists(kwargs, 'strict $.**{201}') THEN 'kwargs is nested deeper than 200 lists or objects'
+        WHEN octet_length(kwargs::text) > 4300
+             AND jsonb_path_exists(kwargs, 'strict $.** ? (@.type() == "number" && (@ >= 1e4300 || @ <= -1e4300))')
+            THEN 'kwargs holds a number of more than 4300 digits'
+    END END,
+    CASE WHEN pg_column_size(errors) > 14 AND octet_length(errors::text) > 400 THEN CASE
+        WHEN jsonb_path_exists(errors, 'strict $.**{201}') THEN 'errors is nested deeper than 200 lists or objects'
+        WHEN octet_length(errors::text) > 4300
+             AND jsonb_path_exists(errors, 'strict $.** ? (@.type() == "number" && (@ >= 1e4300 || @ <= -1e4300))')
+            THEN 'errors holds a number of more than 4300 digits'
+    END END,
+    CASE WHEN pg_column_size(worker_ids) > 14 AND octet_length(worker_ids::text) > 400 THEN CASE
+        WHEN jsonb_path_exists(worker_ids, 'strict $.**{201}') THEN 'worker_ids is nested deeper than 200 lists or objects'
+        WHEN octet_length(worker_ids::text) > 4300
+             AND jsonb_path_exists(worker_ids, 'strict $.** ? (@.type() == "number" && (@ >= 1e4300 || @ <= -1e4300))')
+            THEN 'worker_ids holds a number of more than 4300 digits'
+    END END,
+    CASE
+        WHEN limit_keys IS NULL THEN NULL  -- no limit (and no subquery below for it)
+        WHEN jsonb_typeof(limit_keys) <> 'array'
+            THEN format('limit_keys %%s is not a JSON array', left(limit_keys::text, 80))
+        WHEN jsonb_path_exists(limit_keys, 'strict $[*] ? (@.type() != "string")')
+            THEN format('limit_keys %%s holds a value that is not a string', left(limit_keys::text, 80))
+        WHEN (SELECT count(DISTINCT k) <> count(*) FROM jsonb_array_elements_text(limit_keys) AS k)
+            THEN format('limit_keys %%s names a limit twice', left(limit_keys::text, 80))
+    END)
+
+-- name: claim_status_set
+-- What a claim writes on each job it takes besides claim_start_set: the status (FAILED for a row
+-- job_problem found unreadable, RUNNING for a job the claim starts, else CLAIMED), and for an
+-- unreadable row its finished_at and an UnreadableJob error naming the value, appended to its
+-- errors. A SET list fragment over ``job`` and ``picked`` (problem, start_now), included bare by
+-- claim_jobs, claim_limited_owned and claim_limited_jobs.
+status = CASE WHEN picked.problem IS NOT NULL THEN 'FAILED'
+                  WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
+    finished_at = CASE WHEN picked.problem IS NULL THEN job.finished_at ELSE clock_timestamp() END,
+    errors = CASE WHEN picked.problem IS NULL THEN job.errors
+        ELSE (CASE WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors ELSE '[]'::jsonb END)
+             || jsonb_build_array(jsonb_build_object(
+                 'exception_class_path', 'shardq.exceptions.UnreadableJob',
+                 'traceback', format('shardq.exceptions.UnreadableJob: job %%s was not run: %%s '
+                                     || E'(the row was written outside shardq; enqueue the task again)\n',
+                                     job.id, picked.problem)))
+        END
 
 -- name: claim_key_free
 -- The claim's guard for a job whose key may be in flight under another lease (a WHERE fragment
@@ -276,7 +356,7 @@ FROM (SELECT tops.*, runner_up.second, runner_up.floor FROM tops, runner_up
       ORDER BY tops.priority > runner_up.floor DESC, tops.ord) AS held
 CROSS JOIN LATERAL (
     SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses, last_attempted_at,
-           {{unreadable_row}} AS problem
+           {{job_problem}} AS problem
     FROM shardq_job
     WHERE shard = held.shard AND priority >= held.floor AND {{claim_walk*}}
       AND {{claim_key_free}}
@@ -330,7 +410,7 @@ FROM (SELECT candidates.*,
 -- last_attempted_at, worker_ids: as start_jobs does): they are what this worker's threads run next,
 -- so a separate start write would only add a statement per job. The rest are CLAIMED; nothing is
 -- counted for them until start_jobs.
--- A row whose values cannot be read (unreadable_row) is quarantined: FAILED with an UnreadableJob
+-- A row whose values cannot be read (job_problem) is quarantined: FAILED with an UnreadableJob
 -- error naming the value.
 -- The steps are named blocks: claim_held, claim_tops, runner_up (here), claim_candidates,
 -- claim_picked; :now (None: the database's clock) is the time leases and run_after are read at.
@@ -346,18 +426,8 @@ runner_up AS MATERIALIZED (
 candidates AS MATERIALIZED {{claim_candidates}},
 picked AS MATERIALIZED {{claim_picked}}
 UPDATE shardq_job AS job
-SET status = CASE WHEN picked.problem IS NOT NULL THEN 'FAILED'
-                  WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
-    {{claim_start_set*}},
-    finished_at = CASE WHEN picked.problem IS NULL THEN job.finished_at ELSE clock_timestamp() END,
-    errors = CASE WHEN picked.problem IS NULL THEN job.errors
-        ELSE (CASE WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors ELSE '[]'::jsonb END)
-             || jsonb_build_array(jsonb_build_object(
-                 'exception_class_path', 'shardq.exceptions.UnreadableJob',
-                 'traceback', format('shardq.exceptions.UnreadableJob: job %%s was not run: %%s '
-                                     || E'(the row was written outside shardq; enqueue the task again)\n',
-                                     job.id, picked.problem)))
-        END
+SET {{claim_status_set*}},
+    {{claim_start_set*}}
 FROM picked WHERE job.id = picked.id
 RETURNING {{claim_returning*}};
 
@@ -459,10 +529,12 @@ RETURNING job.id, job.shard;
 
 -- name: seconds_until_due
 -- Seconds until the next deferred READY job of these shards falls due (NULL: none); walks
--- shardq_job_due_idx.
+-- shardq_job_due_idx. A run_after of 'infinity' (a row written by hand) is never due, and no
+-- interval reaches it (the subtraction fails): left out.
 SELECT extract(epoch FROM run_after - {{now}})::float8
 FROM shardq_job
-WHERE status = 'READY' AND run_after > {{now}} AND shard = ANY(%(shards)s::int[])
+WHERE status = 'READY' AND run_after > {{now}} AND run_after < 'infinity'
+  AND shard = ANY(%(shards)s::int[])
 ORDER BY run_after
 LIMIT 1;
 
@@ -477,7 +549,8 @@ LIMIT 1;
 -- dead-lettered.
 WITH lost AS MATERIALIZED (
     SELECT j.id, h.version, j.status = 'RUNNING' AS started,
-           j.status = 'RUNNING' AND j.worker_losses + 1 >= %(max_worker_losses)s AS dead
+           -- LEAST: a hand-written worker_losses at the integer's end must not overflow.
+           j.status = 'RUNNING' AND LEAST(j.worker_losses, 2147483646) + 1 >= %(max_worker_losses)s AS dead
     FROM unnest(%(shards)s::int[], %(versions)s::bigint[]) AS h(shard, version)
     JOIN shardq_job AS j ON j.shard = h.shard AND j.status IN ('CLAIMED', 'RUNNING') AND j.fence <> h.version
     -- Another pool's lease of the shard that is still live keeps its jobs.

@@ -13,12 +13,14 @@
 -- pool :pool, in claim order (priority, run_after, id) over shardq_job_ready_idx, :scan in all,
 -- FOR UPDATE SKIP LOCKED; jobs with a key in :full (limits known to be full) are passed over
 -- without a lock, so they keep their place and do not hold back other jobs of the shard. Same
--- queue and backend filters as claim_jobs.
-SELECT j.id, j.shard, j.task_path, j.limit_keys
+-- queue and backend filters as claim_jobs. A row job_problem finds unreadable comes with its
+-- problem (and no limit_keys: they may be any JSON), for claim_limited_jobs to quarantine; the
+-- limiter never sees it.
+SELECT j.id, j.shard, j.task_path, CASE WHEN j.problem IS NULL THEN j.limit_keys END AS limit_keys, j.problem
 FROM unnest(%(shards)s::int[]) WITH ORDINALITY AS h(shard, ord)
 JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
 CROSS JOIN LATERAL (
-    SELECT id, shard, task_path, limit_keys, priority, run_after FROM shardq_job
+    SELECT id, shard, task_path, limit_keys, priority, run_after, {{job_problem}} AS problem FROM shardq_job
     -- (limit_keys IS NULL) IS FALSE: written so, it is the equality on
     -- shardq_job_ready_idx's second column that keeps this walk to the
     -- shard's limited jobs (limit_keys IS NOT NULL would filter every row).
@@ -43,18 +45,20 @@ LIMIT %(scan)s;
 -- of has room (:rooms, one per key of :keys; a job's place among a key's candidates counts
 -- against that key's room, so no key gets more than its room), :limit in all, under each shard's
 -- current claim version; the first :start are started as claim_jobs starts them. Same queue and
--- backend filters as claim_jobs. Returns claim_jobs' columns.
+-- backend filters as claim_jobs. A row job_problem finds unreadable among those walked is
+-- quarantined, as claim_jobs does. Returns claim_jobs' columns.
 WITH held AS MATERIALIZED (
     SELECT s.shard, s.claim_version
     FROM unnest(%(shards)s::int[]) AS h(shard)
     JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = h.shard
     WHERE s.owner = %(worker)s AND s.lease_expires > {{now}}
 ), candidates AS MATERIALIZED (
-    SELECT j.id, j.limit_keys, j.ordered, j.key_limited, j.worker_losses, j.last_attempted_at, held.claim_version,
-           row_number() OVER (ORDER BY j.priority DESC, j.run_after, j.id) AS place
+    SELECT j.id, j.limit_keys, j.problem, j.ordered, j.key_limited, j.worker_losses, j.last_attempted_at,
+           held.claim_version, row_number() OVER (ORDER BY j.priority DESC, j.run_after, j.id) AS place
     FROM held
     CROSS JOIN LATERAL (
-        SELECT id, limit_keys, ordered, key_limited, worker_losses, last_attempted_at, priority, run_after
+        SELECT id, limit_keys, ordered, key_limited, worker_losses, last_attempted_at, priority, run_after,
+               {{job_problem}} AS problem
         FROM shardq_job
         -- (limit_keys IS NULL) IS FALSE: shardq_job_ready_idx's limited range (as claim_limited_candidates).
         WHERE shard = held.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE
@@ -68,20 +72,24 @@ WITH held AS MATERIALIZED (
 ), fits AS (
     SELECT x.id
     FROM (SELECT c.id, e.key, row_number() OVER (PARTITION BY e.key ORDER BY c.place) AS n
-          FROM candidates AS c CROSS JOIN LATERAL jsonb_array_elements_text(c.limit_keys) AS e(key)) AS x
+          -- An unreadable row's limit_keys may be no array (a scalar string passes the walk's <@).
+          FROM candidates AS c
+          CROSS JOIN LATERAL jsonb_array_elements_text(CASE WHEN c.problem IS NULL THEN c.limit_keys
+                                                            ELSE '[]' END) AS e(key)) AS x
     JOIN unnest(%(keys)s::text[], %(rooms)s::int[]) AS r(key, room) ON r.key = x.key
     GROUP BY x.id
     HAVING bool_and(x.n <= r.room)
 ), picked AS MATERIALIZED (
-    SELECT c.id, c.claim_version, c.last_attempted_at AS previous_attempt_at, NULL::text AS problem,
-           row_number() OVER (ORDER BY c.place) <= %(start)s AND NOT c.ordered AND NOT c.key_limited
-               AND c.worker_losses = 0 AS start_now
-    FROM candidates AS c JOIN fits ON fits.id = c.id
+    SELECT c.id, c.claim_version, c.last_attempted_at AS previous_attempt_at, c.problem,
+           c.problem IS NULL AND row_number() OVER (ORDER BY c.place) <= %(start)s AND NOT c.ordered
+               AND NOT c.key_limited AND c.worker_losses = 0 AS start_now
+    FROM candidates AS c LEFT JOIN fits ON fits.id = c.id
+    WHERE fits.id IS NOT NULL OR c.problem IS NOT NULL
     ORDER BY c.place
     LIMIT %(limit)s
 )
 UPDATE shardq_job AS job
-SET status = CASE WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
+SET {{claim_status_set*}},
     {{claim_start_set*}}
 FROM picked
 WHERE job.id = picked.id
@@ -134,7 +142,8 @@ FOR UPDATE;
 -- their tokens, and starts them, so a rate limit holds on starts) that are unordered, not
 -- key_limited and never lost a worker are started at once (RUNNING, the attempt counted,
 -- started_at, last_attempted_at, worker_ids); the rest are CLAIMED, started by their threads.
--- Returns claim_jobs' columns.
+-- A job with a :problems entry (what job_problem found in claim_limited_candidates; NULL: none)
+-- is quarantined instead, as claim_jobs does. Returns claim_jobs' columns.
 WITH slots AS (
     UPDATE shardq_limit_slot AS s
     SET worker_id = %(worker)s::uuid, taken_at = {{now}},
@@ -147,16 +156,16 @@ WITH slots AS (
     WHERE r.limit_key = a.key
     RETURNING r.limit_key
 ), picked AS MATERIALIZED (
-    SELECT job.id, s.claim_version, job.last_attempted_at AS previous_attempt_at, NULL::text AS problem,
-           job.id = ANY(%(start_ids)s::bigint[]) AND NOT job.ordered AND NOT job.key_limited
+    SELECT job.id, s.claim_version, job.last_attempted_at AS previous_attempt_at, a.problem,
+           a.problem IS NULL AND job.id = ANY(%(start_ids)s::bigint[]) AND NOT job.ordered AND NOT job.key_limited
            AND job.worker_losses = 0 AS start_now
-    FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS a(id, ord)
+    FROM unnest(%(ids)s::bigint[], %(problems)s::text[]) WITH ORDINALITY AS a(id, problem, ord)
     JOIN shardq_job AS job ON job.id = a.id
     JOIN shardq_shard AS s ON s.pool = %(pool)s AND s.shard = job.shard
     WHERE job.status = 'READY' AND s.owner = %(worker)s AND s.lease_expires > {{now}}
 )
 UPDATE shardq_job AS job
-SET status = CASE WHEN picked.start_now THEN 'RUNNING' ELSE 'CLAIMED' END,
+SET {{claim_status_set*}},
     {{claim_start_set*}}
 -- slots and rates are written whatever this returns (a data-modifying CTE
 -- always runs to completion).

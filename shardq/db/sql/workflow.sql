@@ -53,18 +53,24 @@ WITH parents AS MATERIALIZED (
     ORDER BY c.id
     FOR UPDATE OF c
 ), moved AS (
+    -- GREATEST(c.waiting_on, 0) and LEAST(c.status_rank, ...): a child's
+    -- counters written by hand at the integer's ends must not overflow, or
+    -- the whole pass fails, every pass, and every other child of the batch
+    -- waits with it. (A negative waiting_on meant "nothing to wait for"
+    -- already; the claim quarantines a rank it cannot read.)
     UPDATE shardq_job AS c
-    SET waiting_on = GREATEST(c.waiting_on - pc.n, 0),
+    SET waiting_on = GREATEST(GREATEST(c.waiting_on, 0) - pc.n, 0),
         -- A child that is also a parent of this batch (cancelled while it
         -- waited) is marked here: one row is never updated twice in one statement.
         children_pending = c.children_pending AND c.id NOT IN (SELECT id FROM parents),
         status = CASE WHEN c.status <> 'WAITING' THEN c.status
                       WHEN pc.failed_parent IS NOT NULL THEN 'FAILED'
-                      WHEN c.waiting_on - pc.n <= 0 THEN 'READY'
+                      WHEN GREATEST(c.waiting_on, 0) - pc.n <= 0 THEN 'READY'
                       ELSE 'WAITING' END,
-        status_rank = c.status_rank + CASE WHEN c.status = 'WAITING'
-            AND (pc.failed_parent IS NOT NULL OR c.waiting_on - pc.n <= 0) THEN 1 ELSE 0 END,
-        run_after = CASE WHEN c.status = 'WAITING' AND pc.failed_parent IS NULL AND c.waiting_on - pc.n <= 0
+        status_rank = LEAST(c.status_rank, 2147483646) + CASE WHEN c.status = 'WAITING'
+            AND (pc.failed_parent IS NOT NULL OR GREATEST(c.waiting_on, 0) - pc.n <= 0) THEN 1 ELSE 0 END,
+        run_after = CASE WHEN c.status = 'WAITING' AND pc.failed_parent IS NULL
+                              AND GREATEST(c.waiting_on, 0) - pc.n <= 0
                          THEN GREATEST(c.run_after, clock_timestamp()) ELSE c.run_after END,
         finished_at = CASE WHEN c.status = 'WAITING' AND pc.failed_parent IS NOT NULL
                            THEN clock_timestamp() ELSE c.finished_at END,

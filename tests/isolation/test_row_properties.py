@@ -1,0 +1,284 @@
+"""Property: whatever value a column of ``shardq_job`` holds, a worker stays
+up and every other job is done (issue 24, DESIGN §5).
+
+Each example writes one value of a column's real SQL type (read from
+``information_schema``: extremes of the integers, infinite and out-of-Python
+timestamps, JSON of any shape, depth and size, empty and long text, NULL
+where the column allows it) into an otherwise valid READY job — a plain one
+or a limited one, so the ordinary claim, both limited claims and the idle
+fetcher's ``seconds_until_due`` all read it; or RUNNING under a superseded
+fence (the rescue reads it) or WAITING on a parent beside a sibling (the
+resolver reads it) — beside valid jobs, plain and limited, which must all
+succeed while every service of one in-process worker stays alive. The odd
+job itself may run, fail, be quarantined or stay where it is (a shard,
+status, queue or backend no claim serves).
+
+``make test`` runs a few dozen examples; SHARDQ_FULL_FAULTS=1 (``make
+faults``) runs many more.
+"""
+
+import json
+import os
+
+import pytest
+from django.db import DataError, IntegrityError
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
+
+import shardq
+from tests.helpers import in_process_worker, job_factory, sql, wait_until
+from tests.taskapp import limit_tasks
+from tests.taskapp import tasks as t
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EXAMPLES_PER_COLUMN = 40 if os.environ.get("SHARDQ_FULL_FAULTS") else 2
+LIMITED_PATH = "tests.taskapp.limit_tasks.three_at_once"
+LIMITED_KEYS = '["t:tests.taskapp.limit_tasks.three_at_once"]'
+
+INT_RANGES = {
+    "smallint": (-(2**15), 2**15 - 1),
+    "integer": (-(2**31), 2**31 - 1),
+    "bigint": (-(2**63), 2**63 - 1),
+}
+
+
+def columns() -> list[tuple[str, str, bool, int | None]]:
+    """(name, SQL type, nullable, character length) of every column of shardq_job."""
+    return sql(
+        "SELECT column_name, data_type, is_nullable = 'YES', character_maximum_length "
+        "FROM information_schema.columns WHERE table_name = 'shardq_job' ORDER BY ordinal_position"
+    )
+
+
+def integers(low: int, high: int) -> st.SearchStrategy[int]:
+    # The ends (where arithmetic overflows), their neighbours, and the small
+    # values a hand might write.
+    return st.one_of(
+        st.sampled_from([low, high]),
+        st.sampled_from([low + 1, high - 1, -1, 0, 1, 2]),
+        st.integers(low, high),
+        st.integers(-300, 300),
+    )
+
+
+# Text PostgreSQL can store: no NUL, no lone surrogate (UTF-8).
+CHARACTERS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
+
+
+def texts(max_size: int | None) -> st.SearchStrategy[str]:
+    size = 2000 if max_size is None else max_size
+    special = [
+        *("", " ", "\x01\n", "default", "os.system", "tests.taskapp.tasks.noop", "tests.taskapp.broken_module.x"),
+        *("tests.taskapp.tasks.", "tests..x", "READY", "CLAIMED", "RUNNING", "WAITING", "FAILED", "SUCCESSFUL"),
+    ]
+    return st.one_of(
+        st.sampled_from([s for s in special if len(s) <= size]),
+        st.text(CHARACTERS, max_size=min(size, 40)),
+        st.text(CHARACTERS, min_size=size, max_size=size),  # as long as the type allows
+    )
+
+
+def timestamps() -> st.SearchStrategy[str]:
+    """timestamptz literals: the infinities, PostgreSQL's ends, Python's
+    ends and beyond, and ordinary times around now."""
+    ends = [
+        "infinity",
+        "-infinity",
+        "4713-01-01 00:00:00+00 BC",
+        "294276-12-31 23:59:59+00",
+        "0001-01-01 00:00:00+00",
+        "0001-01-01 00:00:00+14",
+        "9999-12-31 23:59:59.999999+00",
+        "9999-12-31 23:59:59-14",
+        "10000-01-01 00:00:00+00",
+        "1970-01-01 00:00:00+00",
+    ]
+    return st.one_of(
+        st.sampled_from(ends),
+        st.builds(
+            lambda y, s: f"{y:04d}-06-15 12:00:00+00 {'BC' if s else ''}".strip(), st.integers(1, 294276), st.booleans()
+        ),
+        st.integers(-3600, 3600).map(lambda s: f"now {'+' if s >= 0 else '-'} interval '{abs(s)} seconds'"),
+    )
+
+
+def json_texts() -> st.SearchStrategy[str]:
+    """jsonb values as JSON text: any shape, deep nesting, huge numbers and wide containers."""
+    scalars = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(CHARACTERS, max_size=20),
+    )
+    values = st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(CHARACTERS, max_size=8), inner, max_size=5),
+    )
+    return st.one_of(
+        values.map(json.dumps),
+        st.integers(1, 3000).map(lambda n: "[" * n + "]" * n),  # nesting up to PostgreSQL's own limits
+        st.integers(1, 3000).map(lambda n: '{"a": ' * n + "1" + "}" * n),
+        st.integers(1, 6000).map(lambda n: f"[{'9' * n}]"),  # integers up to and past Python's 4300 digits
+        st.sampled_from(["[1e5000]", "[-1e400]", "1e400", '"x"', "[]", "{}", "null", "[1, 2]", '["a", "a"]']),
+        st.integers(1, 20000).map(lambda n: json.dumps(["w"] * n)),  # wide
+        st.integers(1, 200).map(lambda n: json.dumps([{"exception_class_path": "x" * n, "traceback": 7}])),
+    )
+
+
+def value_of(data_type: str, nullable: bool, length: int | None) -> st.SearchStrategy[str | None]:
+    """SQL text for a value of ``data_type`` (cast by the UPDATE), or None (NULL)."""
+    if data_type in INT_RANGES:
+        base = integers(*INT_RANGES[data_type]).map(str)
+    elif data_type == "boolean":
+        base = st.sampled_from(["true", "false"])
+    elif data_type in ("character varying", "text"):
+        base = texts(length)
+    elif data_type == "timestamp with time zone":
+        base = timestamps()
+    elif data_type == "jsonb":
+        base = json_texts()
+    else:
+        raise AssertionError(f"shardq_job has a column of type {data_type}: give the property test its values")
+    return st.one_of(st.none(), base) if nullable else base
+
+
+# Where the odd rows are when the worker reads them (one of each a value):
+# READY for the ordinary
+# claim (and the idle fetcher), READY and limited for both limited claims,
+# RUNNING under a superseded fence for the leaser's rescue, WAITING on a
+# parent (beside a sibling) for the workflow resolver.
+STATES = ("ready", "limited", "rescued", "waiting")
+
+
+def write_odd_job(name: str, data_type: str, value: str | None, state: str, shard: int) -> tuple[int, list[int]]:
+    """A valid job in ``state`` with column ``name`` then set to ``value``:
+    (its id, the ids of the valid jobs written with it)."""
+    others: list[int] = []
+    if state == "waiting":
+        wf = shardq.Workflow(name="odd")
+        parent = wf.add(t.noop)
+        wf.add(t.noop, after=[parent], step_name="odd")
+        wf.add(t.noop, after=[parent], step_name="sibling")
+        parent_id, job_id, sibling_id = (int(r.id) for r in wf.enqueue())
+        others = [parent_id, sibling_id]
+    else:
+        [job_id] = job_factory(
+            1, shard=shard, task_path=LIMITED_PATH if state == "limited" else "tests.taskapp.tasks.noop"
+        )
+    if state == "limited":
+        sql("UPDATE shardq_job SET limit_keys = %s::jsonb WHERE id = %s", [LIMITED_KEYS, job_id])
+    if state == "rescued":
+        sql(
+            "UPDATE shardq_job SET status = 'RUNNING', fence = 0, status_rank = 2, attempts = 1, "
+            "worker_ids = '[\"gone\"]', started_at = clock_timestamp(), last_attempted_at = clock_timestamp() "
+            "WHERE id = %s",
+            [job_id],
+        )
+    if value is None:
+        expression, params = "NULL", []
+    elif data_type == "timestamp with time zone" and value.startswith("now"):
+        expression, params = f"clock_timestamp() {value[3:]}", []
+    else:
+        expression, params = f"%s::{'timestamptz' if data_type.startswith('timestamp') else data_type}", [value]
+    try:
+        [(job_id,)] = sql(f"UPDATE shardq_job SET {name} = {expression} WHERE id = %s RETURNING id", [*params, job_id])
+    except IntegrityError as exc:  # an id taken by another row
+        sql("DELETE FROM shardq_job WHERE id = ANY(%s)", [[job_id, *others]])
+        raise Unstorable from exc
+    except DataError as exc:  # a value the column's type refuses after all (PostgreSQL's own limits)
+        sql("DELETE FROM shardq_job WHERE id = ANY(%s)", [[job_id, *others]])
+        if "stack depth" in str(exc) or "exceeds the maximum" in str(exc) or "out of range" in str(exc):
+            raise Unstorable from exc
+        raise
+    return job_id, others
+
+
+class Unstorable(Exception):
+    """The drawn value cannot be written (the example is rejected)."""
+
+
+def test_any_value_of_any_column_leaves_the_worker_up_and_every_other_job_done(fast_poll):
+    table = columns()
+    assert {"limit_keys", "run_after", "priority", "args", "worker_ids"} <= {c[0] for c in table}
+    with in_process_worker(concurrency=2) as worker:
+        for name, data_type, nullable, length in table:
+            check_column(worker, name, data_type, nullable, length)
+
+
+def check_column(worker, name: str, data_type: str, nullable: bool, length: int | None) -> None:
+    """Hypothesis over the values of one column, with the worker running."""
+
+    @settings(max_examples=EXAMPLES_PER_COLUMN, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(value_of(data_type, nullable, length), st.integers(0, 63))
+    def example(value, shard):
+        # The value in a row of every state at once: each path reads it.
+        odd: list[int] = []
+        good: list[int] = []
+        try:
+            for i, state in enumerate(STATES):
+                job_id, others = write_odd_job(name, data_type, distinct(name, value, i), state, shard)
+                odd.append(job_id)
+                good += others
+        except Unstorable:
+            sql("DELETE FROM shardq_job WHERE id = ANY(%s)", [[*odd, *good]])
+            reject()
+        heartbeats = worker.stats["heartbeats"]
+        good += [int(r.id) for r in shardq.enqueue_many(t.noop, [((), {}) for _ in range(3)])]
+        good += [int(r.id) for r in shardq.enqueue_many(limit_tasks.three_at_once, [((), {"sleep": 0})])]
+        try:
+            wait_until(
+                lambda: done(good) or failed(worker),
+                timeout=30,
+                message=lambda: f"the other jobs, beside rows with {name} = {value!r:.200}: {pending(good)}",
+            )
+            # An idle round after them (the fetcher asks seconds_until_due),
+            # and two heartbeats since the rows were written (each renewal
+            # rescues the jobs of superseded fences).
+            claims = worker.stats["claim_statements"]
+            wait_until(
+                lambda: (
+                    (worker.stats["claim_statements"] >= claims + 2 and worker.stats["heartbeats"] >= heartbeats + 2)
+                    or failed(worker)
+                ),
+                timeout=10,
+            )
+            assert not failed(worker), f"rows with {name} = {value!r:.200} stopped {failed(worker)}"
+        finally:
+            sql("DELETE FROM shardq_job WHERE id = ANY(%s)", [[*odd, *good]])
+
+    example()
+
+
+def distinct(name: str, value: str | None, i: int) -> str | None:
+    """The value for the ``i``-th row of an example: ids must differ."""
+    if name != "id" or value is None:
+        return value
+    number = int(value)
+    return str(number - i if number >= 0 else number + i)
+
+
+@pytest.fixture
+def fast_poll(settings):
+    """A fast poll and heartbeat: each example waits for an idle round of the
+    fetcher and for two renewals of the leases (each with its rescue)."""
+    settings.SHARDQ = {**settings.SHARDQ, "POLL_INTERVAL": 0.05, "HEARTBEAT": 0.2, "METRICS_PORT": None}
+    yield
+
+
+def done(ids) -> bool:
+    return sql("SELECT count(*) FROM shardq_job WHERE id = ANY(%s) AND status = 'SUCCESSFUL'", [[int(i) for i in ids]])[
+        0
+    ][0] == len(ids)
+
+
+def pending(ids) -> list:
+    return sql(
+        "SELECT id, status, left(errors::text, 300) FROM shardq_job WHERE id = ANY(%s) AND status <> 'SUCCESSFUL'",
+        [[int(i) for i in ids]],
+    )
+
+
+def failed(worker) -> dict[str, str]:
+    return {service.name: repr(service.failure) for service in worker.services() if service.failure is not None}
