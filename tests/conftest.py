@@ -96,6 +96,11 @@ def _forbid_processes(event: str, args: tuple) -> None:
 
 
 def pytest_configure(config):
+    # croniter runs `file -b <python>` at import (platform.architecture()):
+    # imported here, before any test, that is no test's process. (A whole
+    # run imports it while collecting; a run of one test file may not.)
+    import croniter  # noqa: F401
+
     sys.addaudithook(_forbid_processes)
 
 
