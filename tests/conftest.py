@@ -6,8 +6,8 @@ pytest-django then creates the test database on whichever server it is.
 Tiers (CONTRIBUTING.md): a test that starts a process (a worker, a
 subprocess, a fork, a browser) is marked ``process``; the rest run in this
 process and form the fast tier, ``pytest -m "not process"``. Whole
-directories and the ``workers`` fixture are marked here; anything else that
-starts a process carries the mark itself. A guard holds the line: an
+directories and the users of the ``workers`` and ``wheel`` fixtures are
+marked here; anything else that starts a process carries the mark itself. A guard holds the line: an
 unmarked test that starts a process fails, naming what it started.
 
 Under pytest-xdist (``-n``) every xdist worker has a test database of its
@@ -15,7 +15,8 @@ own (pytest-django names it ``test_<name>_gw0``, ``_gw1``, ...), and the
 worker processes a test starts join that database (tests/workers.py reads
 it from Django's connection). That also gives each its own NOTIFY channels:
 PostgreSQL delivers a NOTIFY only to listeners in the database it was sent
-in, and advisory locks are per database as well.
+in, and advisory locks are per database as well. What is the whole
+server's (pg_stat_activity, pg_locks) a test filters on its database.
 """
 
 import signal
@@ -102,9 +103,9 @@ def _forbid_processes(event: str, args: tuple) -> None:
 
 
 def pytest_configure(config):
-    # croniter's import asks platform.architecture(), which runs `file -b` on
-    # the interpreter: imported before the guard, so the first test of an
-    # xdist worker to import shardq.cron does not count that as its own.
+    # croniter runs `file -b <python>` at import (platform.architecture()):
+    # imported here, before any test, that is no test's process. (A whole
+    # run imports it while collecting; a run of one test file may not.)
     import croniter  # noqa: F401
 
     sys.addaudithook(_forbid_processes)
