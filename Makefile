@@ -55,10 +55,11 @@ chromium:
 	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y --no-install-recommends chromium && \
 	test -x $(CHROMIUM) || { echo "apt-get installed chromium but $(CHROMIUM) does not exist"; exit 1; }
 
-# Full fault sizes (the fault suite and the randomized failure-domain run);
+# Full fault sizes (the fault suite, the randomized failure-domain run and the
+# property over every value of every job column);
 # -s shows each test's [faults] figures line (docs/reliability.md).
 faults: $(STAMP)
-	SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q -s tests/faults tests/isolation/test_randomized.py
+	SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q -s tests/faults tests/isolation/test_randomized.py tests/isolation/test_row_properties.py
 
 # Full scale (issue 17, docs/scaling.md): 16 worker processes on 64 shards
 # with a 5-minute stable window, and workers in network namespaces; -s shows
