@@ -455,8 +455,14 @@ class Limiter:
                 full[key] = now_mono + max(next_token_in(new_tat, now, rate), 0.001)
         for key in room:
             if key not in rates and key in denied and room[key] - used.get(key, 0) <= 0:
-                # Looked at again when a NOTIFY says a slot was freed, or at the poll.
-                full[key] = now_mono + self.poll_interval
+                # Looked at again when a NOTIFY says a slot was freed, or
+                # after two polls. One poll was the full claim's own period
+                # (full_claim_due), so the mark had lapsed by the next full
+                # claim, whose walk (one candidate a shard for a small want)
+                # met the same capped job first, every time: the other limited
+                # jobs of its shard waited out the whole backlog (a capped
+                # task's 30 jobs held two of another task for 4.3 s of 5).
+                full[key] = now_mono + 2 * self.poll_interval
         with self._cond:
             # A slot freed while this claim ran (its NOTIFY came between the
             # walk and now) may be one take_limit_slots did not see: the
