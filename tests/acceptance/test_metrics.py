@@ -54,7 +54,10 @@ def enqueue_the_mix() -> dict[str, int]:
     return {"noop": 20, "add": 10, "fail": 3, "flaky": 7}
 
 
-def check_the_mix(samples, attempts: dict[str, int]) -> None:
+def check_the_mix(samples, attempts: dict[str, int], group: bool = False) -> None:
+    """``group``: two processes share the shards; a job buffered (CLAIMED)
+    in one when its shard moves to the other is handed back and claimed
+    again there, run once: claims may then exceed attempts, starts may not."""
     for name, n in attempts.items():
         assert value(samples, "shardq_jobs_started_total", task=T + name) == n, name
         assert value(samples, "shardq_job_duration_seconds_count", task=T + name) == n, name
@@ -68,8 +71,10 @@ def check_the_mix(samples, attempts: dict[str, int]) -> None:
     assert value(samples, finished, task=T + "flaky", outcome="dead") == 1
     assert value(samples, finished) == 20 + 10 + 3 + 7
     assert value(samples, "shardq_fence_rejections_total") == 0
-    # Every job claimed once per attempt, in batches the histogram counts.
-    assert value(samples, "shardq_claim_batch_size_sum") == 20 + 10 + 3 + 7
+    # Every job claimed once per attempt (and once more for a hand-back, see
+    # ``group``), in batches the histogram counts.
+    claimed = value(samples, "shardq_claim_batch_size_sum")
+    assert claimed == 20 + 10 + 3 + 7 if not group else 20 + 10 + 3 + 7 <= claimed <= 2 * (20 + 10 + 3 + 7)
     assert value(samples, "shardq_claim_duration_seconds_count") == value(samples, "shardq_claim_batch_size_count")
     # No label carries an id, a key or an argument.
     labels = {name for (n, ls) in samples if n.startswith("shardq_") for name, _ in ls}
@@ -140,7 +145,7 @@ def test_processes_share_one_port_that_reports_the_group(workers, tmp_path):
         timeout=30,
         message="the group's counters and gauges",
     )
-    check_the_mix(samples, attempts)
+    check_the_mix(samples, attempts, group=True)
     assert len(glob.glob(str(tmpdir / "shardq-metrics-*"))) == 1  # the group's PROMETHEUS_MULTIPROC_DIR
     assert value(samples, "shardq_worker_slots") == 4  # 2 processes x 2 threads, summed
     assert value(samples, "shardq_jobs", queue="default", state="READY") == 4  # one holder, not two
