@@ -473,6 +473,12 @@ FROM jsonb_to_recordset(%(batch)s::jsonb)
      shardq_shard AS s
 WHERE job.id = ANY(%(ids)s::bigint[]) AND job.id = a.id
   AND job.fence <= a.fence AND job.status_rank < a.rank
+  -- Only a job in flight: a READY row under the same fence is one whose
+  -- claim or start was lost with the server (asynchronous commits) while the
+  -- attempt ran; its outcome is refused and the job runs again, so every
+  -- recorded outcome belongs to a recorded start. Written "(...) IS TRUE", as
+  -- in start_jobs, so the planner keeps to the ids.
+  AND (job.status IN ('CLAIMED', 'RUNNING')) IS TRUE
   AND s.shard = job.shard AND s.claim_version = job.fence
 RETURNING job.id, job.status_rank, job.children_pending;
 
@@ -497,6 +503,7 @@ SET status = 'SUCCESSFUL', status_rank = %(rank)s, return_value = %(return_value
     finished_at = clock_timestamp()
 FROM locked
 WHERE job.id = %(id)s AND job.fence <= %(fence)s AND job.status_rank < %(rank)s
+  AND (job.status IN ('CLAIMED', 'RUNNING')) IS TRUE
 RETURNING locked.claim_version;
 
 -- name: outcomes_applied
