@@ -32,6 +32,7 @@ from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.tasks.signals import log_task_enqueued, task_enqueued
 
+from . import tracing
 from .checks import backend_checks, unusable
 from .conf import get_config
 from .db import enqueue as enqueue_statements
@@ -102,10 +103,19 @@ class ShardqBackend(BaseTaskBackend):
     # -- enqueue ------------------------------------------------------------
 
     def enqueue(self, task, args, kwargs):
+        if tracing.enabled:  # a PRODUCER span, its context stored with the job (shardq/tracing.py)
+            with tracing.enqueue_span(task, args, kwargs) as span:
+                result = self._enqueue(task, args, kwargs, tracing.traceparent(span))
+                tracing.enqueued(span, [result.id])
+                return result
+        return self._enqueue(task, args, kwargs, None)
+
+    def _enqueue(self, task, args, kwargs, traceparent: str | None):
         params = self._validate_once(task)
         if isinstance(task, ShardTask) and task.after:
             return enqueue_after(task, [(args, kwargs)])[0]
         params.update(self.rows.job_row(task, args, kwargs))  # refused even for a unique duplicate
+        params["traceparent"] = traceparent
         if isinstance(task, ShardTask) and task.unique_for is not None:
             result, inserted = self.unique.enqueue(task, args, kwargs, params)
             self._send_enqueued([result] if inserted else [])
@@ -124,8 +134,15 @@ class ShardqBackend(BaseTaskBackend):
     def enqueue_many(self, task, calls) -> list[TaskResult]:
         """Enqueue many calls of one task: ids from the sequence, one COPY and one
         NOTIFY per distinct shard, in one atomic block (see shardq.enqueue_many)."""
-        params = self._validate_once(task)
         calls = [(tuple(args), dict(kwargs)) for args, kwargs in calls]
+        if tracing.enabled and calls:  # one PRODUCER span for the call, its context in every row
+            with tracing.enqueue_span(task, jobs=len(calls)) as span:
+                return self._enqueue_many(task, calls, tracing.traceparent(span))
+        return self._enqueue_many(task, calls, None)
+
+    def _enqueue_many(self, task, calls: list[tuple[tuple, dict]], traceparent: str | None) -> list[TaskResult]:
+        params = self._validate_once(task)
+        params["traceparent"] = traceparent
         if not calls:
             return []
         if isinstance(task, ShardTask) and task.after:
@@ -160,6 +177,12 @@ class ShardqBackend(BaseTaskBackend):
 
     def enqueue_graph(self, steps, workflow: str | None = None) -> list[TaskResult]:
         """A workflow's steps in one atomic block (``shardq/enqueue/graph.py``)."""
+        if tracing.enabled:
+            with tracing.workflow_span(len(steps), workflow):
+                return self._enqueue_graph(steps, workflow)
+        return self._enqueue_graph(steps, workflow)
+
+    def _enqueue_graph(self, steps, workflow: str | None) -> list[TaskResult]:
         results = enqueue_graph(
             steps,
             task_params=self._validate_once,

@@ -29,6 +29,17 @@ DEFAULTS = {
     # shardq_worker serves Prometheus metrics on this port (None: metrics off);
     # --metrics-port overrides it.
     "METRICS_PORT": None,
+    # The address that port is bound to: this host only unless you say
+    # otherwise (--metrics-address overrides it; 0.0.0.0 for every interface).
+    "METRICS_ADDRESS": "127.0.0.1",
+    # Count enqueues and cancels in this process (a web process's side of the
+    # metrics, served by shardq.metrics.metrics_view): True, False, or None to
+    # follow METRICS_PORT (counted where it is set).
+    "ENQUEUE_METRICS": None,
+    # The DATABASES alias shardq_worker connects through (None: the backend's
+    # OPTIONS["DATABASE"]): a direct or session-pooled connection when the web
+    # side goes through a transaction pooler (docs/scaling.md, "PgBouncer").
+    "WORKER_DATABASE": None,
     # Seconds a task may run (None: no limit); @shard_task(timeout=...) wins.
     "TASK_TIMEOUT": None,
     # Threads still running a task past its timeout (stuck in C code) keep

@@ -67,6 +67,9 @@ class Job(models.Model):
     # key"), so the job has no limit_keys and takes the ordinary claim. Set
     # so claim_jobs can hold such a job back where two pools hold its shard.
     key_limited = models.BooleanField(default=False, db_default=False)
+    # The W3C traceparent of the span that enqueued the job (shardq[otel],
+    # shardq/tracing.py): each attempt's span is its child. NULL: untraced.
+    traceparent = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "shardq_job"

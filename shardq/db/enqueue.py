@@ -58,6 +58,7 @@ _COPY_ORDER = (
     "enqueued_at",
     "limit_keys",
     "key_limited",
+    "traceparent",
 )
 JOB_COLUMNS = tuple(name.strip() for name in QUERIES["job_columns"].split(","))
 if JOB_COLUMNS != _COPY_ORDER:
@@ -176,6 +177,8 @@ def copy_jobs(
         # The limits every job of the task counts against (a JSON array, or
         # NULL); a row of a task limited per value has its own.
         static_limits = _COPY_NULL if params["limit_keys"] is None else copy_json(params["limit_keys"])
+        # One enqueue span for the whole call (shardq/tracing.py): its context, or NULL.
+        traceparent = _COPY_NULL if params.get("traceparent") is None else copy_text(params["traceparent"])
         lines: list[str] = []
         with conn.wrap_database_errors, cursor.copy(QUERIES["copy_jobs"]) as copy:
             for index, (job_id, row) in enumerate(zip(ids, rows, strict=True)):
@@ -185,7 +188,7 @@ def copy_jobs(
                     f"{_COPY_NULL if key is None else copy_text(key)}\t{middle}\t"
                     f"{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t{tail}"
                     f"{static_limits if 'limit_keys' not in row else limits_field(row)}\t"
-                    f"{'t' if row.get('key_limited') else 'f'}\n"
+                    f"{'t' if row.get('key_limited') else 'f'}\t{traceparent}\n"
                 )
                 on_job(index, job_id, enqueued_at)
                 flush_chunk(copy, lines)
@@ -210,6 +213,12 @@ def limits_field(row: dict[str, Any]) -> str:
     """A row's limit_keys (JSON text or None) as a COPY field."""
     keys = row.get("limit_keys")
     return _COPY_NULL if keys is None else copy_json(keys)
+
+
+def traceparent_field(row: dict[str, Any]) -> str:
+    """A row's traceparent (or None) as a COPY field."""
+    value = row.get("traceparent")
+    return _COPY_NULL if value is None else copy_text(value)
 
 
 def copy_text(value: str) -> str:
@@ -289,7 +298,7 @@ def copy_graph(
                     f"{row['key_hash']}\t{_COPY_NULL if key is None else copy_text(key)}\t"
                     f"{'t' if row['ordered'] else 'f'}\t{'WAITING' if row['waiting'] else 'READY'}\t0\t0\t0\t"
                     f"{row['max_attempts']}\t{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t"
-                    f"[]\t[]\t{stamp}\t{limits_field(row)}\t{'t' if row.get('key_limited') else 'f'}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
+                    f"[]\t[]\t{stamp}\t{limits_field(row)}\t{'t' if row.get('key_limited') else 'f'}\t{traceparent_field(row)}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
                 )
                 flush_chunk(copy, lines)
             flush_chunk(copy, lines, last=True)

@@ -6,7 +6,9 @@ from collections.abc import Callable
 
 from django.tasks import Task, TaskResult
 
+from .. import tracing
 from ..db import enqueue as enqueue_statements
+from ..db import operations
 from ..exceptions import WorkflowError
 from ..tasks import ShardTask
 from ..workflows import Workflow
@@ -83,16 +85,31 @@ def enqueue_graph(
             names[job_id] = name
         return names
 
-    ids, enqueued_at = enqueue_statements.copy_graph(
-        database_alias,
-        nodes,
-        edges,
-        external,
-        workflow=workflow,
-        notify=notify,
-        channel=channel,
-        name_external=name_external,
-    )
+    spans = None
+    if tracing.enabled:
+        # A span per step, linked to its parents' (shardq/tracing.py); an
+        # existing parent's through the traceparent stored with it.
+        stored = {}
+        if external:
+            stored = dict(operations.run("job_traceparents", {"ids": external}, using=database_alias))
+        spans = tracing.step_spans(steps, nodes, stored)
+    try:
+        ids, enqueued_at = enqueue_statements.copy_graph(
+            database_alias,
+            nodes,
+            edges,
+            external,
+            workflow=workflow,
+            notify=notify,
+            channel=channel,
+            name_external=name_external,
+        )
+    except BaseException as error:
+        if spans is not None:
+            tracing.end_step_spans(spans, None, error)
+        raise
+    if spans is not None:
+        tracing.end_step_spans(spans, ids)
     return [
         new_result(step.task, job_id, enqueued_at, row["run_after"], step.args, step.kwargs)
         for job_id, step, row in zip(ids, steps, nodes, strict=True)

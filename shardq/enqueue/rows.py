@@ -87,4 +87,6 @@ class JobRows:
             # job_row replaces it for a task limited per argument value.
             "limit_keys": None if static is None else json.dumps(static),
             "key_limited": False,
+            # The enqueue span's W3C context (shardq/tracing.py), set per call.
+            "traceparent": None,
         }

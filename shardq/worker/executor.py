@@ -29,6 +29,7 @@ from django.tasks.exceptions import InvalidTaskBackend
 from django.tasks.signals import log_task_finished, log_task_started, task_finished, task_started
 from django.utils import timezone
 
+from .. import tracing
 from ..completion import CommittedByTask
 from ..conf import timeout_seconds
 from ..db.store import WorkerStore
@@ -310,9 +311,19 @@ class Executor:
         """Start and run one claimed job. An error of shardq's own while
         doing so (an odd row, a receiver that raised) is this job's failure
         (its domain), never the thread's."""
+        if tracing.enabled:  # the attempt's CONSUMER span, child of the enqueue's (shardq/tracing.py)
+            with tracing.attempt_span(job) as span:
+                outcome = self._run_job(job)
+                tracing.attempt_ended(span, job, outcome)
+                return outcome
+        return self._run_job(job)
+
+    def _run_job(self, job: ClaimedJob) -> Outcome | None:
         try:
             return self.execute(job)
         except Exception as exc:
+            if tracing.enabled:
+                tracing.record_attempt_error(None, job, exc)
             logger.exception("job %s could not be run", job.id)
             text = sanitize_text(f"shardq could not run job {job.id}: " + "".join(traceback.format_exception(exc)))
             return _failed(job, _class_path(exc), text)
@@ -351,6 +362,8 @@ class Executor:
             # back (refused harmlessly if it was rescued already).
             self.stats.add("starts_refused")
             self.handback.return_jobs([job])
+            if tracing.enabled:
+                tracing.note_outcome("handed_back")
             return None
         if job.started:
             # Started by the limited claim that spent its rate token, for a
@@ -364,9 +377,13 @@ class Executor:
             # Not an outcome refused (fence_rejections counts those): the job
             # never ran here.
             self.stats.add("starts_refused")
+            if tracing.enabled:
+                tracing.note_outcome("not_started")
             return None
         if verdict == UNAVAILABLE:
             self.handback.return_jobs([job])
+            if tracing.enabled:
+                tracing.note_outcome("handed_back")
             return None
         if verdict == REJECTED:
             text = sanitize_text(
@@ -380,6 +397,8 @@ class Executor:
             # after a takeover the row has moved on and it is refused.
             self.stats.add("starts_refused")
             self.handback.return_jobs([job])
+            if tracing.enabled:
+                tracing.note_outcome("handed_back")
             return None
         rank = job.status_rank + 1
         if job.worker_losses:
@@ -420,6 +439,8 @@ class Executor:
                 if self.metrics is not None:
                     self.metrics.committed_by_task(job)
                 self._finished(result, TaskResultStatus.SUCCESSFUL)
+                if tracing.enabled:
+                    tracing.note_outcome("succeeded")
                 return None
             if controlled and controlled[0].expired:
                 self._late(job, error)
@@ -431,6 +452,8 @@ class Executor:
                 if self.metrics is not None:
                     self.metrics.fence_rejected(job)
                 logger.warning("job %s: %s", job.id, error)
+                if tracing.enabled:
+                    tracing.note_outcome("fence_rejected")
                 return None
             if result is None and self.finished_gate.needed(logging.ERROR):
                 # Only task_finished has a listener for failures (task_started had
@@ -446,6 +469,8 @@ class Executor:
             if self.metrics is not None:
                 self.metrics.committed_by_task(job)
             self._finished(result, TaskResultStatus.SUCCESSFUL)
+            if tracing.enabled:
+                tracing.note_outcome("succeeded")
             return None
         if controlled and controlled[0].expired:
             self._late(job, None)
@@ -612,6 +637,8 @@ class Executor:
         so whatever it produced now is dropped (the database would refuse it
         too: the same rank). A return or another exception is a late
         completion, counted; the TaskTimeout (or the cancel) we sent is not."""
+        if tracing.enabled:
+            tracing.note_outcome("timed_out")
         if error is None or not isinstance(error, (TaskTimeout, asyncio.CancelledError, CancelledError)):
             self.stats.add("late_completions_refused")
             logger.warning(
@@ -623,6 +650,8 @@ class Executor:
     def _failure(
         self, task: Task, job: ClaimedJob, rank: int, error: BaseException, result: TaskResult | None
     ) -> Outcome:
+        if tracing.enabled:  # on the attempt's span (none on run control's thread, at a deadline)
+            tracing.record_attempt_error(task, job, error)
         path = _class_path(error)
         text = sanitize_text("".join(traceback.format_exception(error)))
         if (

@@ -62,6 +62,8 @@ class ClaimedJob:
     # Limited by its own shard key (docs/limits.md): the local queue runs at
     # most the task's max_concurrency of the key at once.
     key_limited: bool = False
+    # The W3C traceparent of the span that enqueued it (shardq/tracing.py).
+    traceparent: str | None = None
     # -- not columns: set in this worker --
     # Set by the start write: this worker id was appended to worker_ids.
     started_by: str | None = None

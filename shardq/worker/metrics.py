@@ -496,9 +496,9 @@ class MultiprocessDirectory:
 class Endpoint:
     """The HTTP server of ``--metrics-port`` (prometheus_client's, on a daemon thread)."""
 
-    def __init__(self, port: int, registry: Any, address: str = "") -> None:
+    def __init__(self, port: int, registry: Any, address: str = "127.0.0.1") -> None:
         client = import_client()
-        self.server, self.thread = client.start_http_server(port, addr=address or "0.0.0.0", registry=registry)
+        self.server, self.thread = client.start_http_server(port, addr=address, registry=registry)
 
     def close_in_child(self) -> None:
         """In a forked child: drop the inherited listening socket (only the

@@ -6,7 +6,7 @@
 -- this list (shardq/db/enqueue.py writes COPY rows in this order and checks it at import).
 id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key, ordered, status,
     status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at, limit_keys,
-    key_limited
+    key_limited, traceparent
 
 -- name: insert_job
 -- Insert one READY job on the caller's connection; when :notify, NOTIFY its shard and priority,
@@ -17,7 +17,7 @@ WITH job AS (
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb,
-        %(key_limited)s)
+        %(key_limited)s, %(traceparent)s)
     RETURNING id, shard, priority, enqueued_at, run_after
 )
 SELECT id, enqueued_at, run_after,
@@ -57,7 +57,7 @@ WITH live AS MATERIALIZED (
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb,
-        %(key_limited)s
+        %(key_limited)s, %(traceparent)s
     FROM new_job JOIN claim ON claim.job_id = new_job.id
     RETURNING id, shard, priority, enqueued_at, run_after
 )
@@ -68,6 +68,11 @@ SELECT COALESCE(job.id, claim.job_id, live.job_id), job.id IS NOT NULL,
        CASE WHEN job.id IS NOT NULL AND %(notify)s THEN pg_notify(%(channel)s, job.shard || ':' || job.priority) END
 FROM (VALUES (1)) AS one(x)
 LEFT JOIN live ON true LEFT JOIN claim ON true LEFT JOIN job ON true;
+
+-- name: job_traceparents
+-- The stored trace context of existing jobs a workflow's new steps wait on (shardq/tracing.py
+-- links each step's span to its parents'): id, traceparent.
+SELECT id, traceparent FROM shardq_job WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: get_job
 -- One job by id, every column a TaskResult needs. Times Python cannot hold (±infinity, beyond year
@@ -140,7 +145,9 @@ job.id, job.task_path, job.queue_name, job.priority,
     -- none for a quarantined row (its value may be any JSON, decoded here).
     CASE WHEN picked.problem IS NULL THEN job.limit_keys END AS limit_keys,
     -- Limited by its own shard key: the local queue holds it to the cap.
-    job.key_limited
+    job.key_limited,
+    -- The enqueuing span's W3C trace context (shardq/tracing.py); NULL: untraced.
+    CASE WHEN picked.problem IS NULL THEN job.traceparent END AS traceparent
 
 -- name: claim_held
 -- claim_jobs' first step (a CTE body): the shards of :shards this worker holds in pool :pool under a

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.tasks.base import DEFAULT_TASK_QUEUE_NAME
 from django.utils.module_loading import import_string
 
+from shardq.conf import DEFAULTS
 from shardq.management.flags import printable, seconds, whole_number
 
 # The range of each numeric flag (shardq.management.flags): a value out of
@@ -20,6 +21,7 @@ MAX_GRACE_SECONDS = 86400.0
 MAX_PREFETCH = 100_000
 MAX_TASKS = 1_000_000_000
 MAX_PORT = 65535
+DEFAULT_METRICS_ADDRESS = DEFAULTS["METRICS_ADDRESS"]
 # --worker-id: the length of shardq_worker.name.
 MAX_WORKER_ID_LENGTH = 100
 
@@ -69,6 +71,12 @@ class Command(BaseCommand):
             help="Serve Prometheus metrics on this port (one port for all --processes); "
             "default SHARDQ['METRICS_PORT'], unset: no metrics.",
         )
+        parser.add_argument(
+            "--metrics-address",
+            default=None,
+            help="The address --metrics-port binds (default SHARDQ['METRICS_ADDRESS'], else 127.0.0.1: "
+            "this host only); 0.0.0.0 or :: for every interface.",
+        )
 
     def handle(self, *args, **options):
         # The stop rule first (shardq/worker/shutdown.py): a SIGTERM that comes
@@ -97,7 +105,8 @@ class Command(BaseCommand):
         port = metrics_port(options["metrics_port"])
         # The port is bound here, before any process is forked: a port in use
         # is this command's error, not a child's crash loop.
-        endpoint, directory = (None, None) if port is None else serve_metrics(port, processes > 1)
+        address = metrics_address(options["metrics_address"])
+        endpoint, directory = (None, None) if port is None else serve_metrics(port, processes > 1, address)
 
         def run_worker() -> int:
             from shardq.exceptions import DatabaseUnavailable
@@ -229,7 +238,27 @@ def metrics_port(flag: str | None) -> int | None:
     return value
 
 
-def serve_metrics(port: int, multiprocess: bool):
+def metrics_address(flag: str | None) -> str:
+    """--metrics-address, else SHARDQ["METRICS_ADDRESS"], else 127.0.0.1: an
+    IP address to bind (a CommandError names a value that is not one)."""
+    import ipaddress
+
+    what = "--metrics-address"
+    value: object = flag
+    if flag is None:
+        what = "SHARDQ['METRICS_ADDRESS']"
+        value = (getattr(settings, "SHARDQ", {}) or {}).get("METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS)
+    try:
+        return str(ipaddress.ip_address(value))  # type: ignore[arg-type]
+    except ValueError:
+        raise CommandError(
+            f"{what} must be an IP address to bind the metrics port to, not {printable(repr(value))}: "
+            f"{DEFAULT_METRICS_ADDRESS} (the default: this host only), a private interface's address, "
+            "or 0.0.0.0 / :: for every interface (docs/operations.md, \"Metrics\")."
+        )
+
+
+def serve_metrics(port: int, multiprocess: bool, address: str = "127.0.0.1"):
     """(the endpoint listening on ``port``, the multiprocess directory or
     None), or a CommandError: prometheus-client missing, the port in use or
     not ours to bind."""
@@ -242,13 +271,14 @@ def serve_metrics(port: int, multiprocess: bool):
     directory = metrics.MultiprocessDirectory() if multiprocess else None
     try:
         registry = directory.registry() if directory else metrics.import_client().REGISTRY
-        endpoint = metrics.Endpoint(port, registry)
+        endpoint = metrics.Endpoint(port, registry, address)
     except OSError as exc:
         if directory:
             directory.remove()
         reason = "is in use by another process" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
         raise CommandError(
-            f"--metrics-port {port}: the port {reason}; choose another (--metrics-port or SHARDQ['METRICS_PORT'])."
+            f"--metrics-port {port}: the port {reason} on {address}; choose another (--metrics-port or "
+            "SHARDQ['METRICS_PORT']) or another address (--metrics-address or SHARDQ['METRICS_ADDRESS'])."
         )
     return endpoint, directory
 
