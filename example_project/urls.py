@@ -8,4 +8,5 @@ urlpatterns = [
     path("orders/", views.create_order),
     path("add/", views.enqueue_add),
     path("jobs/<str:job_id>/", views.job_status),
+    path("metrics/", views.metrics),
 ]

@@ -265,7 +265,7 @@ class ShardqBackend(BaseTaskBackend):
         if not ids:
             return []
         rows = operations.run("cancel_jobs", {"ids": ids, "reason": reason}, using=self.database_alias)
-        if metrics.active is not None:
+        if metrics.active is not None and metrics.active.enqueue_side:
             metrics.active.count_cancelled({"queue_name": queue, "task_path": path} for _, queue, path in rows)
         return [str(job_id) for job_id in sorted(row[0] for row in rows)]
 

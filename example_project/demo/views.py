@@ -1,11 +1,16 @@
+import functools
+import hmac
 import json
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
-from django.http import Http404, HttpResponseBadRequest, JsonResponse
+from django.http import Http404, HttpResponseBadRequest, HttpResponseForbidden, JsonResponse
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
+
+from shardq.metrics import metrics_view
 
 from .models import Order
 from .tasks import add, send_receipt
@@ -49,3 +54,25 @@ def job_status(request, job_id):
     if result.status == "SUCCESSFUL":
         body["return_value"] = result.return_value
     return JsonResponse(body)
+
+
+def staff_or_token(view):
+    """An access rule for a metrics view: a scraper sends
+    ``Authorization: Bearer <METRICS_TOKEN>``; a staff user may look in a
+    browser; anyone else gets 403. No token configured: staff only."""
+
+    @functools.wraps(view)
+    def guarded(request, *args, **kwargs):
+        token = settings.METRICS_TOKEN
+        sent = request.headers.get("Authorization", "")
+        if token and hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+            return view(request, *args, **kwargs)
+        if request.user.is_authenticated and request.user.is_staff:
+            return view(request, *args, **kwargs)
+        return HttpResponseForbidden("metrics: send Authorization: Bearer <METRICS_TOKEN>, or log in as staff")
+
+    return guarded
+
+
+# shardq's metrics of this web process (its enqueues and cancels), behind the rule.
+metrics = require_GET(staff_or_token(metrics_view))

@@ -177,6 +177,8 @@ class Metrics:
     def __init__(self, registry: Any, multiprocess: bool) -> None:
         client = import_client()
         self.multiprocess = multiprocess
+        # Counts enqueues and cancels (counts_enqueues(), set by enable()).
+        self.enqueue_side = True
         self.guard = LabelGuard(configured_queues())
         self._children: dict[tuple[str, str], _Children] = {}
         self._children_lock = threading.Lock()
@@ -392,20 +394,75 @@ def enable(*, multiprocess: bool = False, registry: Any = None) -> Metrics:
     """Turn this process's metrics on (once; later calls return the same).
     In a worker child of ``--processes`` (``multiprocess``), values go to
     PROMETHEUS_MULTIPROC_DIR for the supervisor's endpoint; otherwise to
-    ``registry`` (default: prometheus_client's default registry)."""
+    ``registry`` (default: prometheus_client's default registry).
+    Enqueues and cancels are counted unless ``SHARDQ["ENQUEUE_METRICS"]``
+    is False.
+    Refuses (ImproperlyConfigured) a PROMETHEUS_MULTIPROC_DIR this process
+    would not write to (``check_multiprocess_dir``)."""
     global active
     with _enable_lock:
         if active is None or active.multiprocess != multiprocess:
             client = import_client()
             from django.tasks.signals import task_enqueued
 
+            if not multiprocess:
+                check_multiprocess_dir()
             # A forked child inherits the supervisor's metrics (apps.ready()
             # enabled them from METRICS_PORT): they count in memory, so the
             # child builds its own, which write to the directory.
             task_enqueued.disconnect(dispatch_uid=ENQUEUED_RECEIVER)
             active = Metrics(None if multiprocess else registry or client.REGISTRY, multiprocess)
-            task_enqueued.connect(active.count_enqueued, dispatch_uid=ENQUEUED_RECEIVER)
+            active.enqueue_side = enqueue_switch() is not False
+            if active.enqueue_side:
+                task_enqueued.connect(active.count_enqueued, dispatch_uid=ENQUEUED_RECEIVER)
         return active
+
+
+def enqueue_switch() -> bool | None:
+    """``SHARDQ["ENQUEUE_METRICS"]``: True (count this process's enqueues
+    and cancels, even with no METRICS_PORT: a web process), False (never),
+    None (the default: wherever metrics are on)."""
+    switch = (getattr(settings, "SHARDQ", {}) or {}).get("ENQUEUE_METRICS")
+    if switch is not None and not isinstance(switch, bool):
+        raise ImproperlyConfigured(
+            f"SHARDQ['ENQUEUE_METRICS'] must be True, False or None (wherever metrics are on), not {switch!r}."
+        )
+    return switch
+
+
+def counts_enqueues() -> bool:
+    """Does ``apps.ready()`` turn this process's enqueue-side counting on?
+    ``ENQUEUE_METRICS`` when True or False; None: where METRICS_PORT is set."""
+    switch = enqueue_switch()
+    if switch is None:
+        return (getattr(settings, "SHARDQ", {}) or {}).get("METRICS_PORT") is not None
+    return switch
+
+
+def check_multiprocess_dir() -> None:
+    """With PROMETHEUS_MULTIPROC_DIR set (gunicorn's workers, say), every
+    process must write its values to that directory, which the metrics view
+    merges: ImproperlyConfigured when it is not a directory, or when
+    prometheus_client was imported before the variable was set (its values
+    would stay in this process's memory and the view would miss them)."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        return
+    if not os.path.isdir(path):
+        raise ImproperlyConfigured(
+            f"PROMETHEUS_MULTIPROC_DIR={path!r} is not a directory: create it (empty) before the server "
+            "starts, or unset the variable for a single process (docs/operations.md, \"Metrics\")."
+        )
+    from prometheus_client import values
+
+    if values.ValueClass.__name__ != "MmapedValue":
+        raise ImproperlyConfigured(
+            f"PROMETHEUS_MULTIPROC_DIR={path!r} is set, but prometheus_client was imported before it was, so "
+            "this process would count its enqueues in its own memory and the merged metrics would miss them. "
+            "Set the variable in the environment the server starts with (e.g. "
+            "`PROMETHEUS_MULTIPROC_DIR=/run/shardq-metrics gunicorn ...`), not in settings or code "
+            "(docs/operations.md, \"Metrics\")."
+        )
 
 
 def disable() -> None:
@@ -420,15 +477,19 @@ def disable() -> None:
 
 
 def enable_if_configured() -> None:
-    """``apps.ready()``: a process whose settings name a METRICS_PORT counts
-    its enqueues and cancels (a worker serves them on that port; a web
-    process through ``metrics_view`` or its own exporter)."""
-    if getattr(settings, "SHARDQ", {}).get("METRICS_PORT") is not None:
-        try:
-            import_client()
-        except ImproperlyConfigured:
-            return  # the worker refuses to start with the reason; a web process goes on
-        enable()
+    """``apps.ready()``: a process that counts its enqueues and cancels
+    (``counts_enqueues()``: ``SHARDQ["ENQUEUE_METRICS"]``, or where
+    ``METRICS_PORT`` is set) turns its metrics on; a worker serves them on
+    its port, a web process through ``metrics_view`` or its own exporter."""
+    if not counts_enqueues():
+        return
+    try:
+        import_client()
+    except ImproperlyConfigured:
+        if (getattr(settings, "SHARDQ", {}) or {}).get("ENQUEUE_METRICS"):
+            raise  # asked for by name: say what is missing
+        return  # the worker refuses to start with the reason; a web process goes on
+    enable()
 
 
 def metrics_view(request: Any) -> Any:
@@ -442,6 +503,8 @@ def metrics_view(request: Any) -> Any:
     registry = client.REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess as client_multiprocess
+
+        check_multiprocess_dir()  # else the merged values would miss this process's
 
         registry = client.CollectorRegistry()
         client_multiprocess.MultiProcessCollector(registry)
