@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium lint workflows limits-full
+.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium pgbouncer lint workflows limits-full
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -31,7 +31,7 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
 
-test: $(STAMP) chromium
+test: $(STAMP) chromium pgbouncer
 	$(PY) -m pytest -q $(XDIST)
 
 # The fast tier: every test that starts no process (tests/conftest.py marks
@@ -54,6 +54,21 @@ chromium:
 	$$SUDO apt-get update && \
 	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y --no-install-recommends chromium && \
 	test -x $(CHROMIUM) || { echo "apt-get installed chromium but $(CHROMIUM) does not exist"; exit 1; }
+
+# The PgBouncer test (tests/acceptance/test_pgbouncer.py) starts Debian's
+# pgbouncer on a port of its own in front of the test database.
+PGBOUNCER := /usr/sbin/pgbouncer
+pgbouncer:
+	@if [ -x $(PGBOUNCER) ]; then exit 0; fi; \
+	command -v apt-get >/dev/null 2>&1 || { \
+		echo "$(PGBOUNCER) is missing and apt-get is not available: install PgBouncer (Debian's package is 'pgbouncer')"; \
+		echo "so that $(PGBOUNCER) exists; tests/acceptance/test_pgbouncer.py starts it."; exit 1; }; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; else \
+		echo "$(PGBOUNCER) is missing: run 'apt-get update && apt-get install -y --no-install-recommends pgbouncer' as root."; exit 1; fi; \
+	echo "installing Debian's pgbouncer for the PgBouncer test (tests/acceptance/test_pgbouncer.py)"; \
+	$$SUDO apt-get update && \
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y --no-install-recommends pgbouncer && \
+	test -x $(PGBOUNCER) || { echo "apt-get installed pgbouncer but $(PGBOUNCER) does not exist"; exit 1; }
 
 # Full fault sizes (the fault suite, the randomized failure-domain run and the
 # property over every value of every job column);

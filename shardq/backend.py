@@ -65,7 +65,11 @@ class ShardqBackend(BaseTaskBackend):
     def __init__(self, alias, params):
         super().__init__(alias, params)
         self.database_alias = self.options.get("DATABASE", DEFAULT_DB_ALIAS)
-        self.prepared_statements = bool(self.options.get("PREPARED_STATEMENTS", True))
+        # Off by default behind a transaction pool that Django is told of
+        # (DISABLE_SERVER_SIDE_CURSORS): a statement prepared on one server
+        # connection is unknown on the next (docs/scaling.md, "PgBouncer").
+        pooled = bool((connections.settings.get(self.database_alias) or {}).get("DISABLE_SERVER_SIDE_CURSORS"))
+        self.prepared_statements = bool(self.options.get("PREPARED_STATEMENTS", not pooled))
         self.config = get_config()
         # SHARDQ["QUEUES"]' limits (validated at start by the app's ready()).
         self.queue_limits = queue_limits()

@@ -197,6 +197,9 @@ def backend_checks(backend) -> list[checks.CheckMessage]:
                     id="shardq.E012",
                 )
             )
+    from .pooling import pooling_checks
+
+    errors.extend(pooling_checks(backend))  # WORKER_DATABASE, a worker behind a transaction pool
     cache = backend.options.get("UNIQUE_CACHE_SIZE", 0)
     if not isinstance(cache, int) or isinstance(cache, bool) or cache < 0:
         errors.append(

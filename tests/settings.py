@@ -31,3 +31,10 @@ if os.environ.get("SHARDQ_TEST_QUEUES"):
 # process does (a per-second schedule would add jobs to every other test).
 if os.environ.get("SHARDQ_TEST_PERIODIC"):
     SHARDQ["TASK_MODULES"] = [*SHARDQ["TASK_MODULES"], "tests.taskapp.periodic_tasks"]
+# The PgBouncer test (tests/acceptance/test_pgbouncer.py): DATABASE_URL goes
+# through PgBouncer in transaction mode, marked as Django asks; workers
+# connect directly through the "direct" alias (SHARDQ["WORKER_DATABASE"]).
+if os.environ.get("SHARDQ_TEST_DIRECT_DATABASE_URL"):
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True  # noqa: F405
+    DATABASES["direct"] = env.db_url("SHARDQ_TEST_DIRECT_DATABASE_URL")  # noqa: F405
+    SHARDQ["WORKER_DATABASE"] = "direct"

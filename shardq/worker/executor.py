@@ -198,7 +198,7 @@ class Executor:
         self.default_timeout_seconds = settings.task_timeout_seconds
         # Timeouts, cancels seen by running tasks, zombie threads (runcontrol.py).
         self.control = RunControl(
-            control_store or WorkerStore(application_name="shardq-runcontrol"),
+            control_store or WorkerStore(config.database, application_name="shardq-runcontrol"),
             self.stats,
             on_deadline=self._timed_out,
             poll_seconds=settings.heartbeat_seconds,

@@ -7,10 +7,12 @@ import os
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 from django.tasks.base import DEFAULT_TASK_QUEUE_NAME
 from django.utils.module_loading import import_string
 
 from shardq.conf import DEFAULTS
+from shardq.pooling import worker_database
 from shardq.management.flags import printable, seconds, whole_number
 
 # The range of each numeric flag (shardq.management.flags): a value out of
@@ -101,7 +103,14 @@ class Command(BaseCommand):
         if options["max_tasks"] is not None:
             max_tasks = whole_number("max-tasks", options["max_tasks"], maximum=MAX_TASKS)
         name = worker_name(options["worker_id"])
-        database = (config.get("OPTIONS") or {}).get("DATABASE", "default")
+        # SHARDQ["WORKER_DATABASE"]: a direct or session-pooled alias when the
+        # backend's goes through a transaction pool (shardq/pooling.py).
+        database = worker_database((config.get("OPTIONS") or {}).get("DATABASE", "default"))
+        if database not in connections.settings:
+            raise CommandError(
+                f"SHARDQ['WORKER_DATABASE'] = {printable(repr(database))} is not in DATABASES: name the alias "
+                "the worker connects through (docs/scaling.md, \"PgBouncer\")."
+            )
         port = metrics_port(options["metrics_port"])
         # The port is bound here, before any process is forked: a port in use
         # is this command's error, not a child's crash loop.
