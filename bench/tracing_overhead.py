@@ -80,8 +80,11 @@ def main() -> None:
         ratios = [
             on[key] / off[key] for on, off in zip(runs["noop"], runs["absent"], strict=True) if on[key] and off[key]
         ]
-        print(f"median no-op ÷ absent ({key}): {statistics.median(ratios):.3f}  (rounds: "
-              + ", ".join(f"{r:.3f}" for r in ratios) + ")")
+        print(
+            f"median no-op ÷ absent ({key}): {statistics.median(ratios):.3f}  (rounds: "
+            + ", ".join(f"{r:.3f}" for r in ratios)
+            + ")"
+        )
 
 
 if __name__ == "__main__":

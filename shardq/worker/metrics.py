@@ -451,7 +451,7 @@ def check_multiprocess_dir() -> None:
     if not os.path.isdir(path):
         raise ImproperlyConfigured(
             f"PROMETHEUS_MULTIPROC_DIR={path!r} is not a directory: create it (empty) before the server "
-            "starts, or unset the variable for a single process (docs/operations.md, \"Metrics\")."
+            'starts, or unset the variable for a single process (docs/operations.md, "Metrics").'
         )
     from prometheus_client import values
 
@@ -461,7 +461,7 @@ def check_multiprocess_dir() -> None:
             "this process would count its enqueues in its own memory and the merged metrics would miss them. "
             "Set the variable in the environment the server starts with (e.g. "
             "`PROMETHEUS_MULTIPROC_DIR=/run/shardq-metrics gunicorn ...`), not in settings or code "
-            "(docs/operations.md, \"Metrics\")."
+            '(docs/operations.md, "Metrics").'
         )
 
 

@@ -37,9 +37,7 @@ def pooled_url(port: int) -> str:
     return f"postgres://{quote(s['USER'], safe='')}@127.0.0.1:{port}/{quote(s['NAME'], safe='')}"
 
 
-def test_the_web_side_works_through_pgbouncer_and_a_worker_on_the_direct_alias_drains_every_job(
-    workers, pgbouncer
-):
+def test_the_web_side_works_through_pgbouncer_and_a_worker_on_the_direct_alias_drains_every_job(workers, pgbouncer):
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -70,8 +68,9 @@ def test_the_web_side_works_through_pgbouncer_and_a_worker_on_the_direct_alias_d
         env={"DATABASE_URL": pooled_url(pgbouncer.port), "SHARDQ_TEST_DIRECT_DATABASE_URL": database_url()},
     )
     wait_until(
-        lambda: sql("SELECT count(*) FROM shardq_job WHERE id = ANY(%s) AND status = 'SUCCESSFUL'", [ids])[0][0]
-        == len(ids),
+        lambda: (
+            sql("SELECT count(*) FROM shardq_job WHERE id = ANY(%s) AND status = 'SUCCESSFUL'", [ids])[0][0] == len(ids)
+        ),
         timeout=180,
         message=lambda: (sql("SELECT status, count(*) FROM shardq_job GROUP BY 1"), workers.log(worker)),
     )

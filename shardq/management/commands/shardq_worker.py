@@ -12,8 +12,8 @@ from django.tasks.base import DEFAULT_TASK_QUEUE_NAME
 from django.utils.module_loading import import_string
 
 from shardq.conf import DEFAULTS
-from shardq.pooling import worker_database
 from shardq.management.flags import printable, seconds, whole_number
+from shardq.pooling import worker_database
 
 # The range of each numeric flag (shardq.management.flags): a value out of
 # it is a CommandError naming the flag, before anything starts.
@@ -109,7 +109,7 @@ class Command(BaseCommand):
         if database not in connections.settings:
             raise CommandError(
                 f"SHARDQ['WORKER_DATABASE'] = {printable(repr(database))} is not in DATABASES: name the alias "
-                "the worker connects through (docs/scaling.md, \"PgBouncer\")."
+                'the worker connects through (docs/scaling.md, "PgBouncer").'
             )
         port = metrics_port(options["metrics_port"])
         # The port is bound here, before any process is forked: a port in use
@@ -263,7 +263,7 @@ def metrics_address(flag: str | None) -> str:
         raise CommandError(
             f"{what} must be an IP address to bind the metrics port to, not {printable(repr(value))}: "
             f"{DEFAULT_METRICS_ADDRESS} (the default: this host only), a private interface's address, "
-            "or 0.0.0.0 / :: for every interface (docs/operations.md, \"Metrics\")."
+            'or 0.0.0.0 / :: for every interface (docs/operations.md, "Metrics").'
         )
 
 
