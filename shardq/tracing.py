@@ -19,13 +19,16 @@ ERROR) with the values of the task's ``sensitive=`` arguments replaced by
 
 Off, at no cost, when ``opentelemetry-api`` is not installed: the import is
 tried once, here, and every call site tests ``tracing.enabled`` first. With
-the API but no SDK configured the spans are the API's no-op ones
-(bench/tracing_overhead.py measures what they cost a drain).
+the API but no SDK set up (``active()`` False) no span is made: an attempt
+costs one check of the global tracer provider, and an enqueue stores the
+context of the current span when it has a valid one (bench/tracing_overhead.py
+measures the drain).
 """
 
 import contextlib
 import inspect
 import json
+import os
 import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -48,6 +51,28 @@ MAX_ERROR_CHARS = 8192
 if _trace is not None:
     _propagator = TraceContextTextMapPropagator()
     _tracer = _trace.get_tracer("shardq")
+    # Providers that make only no-op spans: none set up (the API's proxy), or
+    # the API's own no-op one.
+    _NO_SDK = (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)
+
+
+def active() -> bool:
+    """Is a tracer provider set up (an SDK)? Without one every span would
+    be the API's no-op, so none is made: an attempt costs one check, and an
+    enqueue stores the context of the current span (a request's, carried
+    from an upstream service) when it has a valid one."""
+    if not enabled:
+        return False
+    # The API's global, read as get_tracer_provider() reads it but without
+    # its environment lookup: None until a provider is set (for good: it
+    # cannot be unset), unless the environment names one to load.
+    if getattr(_trace, "_TRACER_PROVIDER", _UNKNOWN) is None and not _PROVIDER_FROM_ENVIRONMENT:
+        return False
+    return not isinstance(_trace.get_tracer_provider(), _NO_SDK)
+
+
+_UNKNOWN = object()
+_PROVIDER_FROM_ENVIRONMENT = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 
 def _traceparent(span: Any) -> str | None:
@@ -90,6 +115,9 @@ def enqueue_span(task: Any, args: Sequence[Any] = (), kwargs: dict | None = None
     }
     if jobs != 1:
         attributes["messaging.batch.message_count"] = jobs
+    if not active():
+        yield _trace.get_current_span()  # non-recording: only its context is stored
+        return
     with _tracer.start_as_current_span(
         f"send {queue}",
         kind=SpanKind.PRODUCER,
@@ -115,6 +143,9 @@ def workflow_span(steps: int, workflow: str | None) -> Iterator[Any]:
     }
     if workflow:
         attributes["shardq.workflow"] = workflow
+    if not active():
+        yield _trace.get_current_span()
+        return
     with _tracer.start_as_current_span(
         "send workflow", kind=SpanKind.PRODUCER, attributes=attributes, record_exception=False
     ) as span:
@@ -137,7 +168,13 @@ def step_spans(steps: Sequence[Any], nodes: Sequence[dict], parent_traceparents:
     span), each linked to its parents' step spans and to the stored spans of
     the existing jobs it waits on (``parent_traceparents``: job id ->
     traceparent); each node's ``traceparent`` set to its span's. The caller
-    ends them (``end_step_spans``)."""
+    ends them (``end_step_spans``). Without an SDK: no spans, each node
+    stores the current span's context."""
+    if not active():
+        current = _traceparent(_trace.get_current_span())
+        for node in nodes:
+            node["traceparent"] = current
+        return []
     spans: list[Any] = []
     contexts: list[Any] = []
     for step, node in zip(steps, nodes, strict=True):
@@ -182,7 +219,8 @@ def end_step_spans(spans: Sequence[Any], job_ids: Sequence[int] | None, error: B
 @contextlib.contextmanager
 def attempt_span(job: Any) -> Iterator[Any]:
     """The current CONSUMER span of one attempt of ``job`` (a ClaimedJob),
-    the child of the span that enqueued it."""
+    the child of the span that enqueued it. The executor enters it only
+    when ``active()``."""
     with _tracer.start_as_current_span(
         f"process {job.queue_name}",
         context=_context_of(job.traceparent),

@@ -311,7 +311,7 @@ class Executor:
         """Start and run one claimed job. An error of shardq's own while
         doing so (an odd row, a receiver that raised) is this job's failure
         (its domain), never the thread's."""
-        if tracing.enabled:  # the attempt's CONSUMER span, child of the enqueue's (shardq/tracing.py)
+        if tracing.enabled and tracing.active():  # the attempt's span, child of the enqueue's (shardq/tracing.py)
             with tracing.attempt_span(job) as span:
                 outcome = self._run_job(job)
                 tracing.attempt_ended(span, job, outcome)

@@ -10,11 +10,13 @@ import sys
 
 import pytest
 from django.test import Client
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import shardq
 from shardq import Workflow, tracing
@@ -185,3 +187,21 @@ def test_without_opentelemetry_api_tracing_is_off_and_jobs_store_no_context(monk
         monkeypatch.undo()
         importlib.reload(tracing)
     assert tracing.enabled is True
+
+
+def test_with_the_api_and_no_sdk_no_span_is_made_and_an_upstream_context_is_stored(spans, monkeypatch):
+    # As in a process that never set a tracer provider up: the API's global is None.
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    assert tracing.enabled and not tracing.active()
+    plain = t.noop.enqueue()
+    upstream = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # an incoming request's header
+    token = otel_context.attach(TraceContextTextMapPropagator().extract({"traceparent": upstream}))
+    try:
+        carried = t.noop.enqueue()
+        [many] = shardq.enqueue_many(t.noop, [((), {})])
+    finally:
+        otel_context.detach(token)
+    with in_process_worker(concurrency=1):
+        wait_until(lambda: all(done(r.id) for r in (plain, carried, many)), timeout=30)
+    assert spans.get_finished_spans() == ()
+    assert [job_row(r.id)["traceparent"] for r in (plain, carried, many)] == [None, upstream, upstream]
