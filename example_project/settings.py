@@ -99,7 +99,7 @@ SHARDQ = {
     "POLL_INTERVAL": env.float("SHARDQ_POLL_INTERVAL", default=1.0),
     "NOTIFY": env.bool("SHARDQ_NOTIFY", default=True),
     # This web process counts its enqueues and cancels for /metrics/
-    # (docs/operations.md, "Metrics"); None: only where METRICS_PORT is set.
+    # (docs/operations.md, "Metrics"); None: wherever metrics are on (METRICS_PORT).
     "ENQUEUE_METRICS": env.bool("SHARDQ_ENQUEUE_METRICS", default=None),
 }
 # The bearer token a Prometheus scraper sends to /metrics/ (views.staff_or_token).
