@@ -296,9 +296,11 @@ def record_error(span: Any, task: Any, args: Any, kwargs: Any, error: BaseExcept
 def sensitive_texts(task: Any, args: Any, kwargs: Any) -> list[str]:
     """The texts a sensitive argument's value may appear as in an error
     (``str``, ``repr`` and JSON of each value and of what it contains),
-    longest first. Every argument when ``sensitive=True`` or when the call
-    does not fit the function."""
-    names = getattr(task, "sensitive", ())
+    longest first. Every argument when ``sensitive=True``, when ``task`` is
+    None, or when the call does not fit the function."""
+    # No task (shardq's own error before it was resolved): its sensitivity
+    # is unknown, so every value is treated as sensitive, as the admin does.
+    names = True if task is None else getattr(task, "sensitive", ())
     if not names:
         return []
     args = args if isinstance(args, (list, tuple)) else [args]
