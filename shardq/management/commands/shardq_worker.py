@@ -114,8 +114,11 @@ class Command(BaseCommand):
         port = metrics_port(options["metrics_port"])
         # The port is bound here, before any process is forked: a port in use
         # is this command's error, not a child's crash loop.
-        address = metrics_address(options["metrics_address"])
-        endpoint, directory = (None, None) if port is None else serve_metrics(port, processes > 1, address)
+        endpoint, directory = (
+            (None, None)
+            if port is None
+            else serve_metrics(port, processes > 1, metrics_address(options["metrics_address"]))
+        )
 
         def run_worker() -> int:
             from shardq.exceptions import DatabaseUnavailable
