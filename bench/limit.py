@@ -29,8 +29,9 @@ SHARD_COUNT = 64
 CHANNEL = "shardq"
 
 # shardq/db/sql's job columns but the id (the sequence gives it here),
-# limit_keys (NULL: no limit) and key_limited (false): the columns' defaults.
-COLUMNS = tuple(name for name in JOB_COLUMNS if name not in ("id", "limit_keys", "key_limited"))
+# limit_keys (NULL: no limit), key_limited (false) and traceparent (NULL:
+# untraced): the columns' defaults.
+COLUMNS = tuple(name for name in JOB_COLUMNS if name not in ("id", "limit_keys", "key_limited", "traceparent"))
 
 
 def noop():
@@ -57,6 +58,7 @@ def insert_params(key_hash: int | None = None) -> dict:
         "shard_count": SHARD_COUNT,  # only when the cluster row is missing (the statement computes the shard)
         "limit_keys": None,
         "key_limited": False,
+        "traceparent": None,
         "key_hash": key_hash,
         "shard_key": None,
         "args": "[]",
