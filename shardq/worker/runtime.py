@@ -37,6 +37,7 @@ from .runcontrol import EXIT_RECYCLE
 from .scheduler import Scheduler
 from .shutdown import signal_name
 from .stats import Stats
+from .waker import Waker
 
 __all__ = ["Worker", "WorkerOptions"]
 
@@ -48,7 +49,7 @@ CANCEL_CHANNEL = "shardq_cancel"
 
 logger = logging.getLogger("shardq.worker")
 
-STORES = ("leaser", "fetcher", "completer", "starter", "outrank", "handback", "control", "resolver")
+STORES = ("leaser", "fetcher", "completer", "starter", "outrank", "handback", "control", "resolver", "waker")
 
 
 class Worker:
@@ -100,6 +101,9 @@ class Worker:
             notify=settings.notify,
         )
         self.pipeline.on_outcomes_written(self.resolver.wake)
+        # Suspended durable jobs back to READY at their time (shardq/durable.py).
+        self.waker = Waker(self.store["waker"], lambda: sorted(self.leaser.held), self.stats, self.pipeline.wake_fetch)
+        self.pipeline.on_suspended(self.waker.wake)
         self.listener = self._listener() if settings.notify else None
         self.scheduler: Scheduler | None = None  # built in run(), once the task modules are imported
         self.gauges = (
@@ -251,6 +255,7 @@ class Worker:
         self.fetcher.start()
         logger.info("worker %s boot: %s; claiming", self.label, boot.summary())
         self.resolver.start()
+        self.waker.start()
         if schedules():
             self.scheduler = Scheduler(schedules(), self.stats)
             self.scheduler.start()
@@ -299,6 +304,7 @@ class Worker:
             self.executor.control,
             self.scheduler,
             self.resolver,
+            self.waker,
             self.listener,
             self.gauges,
         ]
@@ -329,6 +335,7 @@ class Worker:
         if self.scheduler:
             self.scheduler.stop(time.monotonic() + 10.0)
         self.resolver.stop(time.monotonic() + 10.0)
+        self.waker.stop(time.monotonic() + 10.0)
         self.leaser.begin_stop()
         self.fetcher.stop(time.monotonic() + 10.0)
         if self.listener:
