@@ -11,7 +11,7 @@ from django.tasks import TaskResultStatus
 # WAITING: a workflow job whose parents have not all finished (never
 # claimable, not in the claim index); Django's API shows it as READY too.
 # SUSPENDED: a durable job asleep or waiting for a signal (shardq/durable.py)
-# until ``run_after`` ('infinity': no timeout); not in the claim index.
+# until ``run_after`` (9999-12-01: a wait with no timeout); not in the claim index.
 # It has started, so Django's API shows it as RUNNING.
 JOB_STATUSES = [
     *TaskResultStatus.choices,

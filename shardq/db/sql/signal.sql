@@ -25,7 +25,7 @@ WITH sent AS (
     RETURNING job.shard, job.priority
 )
 SELECT (SELECT id FROM sent), EXISTS (SELECT 1 FROM woken),
-       (SELECT count(pg_notify(%(channel)s, w.shard || ':' || w.priority)) FROM woken WHERE %(notify)s);
+       (SELECT count(pg_notify(%(channel)s, w.shard || ':' || w.priority)) FROM woken AS w WHERE %(notify)s);
 
 -- name: admin_job_signals
 -- The admin's job page: the signals sent to job :id, oldest first, each payload cut to :chars

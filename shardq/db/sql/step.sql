@@ -89,8 +89,8 @@ WITH guard AS MATERIALIZED ({{attempt_holds*}})
 SELECT j.id FROM shardq_job AS j, guard WHERE j.id = %(id)s FOR UPDATE OF j;
 
 -- name: suspend_job
--- End attempt (:id, :fence, :rank) suspended until :until (NULL: 'infinity', a wait with no
--- timeout): SUSPENDED, off the claim index, its attempt taken back (attempts - 1 and the last
+-- End attempt (:id, :fence, :rank) suspended until :until (NULL: a wait with no timeout, until
+-- 9999-12-01, a time Python and the claim's job_problem can still hold; never reached): SUSPENDED, off the claim index, its attempt taken back (attempts - 1 and the last
 -- worker id: the segment is not an attempt, so attempts == len(worker_ids) still counts the
 -- segments that ended in an outcome or run now). A signal :wait_name already sent and not
 -- consumed makes it READY at once instead (a wait that lost the race with its signal). Fenced
@@ -104,7 +104,7 @@ UPDATE shardq_job AS job
 SET status = CASE WHEN pending.signalled THEN 'READY' ELSE 'SUSPENDED' END,
     status_rank = %(rank)s,
     run_after = CASE WHEN pending.signalled THEN clock_timestamp()
-                     ELSE COALESCE(%(until)s::timestamptz, 'infinity') END,
+                     ELSE COALESCE(%(until)s::timestamptz, '9999-12-01 00:00:00+00') END,
     attempts = GREATEST(job.attempts - 1, 0),
     worker_ids = CASE WHEN jsonb_typeof(job.worker_ids) = 'array' AND jsonb_array_length(job.worker_ids) > 0
                       THEN job.worker_ids - (jsonb_array_length(job.worker_ids) - 1) ELSE job.worker_ids END
@@ -146,11 +146,11 @@ FROM due WHERE job.id = due.id AND job.status = 'SUSPENDED'
 RETURNING job.id, job.shard;
 
 -- name: seconds_until_wake
--- Seconds until the next suspended job of these shards falls due (NULL: none; 'infinity', a wait
--- with no timeout, never does).
+-- Seconds until the next suspended job of these shards falls due (NULL: none; a wait with no
+-- timeout, suspended until 9999-12-01, is left out).
 SELECT extract(epoch FROM min(run_after) - {{now}})::float8
 FROM shardq_job
-WHERE shard = ANY(%(shards)s::int[]) AND status = 'SUSPENDED' AND run_after < 'infinity';
+WHERE shard = ANY(%(shards)s::int[]) AND status = 'SUSPENDED' AND run_after < '9999-12-01 00:00:00+00';
 
 -- name: admin_job_steps
 -- The admin's job page: what job :id recorded, oldest first, each output cut to :chars characters
@@ -163,8 +163,8 @@ ORDER BY recorded_at, name;
 -- name: status_suspended
 -- shardq_status: suspended jobs by task, with how many wait for a signal with no timeout and the
 -- next time one of them wakes.
-SELECT task_path, count(*), count(*) FILTER (WHERE run_after = 'infinity'),
-       min(run_after) FILTER (WHERE run_after < 'infinity')
+SELECT task_path, count(*), count(*) FILTER (WHERE run_after >= '9999-12-01 00:00:00+00'),
+       min(run_after) FILTER (WHERE run_after < '9999-12-01 00:00:00+00')
 FROM shardq_job WHERE status = 'SUSPENDED'
 GROUP BY 1 ORDER BY 2 DESC, 1;
 
