@@ -110,3 +110,31 @@ def approver(context: TaskContext, timeout: float | None = None) -> dict:
     except SignalTimeout:
         return {"timed_out": True, "woke": time.time()}
     return {"reply": reply, "woke": time.time()}
+
+
+def _record_batch_start(job: int, first_item: int) -> None:
+    settings = connection.settings_dict
+    with psycopg.connect(
+        dbname=settings["NAME"], user=settings["USER"], host=settings["HOST"], port=settings["PORT"], autocommit=True
+    ) as conn:
+        conn.execute(
+            "INSERT INTO taskapp_batchrun (job_id, first_item, pid) VALUES (%s, %s, %s)", [job, first_item, os.getpid()]
+        )
+
+
+@shard_task(takes_context=True)
+def churn_backfill(context: TaskContext, tenant: int, size: int = 100, pause: float = 0.0) -> dict:
+    """The fault tests' backfill: each batch's start is recorded outside its
+    transaction (BatchRun), its items in the ledger inside it."""
+    job = int(context.task_result.id)
+    batches = 0
+    for batch in context.iterate(Item.objects.filter(tenant=tenant), by="pk", size=size):
+        _record_batch_start(job, batch[0].pk)
+        ItemLedger.objects.bulk_create(
+            ItemLedger(item_id=item.pk, job_id=job, fence=context.fence, batch=batches, pid=os.getpid())
+            for item in batch
+        )
+        batches += 1
+        if pause:
+            time.sleep(pause)
+    return {"batches_this_run": batches}

@@ -73,3 +73,13 @@ class StepRun(models.Model):
 
     job_id = models.BigIntegerField()
     name = models.CharField(max_length=100)
+
+
+class BatchRun(models.Model):
+    """Durable fault tests: one row each time a batch began (written over a
+    connection of its own, outside the batch's transaction): a batch begun
+    twice, first item and all, was run twice (its first run rolled back)."""
+
+    job_id = models.BigIntegerField()
+    first_item = models.BigIntegerField()
+    pid = models.IntegerField()

@@ -45,8 +45,14 @@ RETURNING step.until, COALESCE(step.until <= clock_timestamp(), false) AS due;
 -- An iteration's position after a batch (:batches 1) or at its start (:batches 0, with its
 -- :total when the source can count it), under the attempt's fence, inside the batch's own
 -- transaction: the batch's writes commit with it or not at all. :done once the walk has reached
--- the end. Returns the batches done; no row: the attempt lost the job (the batch rolls back).
-WITH guard AS MATERIALIZED ({{attempt_holds*}})
+-- the end. A batch committed is progress: the job's worker-loss count starts again (a job that
+-- moves on between crashes is not a poison job; MAX_WORKER_LOSSES counts losses in a row).
+-- Returns the batches done; no row: the attempt lost the job (the batch rolls back).
+WITH guard AS MATERIALIZED ({{attempt_holds*}}),
+progress AS (
+    UPDATE shardq_job AS job SET worker_losses = 0
+    FROM guard WHERE job.id = %(id)s AND job.worker_losses > 0 AND %(batches)s > 0
+)
 INSERT INTO shardq_job_step AS step (job_id, name, kind, output, fence, batches, total, done, recorded_at, updated_at)
 SELECT %(id)s, %(name)s, 'iterate', %(output)s::jsonb, %(fence)s, %(batches)s, %(total)s, %(done)s,
        clock_timestamp(), clock_timestamp()
