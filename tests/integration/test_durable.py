@@ -256,3 +256,42 @@ def test_a_suspended_job_can_be_cancelled():
     row = job_row(result.id)
     assert row["status"] == "FAILED"
     assert row["errors"][-1]["traceback"] == "shardq.exceptions.Cancelled: cancelled while suspended\n"
+
+
+def test_signal_to_resume_pickup_and_sleep_wake_latency():
+    """The issue's figures, measured on this machine: a signalled job's
+    second run begins within 50 ms at p99 (NOTIFY), a sleep wakes within
+    100 ms of its time (the waker). Bounds here are loose (a loaded 2-core
+    box); the measured values are printed and recorded in docs/durable.md."""
+    waiters = [durable_tasks.approver.enqueue() for _ in range(20)]
+    sleepers = [durable_tasks.napper.enqueue(seconds=1.0 + i * 0.05) for i in range(10)]
+    with in_process_worker(concurrency=4):
+        wait_until(lambda: all(status(w) == "SUSPENDED" for w in waiters), timeout=60)
+        sent = {}
+        for waiter in waiters:
+            sent[waiter.id] = time.time()
+            shardq.signal(waiter, "approved", {"n": waiter.id})
+            time.sleep(0.05)  # pacing: one signal at a time, as users send them
+        wait_until(lambda: all(finished(w) for w in waiters + sleepers), timeout=60)
+    pickups = []
+    for waiter in waiters:
+        waiter.refresh()
+        assert waiter.return_value["reply"] == {"n": waiter.id}
+        pickups.append(waiter.return_value["woke"] - sent[waiter.id])
+    lateness = []
+    for sleeper in sleepers:
+        sleeper.refresh()
+        [until] = sql(
+            "SELECT extract(epoch FROM until) FROM shardq_job_step WHERE job_id = %s AND kind = 'sleep'",
+            [int(sleeper.id)],
+        )[0]
+        lateness.append(sleeper.return_value["woke"] - float(until))
+    pickups.sort()
+    lateness.sort()
+    p99 = pickups[min(len(pickups) - 1, round(0.99 * (len(pickups) - 1)))]
+    print(
+        f"\n[durable] signal -> resume: p50 {pickups[len(pickups) // 2] * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms; "
+        f"sleep wake lateness: p50 {lateness[len(lateness) // 2] * 1000:.0f} ms, max {lateness[-1] * 1000:.0f} ms"
+    )
+    assert p99 < 1.0 and lateness[-1] < 1.0
+    assert min(lateness) >= 0
