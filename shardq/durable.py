@@ -360,7 +360,9 @@ class DurableRun:
         # A suspension ends the attempt: a transaction around it (a batch of
         # iterate, the task's own atomic) would roll its record back.
         if connections[self.using].in_atomic_block:
-            raise RuntimeError(f"{call} suspends the job: call it outside transaction.atomic() and outside iterate's batches")
+            raise RuntimeError(
+                f"{call} suspends the job: call it outside transaction.atomic() and outside iterate's batches"
+            )
 
     def _sleep(self, name: str, *, seconds: float | None = None, until: datetime | None = None) -> None:
         self._outside_transactions("sleep")
@@ -425,7 +427,9 @@ def signal(job: Any, name: str, payload: Any = None, *, using: str | None = None
     raw_id = job.id if isinstance(job, TaskResult) else job
     job_id = parse_job_id(raw_id)
     if job_id is None:
-        raise TaskResultDoesNotExist(f"{raw_id!r} is not a shardq job id (the decimal id of a TaskResult, e.g. result.id).")
+        raise TaskResultDoesNotExist(
+            f"{raw_id!r} is not a shardq job id (the decimal id of a TaskResult, e.g. result.id)."
+        )
     if not isinstance(name, str) or not name:
         raise ValueError(f"signal: the name is a non-empty str, not {name!r}")
     payload_json = _json(payload, f"the payload of signal {name!r}")

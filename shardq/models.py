@@ -133,7 +133,9 @@ class Job(models.Model):
             models.Index(fields=["shard"], condition=Q(status="WAITING"), name="shardq_job_waiting_idx"),
             # The waker finds its shards' suspended jobs that fall due through
             # this one (shardq/worker/waker.py); they are in no index the claim walks.
-            models.Index(fields=["shard", "run_after"], condition=Q(status="SUSPENDED"), name="shardq_job_suspended_idx"),
+            models.Index(
+                fields=["shard", "run_after"], condition=Q(status="SUSPENDED"), name="shardq_job_suspended_idx"
+            ),
         ]
         # The admin's dead-letter actions, each behind its own permission.
         permissions = [

@@ -315,16 +315,20 @@ class JobAdmin(ShardqModelAdmin):
                     progress += f" of {step['total']} items"
                 state = "done" if step["done"] else progress
             elif step["kind"] in ("sleep", "wait"):
-                state = "done" if step["done"] else f"until {step['until']:%Y-%m-%d %H:%M:%S}" if step["until"] else "waiting"
+                state = (
+                    "done"
+                    if step["done"]
+                    else f"until {step['until']:%Y-%m-%d %H:%M:%S}"
+                    if step["until"]
+                    else "waiting"
+                )
             else:
                 state = "recorded"
             rows.append((step["name"], step["kind"], output, state, f"{step['updated_at']:%Y-%m-%d %H:%M:%S}"))
         return format_html(
             '<table class="shardq-durable"><thead><tr><th>name</th><th>kind</th><th>output / cursor</th>'
             "<th>state</th><th>when</th></tr></thead><tbody>{}</tbody></table>",
-            format_html_join(
-                "", "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>", rows
-            ),
+            format_html_join("", "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>", rows),
         )
 
     @admin.display(description="signals received")

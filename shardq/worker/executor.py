@@ -30,8 +30,8 @@ from django.tasks.signals import log_task_finished, log_task_started, task_finis
 from django.utils import timezone
 
 from ..completion import CommittedByTask
-from ..db import operations
 from ..conf import timeout_seconds
+from ..db import operations
 from ..db.store import WorkerStore
 from ..dispatch import LogVerdicts, SignalGate
 from ..durable import DurableRun
@@ -462,7 +462,9 @@ class Executor:
             # logs the traceback from exc_info()) see the exception.
             self._after_call(job, began, failed=True)
             if isinstance(error, DurableStop):
-                return self._durable_stop(job, task, rank, error)
+                # Not an outcome: the transition is written already.
+                self._durable_stop(job, rank, error)
+                return None
             if state.written:
                 self.stats.add("succeeded")
                 if self.metrics is not None:
@@ -671,7 +673,7 @@ class Executor:
             return "handover"
         return None
 
-    def _durable_stop(self, job: ClaimedJob, task: Task, rank: int, stop: DurableStop) -> None:
+    def _durable_stop(self, job: ClaimedJob, rank: int, stop: DurableStop) -> None:
         """A durable job ended its attempt at a boundary: write the
         transition now, on this thread (the limit slot and the thread pass
         on only once it is in the table). Suspended: SUSPENDED until its
@@ -681,7 +683,7 @@ class Executor:
         if isinstance(stop, Interrupted) and stop.reason == "cancel":
             self.stats.add("durable_cancelled")
             logger.info("job %s stopped at a boundary: cancelled", job.id)
-            return None
+            return
         using = self._database_of(job.backend)
         params = {
             "id": job.id,
@@ -707,11 +709,11 @@ class Executor:
             # and its shard's next owner rescues it (its records are kept).
             logger.warning("job %s: could not write its %s (%s)", job.id, stop, exc)
             close_old_connections()
-            return None
+            return
         if row is None:
             self.stats.add("fence_rejections")
             logger.warning("job %s: %s refused: this attempt no longer holds the job", job.id, stop)
-            return None
+            return
         if isinstance(stop, Suspended):
             self.stats.add("suspended")
             if row[0] == "SUSPENDED":
@@ -719,8 +721,7 @@ class Executor:
             logger.info("job %s (%s) %s", job.id, job.task_path, stop)
         else:
             self.stats.add("handed_back_at_boundary")
-            logger.info("job %s (%s) handed back at a boundary (%s)", job.id, job.task_path, stop.reason)
-        return None
+            logger.info("job %s (%s) handed back at a boundary (%s)", job.id, job.task_path, stop)
 
     def _timeout_of(self, task: Task) -> float | None:
         """The attempt's time limit: the task's ``timeout`` (validated when

@@ -13,7 +13,7 @@ import time
 from tests.faults.harness import figures, size
 from tests.helpers import wait_until
 from tests.taskapp import durable_tasks
-from tests.taskapp.models import BatchRun, Item, ItemLedger
+from tests.taskapp.models import Item
 from tests.workers import query, scalar
 
 ITEMS = size(2000, 20000)
@@ -138,7 +138,6 @@ def test_rolling_deploys_hand_the_job_back_at_a_batch_and_never_use_an_attempt(w
     assert report["batches_run_twice"] == 0, report
     figures(
         "durable_rolling_deploys",
-
         deploys=done_deploys,
         handed_back=handed_back,
         attempts=attempts,
@@ -146,3 +145,43 @@ def test_rolling_deploys_hand_the_job_back_at_a_batch_and_never_use_an_attempt(w
         work_seconds=ITEMS // BATCH * pause,
         **report,
     )
+
+
+def test_a_zombies_batch_rolls_back_when_it_wakes_after_another_worker_resumed_the_job(workers):
+    from tests.faults.harness import TTL
+    from tests.workers import shards_by_owner, worker_id_of, worker_stats
+
+    make_items()
+    procs = [workers.start("--concurrency", "2", "--grace", "10") for _ in range(2)]
+    ids = {p.pid: worker_id_of(p.pid) for p in procs}
+    wait_until(
+        lambda: sum(shards_by_owner().values()) == 64 and len(shards_by_owner()) == 2,
+        timeout=60,
+        message="both workers to hold shards",
+    )
+    # 1 s a batch, inside the batch's transaction: a pause lands mid-batch.
+    result = durable_tasks.churn_backfill.enqueue(tenant=1, size=BATCH, pause=1.0)
+    job_id = int(result.id)
+    pid = wait_until(lambda: owner_pid(job_id), timeout=60, message="the job to run")
+    wait_until(lambda: ledger_report(job_id)["batches_committed"] >= 2, timeout=60)
+    time.sleep(0.5)  # pacing: into the next batch, before its commit
+    zombie = next(p for p in procs if p.pid == pid)
+    other = next(i for p, i in ids.items() if p != pid)
+    zombie.send_signal(signal.SIGSTOP)
+    committed_at_pause = ledger_report(job_id)["batches_committed"]
+    try:
+        time.sleep(3 * TTL)  # pacing: the pause itself
+        wait_until(lambda: shards_by_owner() == {other: 64}, timeout=30, message="the live worker to take over")
+        # The other worker resumes the job after the last committed batch.
+        wait_until(lambda: ledger_report(job_id)["batches_committed"] > committed_at_pause + 1, timeout=60)
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+    # On waking, the zombie finishes its batch's body; its cursor write is
+    # refused (the fence moved on) and the batch rolls back.
+    wait_until(lambda: worker_stats(ids[pid]).get("fence_rejections", 0) >= 1, timeout=30)
+    wait_until(lambda: job_status(job_id) == "SUCCESSFUL", timeout=size(120, 600))
+    report = ledger_report(job_id)
+    assert report["items"] == ITEMS and report["duplicates"] == 0, report
+    # The zombie's batch was begun twice: once by it (rolled back), once by the new owner.
+    assert report["batches_run_twice"] == 1, report
+    figures("durable_zombie", rejections=worker_stats(ids[pid]).get("fence_rejections", 0), **report)

@@ -4,15 +4,12 @@ interruptions that hand the job back without using an attempt, suspensions
 that free the thread and wake at their time or on a signal."""
 
 import time
-import uuid
 
 import pytest
-from django.db import connection
 from django.tasks import TaskResultStatus
 from django.tasks.exceptions import TaskResultDoesNotExist
 
 import shardq
-from shardq.db.store import WorkerStore
 from tests.helpers import in_process_worker, job_row, scalar, sql, wait_until
 from tests.taskapp import durable_tasks, tasks
 from tests.taskapp.models import Item, ItemLedger, StepRun
@@ -72,6 +69,17 @@ def test_steps_before_a_failure_run_once_across_retries():
     assert result.return_value == [{"n": 1}, [2], 3]
     assert len(result.errors) == 2 and job_row(result.id)["attempts"] == 3
     assert steps_ran(result) == {"one": 1, "two": 1, "three": 1}
+
+
+def test_a_step_recorded_after_the_fence_moved_on_is_refused():
+    result = durable_tasks.late_step.enqueue()
+    with in_process_worker(concurrency=1) as worker:
+        wait_until(lambda: worker.stats["fence_rejections"] >= 1, timeout=60)
+    # Its function ran (at least once), but nothing of the zombie's is recorded
+    # and no outcome written: the job waits for the shard's next owner.
+    assert steps_ran(result) == {"late": 1}
+    assert scalar("SELECT count(*) FROM shardq_job_step WHERE job_id = %s", [int(result.id)]) == 0
+    assert status(result) == "RUNNING"
 
 
 def test_two_steps_of_one_name_in_one_run_are_an_error():

@@ -76,6 +76,7 @@ def test_shardq_status_shows_suspended_jobs_by_task():
     assert report["jobs"]["SUSPENDED"] == 2
     out = io.StringIO()
     call_command("shardq_status", stdout=out)
-    assert "suspended tests.taskapp.durable_tasks.approver: 1 (1 wait for a signal with no timeout; none wakes by time)" in (
-        out.getvalue()
+    assert (
+        "suspended tests.taskapp.durable_tasks.approver: 1 (1 wait for a signal with no timeout; none wakes by time)"
+        in (out.getvalue())
     )

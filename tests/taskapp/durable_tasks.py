@@ -52,9 +52,7 @@ def _bump_fence(shard: int) -> None:
 
 
 @shard_task(takes_context=True)
-def backfill(
-    context: TaskContext, tenant: int, size: int = 10, pause: float = 0.0, bump_at: int | None = None
-) -> dict:
+def backfill(context: TaskContext, tenant: int, size: int = 10, pause: float = 0.0, bump_at: int | None = None) -> dict:
     """Walks the tenant's items by keyset, one ledger row per item in each
     batch's transaction; ``bump_at``: the fence moves on during that batch
     (of this run), before its cursor is written."""
@@ -138,3 +136,10 @@ def churn_backfill(context: TaskContext, tenant: int, size: int = 100, pause: fl
         if pause:
             time.sleep(pause)
     return {"batches_this_run": batches}
+
+
+@shard_task(takes_context=True)
+def late_step(context: TaskContext) -> None:
+    """A step recorded after the attempt's fence moved on (a zombie's)."""
+    _bump_fence(context.shard)
+    context.step("late", ran, int(context.task_result.id), "late", 1)
