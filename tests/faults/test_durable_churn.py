@@ -48,7 +48,8 @@ def ledger_report(job_id: int) -> dict:
         "duplicates": sum(1 for n in counts.values() if n > 1),
         "batches_committed": scalar(
             "SELECT batches FROM shardq_job_step WHERE job_id = %s AND kind = 'iterate'", [job_id]
-        ),
+        )
+        or 0,
         "batches_begun": sum(runs.values()),
         "batches_run_twice": sum(n - 1 for n in runs.values()),
     }
@@ -120,7 +121,7 @@ def test_rolling_deploys_hand_the_job_back_at_a_batch_and_never_use_an_attempt(w
         if proc is None or owner_pid(job_id) != pid:
             continue
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0  # handed back well inside the grace
+        assert proc.wait(timeout=30) == 0, workers.log(proc)[-4000:]  # handed back well inside the grace
         procs.remove(proc)
         done_deploys += 1
         assert scalar("SELECT attempts FROM shardq_job WHERE id = %s", [job_id]) <= 1
