@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from ..cron import schedules
@@ -101,9 +102,6 @@ class Worker:
             notify=settings.notify,
         )
         self.pipeline.on_outcomes_written(self.resolver.wake)
-        # Suspended durable jobs back to READY at their time (shardq/durable.py).
-        self.waker = Waker(self.store["waker"], lambda: sorted(self.leaser.held), self.stats, self.pipeline.wake_fetch)
-        self.pipeline.on_suspended(self.waker.wake)
         self.listener = self._listener() if settings.notify else None
         self.scheduler: Scheduler | None = None  # built in run(), once the task modules are imported
         self.gauges = (
@@ -118,6 +116,14 @@ class Worker:
             if metrics is not None
             else None
         )
+
+    @cached_property
+    def waker(self) -> Waker:
+        """Suspended durable jobs back to READY at their time (shardq/durable.py),
+        looked at again whenever an executor here suspends one."""
+        waker = Waker(self.store["waker"], lambda: sorted(self.leaser.held), self.stats, self.pipeline.wake_fetch)
+        self.pipeline.on_suspended(waker.wake)
+        return waker
 
     def _listener(self) -> Listener:
         """One LISTEN connection, each channel to its subscriber."""

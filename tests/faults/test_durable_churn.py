@@ -107,7 +107,9 @@ def test_rolling_deploys_hand_the_job_back_at_a_batch_and_never_use_an_attempt(w
     result = durable_tasks.churn_backfill.enqueue(tenant=1, size=BATCH, pause=pause)
     job_id = int(result.id)
     done_deploys = 0
-    spacing = ITEMS // BATCH * pause / (deploys + 1)
+    # Each deploy also waits for the job to run again (the released shard
+    # claimed, perhaps handed over to the fresh worker): half the even share.
+    spacing = ITEMS // BATCH * pause / (2 * deploys)
     while done_deploys < deploys and job_status(job_id) != "SUCCESSFUL":
         pid = wait_until(
             lambda: owner_pid(job_id) or job_status(job_id) == "SUCCESSFUL",
