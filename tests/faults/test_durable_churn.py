@@ -95,7 +95,7 @@ def test_sigkill_of_the_owner_again_and_again_commits_every_item_exactly_once(wo
 def test_rolling_deploys_hand_the_job_back_at_a_batch_and_never_use_an_attempt(workers):
     make_items()
     deploys = size(2, 10)
-    pause = size(1.0, 0.3)  # 20 batches: 20 s at CI size; 200: 60 s at full size
+    pause = size(1.0, 0.5)  # 20 batches: 20 s at CI size; 200: 100 s at full size
     start = ("--concurrency", "2", "--grace", "10")
     procs = [workers.start(*start), workers.start(*start)]
     wait_until(
