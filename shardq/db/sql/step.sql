@@ -95,13 +95,14 @@ WITH guard AS MATERIALIZED ({{attempt_holds*}})
 SELECT j.id FROM shardq_job AS j, guard WHERE j.id = %(id)s FOR UPDATE OF j;
 
 -- name: suspend_job
--- End attempt (:id, :fence, :rank) suspended until :until (NULL: a wait with no timeout, until
--- 9999-12-01, a time Python and the claim's job_problem can still hold; never reached): SUSPENDED, off the claim index, its attempt taken back (attempts - 1 and the last
--- worker id: the segment is not an attempt, so attempts == len(worker_ids) still counts the
--- segments that ended in an outcome or run now). A signal :wait_name already sent and not
--- consumed makes it READY at once instead (a wait that lost the race with its signal). Fenced
--- (lock_running_job ran first in this transaction). Returns the new status, its shard and
--- priority; no row: the attempt lost the job.
+-- End attempt (:id, :fence, :rank) suspended until :until (NULL: a wait with no timeout,
+-- until 9999-12-01, a time Python and the claim's job_problem can still hold; never reached):
+-- SUSPENDED, off the claim index, its attempt taken back (attempts - 1 and the last worker id:
+-- the segment is not an attempt, so attempts == len(worker_ids) still counts the segments that
+-- ended in an outcome or run now). A signal :wait_name already sent and not consumed makes it
+-- READY at once instead (a wait that lost the race with its signal). Fenced (lock_running_job ran
+-- first in this transaction). Returns the new status, its shard and priority; no row: the attempt
+-- lost the job.
 WITH pending AS MATERIALIZED (
     SELECT EXISTS (SELECT 1 FROM shardq_job_signal AS g
                    WHERE g.job_id = %(id)s AND g.name = %(wait_name)s AND g.consumed_at IS NULL) AS signalled
