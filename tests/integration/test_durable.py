@@ -212,6 +212,21 @@ def test_a_sleeping_job_is_suspended_off_its_thread_and_wakes_at_its_time():
     assert job_row(result.id)["attempts"] == 1
 
 
+def test_a_suspended_job_gives_its_limit_slot_back():
+    waiting = durable_tasks.one_at_a_time.enqueue(wait=True)
+    with in_process_worker(concurrency=2):
+        wait_until(lambda: status(waiting) == "SUSPENDED", timeout=60)
+        # The limit allows one at a time: the next job runs only if the
+        # suspended one's slot came back.
+        other = durable_tasks.one_at_a_time.enqueue(wait=False)
+        wait_until(lambda: finished(other), timeout=30, message="the other job to take the freed slot")
+        assert status(waiting) == "SUSPENDED"
+        shardq.signal(waiting, "go", "went")
+        wait_until(lambda: finished(waiting), timeout=30)
+    waiting.refresh()
+    assert waiting.return_value == "went"
+
+
 def test_a_signal_wakes_the_job_waiting_for_it_with_its_payload():
     result = durable_tasks.approver.enqueue()
     with in_process_worker(concurrency=1):

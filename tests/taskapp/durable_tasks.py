@@ -143,3 +143,11 @@ def late_step(context: TaskContext) -> None:
     """A step recorded after the attempt's fence moved on (a zombie's)."""
     _bump_fence(context.shard)
     context.step("late", ran, int(context.task_result.id), "late", 1)
+
+
+@shard_task(takes_context=True, max_concurrency=1)
+def one_at_a_time(context: TaskContext, wait: bool) -> str:
+    """Under a concurrency limit of 1: waits for signal "go" when ``wait``."""
+    if wait:
+        return context.wait_for("go")
+    return "ran"
