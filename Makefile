@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium pgbouncer lint workflows limits-full
+.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium pgbouncer lint workflows limits-full durable
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -90,6 +90,14 @@ workflows: $(STAMP)
 	SHARDQ_FULL_WORKFLOWS=1 SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q -s tests/integration/test_claim_plan.py \
 		tests/acceptance/test_workflows.py tests/faults/test_workflow_churn.py
 	$(PY) bench/workflows.py
+
+# Durable long jobs at the issue's sizes (docs/durable.md): 20,000 items in
+# batches of 100 with the owner SIGKILLed 2 s into each run, 10 rolling
+# deploys by SIGTERM during a 60 s iteration; with the in-process figures
+# (signal pickup, sleep wake, 100,000 suspended jobs beside the claim).
+durable: $(STAMP)
+	SHARDQ_FULL_FAULTS=1 $(PY) -m pytest -q -s tests/faults/test_durable_churn.py \
+		tests/integration/test_durable.py tests/integration/test_durable_plan.py
 
 # The limits' acceptance tests at full size: the rate figure over 30 s
 # (make test runs it over 6 s); -s shows each test's [limits] figures line.

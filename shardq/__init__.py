@@ -10,11 +10,14 @@ __all__ = [
     "Backoff",
     "Cancelled",
     "DatabaseUnavailable",
+    "DuplicateStep",
     "FenceLost",
     "ParentFailed",
     "RankedModel",
     "ShardTask",
     "ShardqError",
+    "SignalRefused",
+    "SignalTimeout",
     "TaskTimeout",
     "UnknownTask",
     "WorkerLost",
@@ -28,6 +31,7 @@ __all__ = [
     "fenced",
     "periodic",
     "shard_task",
+    "signal",
 ]
 
 _LAZY = {
@@ -42,6 +46,10 @@ _LAZY = {
     "FenceLost": "shardq.exceptions",
     "Cancelled": "shardq.exceptions",
     "TaskTimeout": "shardq.exceptions",
+    "SignalTimeout": "shardq.exceptions",
+    "SignalRefused": "shardq.exceptions",
+    "DuplicateStep": "shardq.exceptions",
+    "signal": "shardq.durable",
     "complete_in_transaction": "shardq.completion",
     "fenced": "shardq.completion",
     "periodic": "shardq.cron",

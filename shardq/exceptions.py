@@ -106,3 +106,51 @@ class ParentFailed(ShardqError):
 class WorkflowError(InvalidTask, ValueError):
     """A workflow graph that cannot be enqueued: a cycle, an unknown parent,
     a step of another workflow, a bad ``on_parent_failure``. Nothing is stored."""
+
+
+# -- durable long jobs (issue 26) ----------------------------------------------------
+
+
+class SignalTimeout(ShardqError):
+    """Raised in a task by ``context.wait_for(name, timeout=...)`` when no
+    signal of that name arrived within the timeout (recorded: a replay raises
+    it again)."""
+
+
+class DuplicateStep(ShardqError, ValueError):
+    """Two durable calls of one job run used the same name (``context.step``
+    twice with one name, or a name a step, an iteration or a wait already
+    holds): each name records one result."""
+
+
+class SignalRefused(ShardqError, ValueError):
+    """``shardq.signal`` to a job that has finished (SUCCESSFUL or FAILED):
+    no wait of it could ever consume the signal. Nothing is stored."""
+
+
+class DurableStop(BaseException):
+    """Control flow of durable jobs, not an error: the attempt ends at a
+    boundary and the worker writes the transition (shardq/durable.py).
+
+    A ``BaseException``, as ``GeneratorExit`` is, so that a task's ``except
+    Exception`` does not swallow it; the worker catches it around the task."""
+
+
+class Suspended(DurableStop):
+    """``context.sleep``/``sleep_until``/``wait_for``: the job is suspended
+    until ``until`` (None: a wait with no timeout) or its signal."""
+
+    def __init__(self, until, wait_name: str | None = None) -> None:
+        super().__init__(f"suspended until {until or 'a signal'}")
+        self.until = until
+        self.wait_name = wait_name
+
+
+class Interrupted(DurableStop):
+    """The job reached a boundary (between steps, between batches) while its
+    worker stops, its shard is handed over, or it was cancelled:
+    ``reason`` is ``"shutdown"``, ``"handover"`` or ``"cancel"``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"interrupted at a boundary ({reason})")
+        self.reason = reason

@@ -10,7 +10,15 @@ from django.tasks import TaskResultStatus
 # execution); the start write makes it RUNNING and counts the attempt.
 # WAITING: a workflow job whose parents have not all finished (never
 # claimable, not in the claim index); Django's API shows it as READY too.
-JOB_STATUSES = [*TaskResultStatus.choices, ("CLAIMED", "Claimed"), ("WAITING", "Waiting")]
+# SUSPENDED: a durable job asleep or waiting for a signal (shardq/durable.py)
+# until ``run_after`` (9999-12-01: a wait with no timeout); not in the claim index.
+# It has started, so Django's API shows it as RUNNING.
+JOB_STATUSES = [
+    *TaskResultStatus.choices,
+    ("CLAIMED", "Claimed"),
+    ("WAITING", "Waiting"),
+    ("SUSPENDED", "Suspended"),
+]
 
 
 class Job(models.Model):
@@ -126,6 +134,11 @@ class Job(models.Model):
             # WAITING jobs are counted (gauges, shardq_status) through this
             # one; they are in no index the claim walks.
             models.Index(fields=["shard"], condition=Q(status="WAITING"), name="shardq_job_waiting_idx"),
+            # The waker finds its shards' suspended jobs that fall due through
+            # this one (shardq/worker/waker.py); they are in no index the claim walks.
+            models.Index(
+                fields=["shard", "run_after"], condition=Q(status="SUSPENDED"), name="shardq_job_suspended_idx"
+            ),
         ]
         # The admin's dead-letter actions, each behind its own permission.
         permissions = [
@@ -343,3 +356,56 @@ class LimitRate(models.Model):
     class Meta:
         db_table = "shardq_limit_rate"
         verbose_name = "rate limit"
+
+
+class JobStep(models.Model):
+    """What a durable job recorded (shardq/durable.py), one row a name.
+
+    ``kind`` says which call wrote it: ``step`` (``output`` is the step's
+    JSON result), ``iterate`` (``output`` is ``{"cursor": ...}``, the
+    position after the last batch committed, with ``batches`` done and the
+    ``total`` when the source could count it; ``done`` once walked to the
+    end), ``sleep`` (``until``: when it wakes) or ``wait`` (``output`` names
+    the signal; ``done`` with its payload, or timed out; ``until``: the
+    timeout). Every write is fenced by the attempt that made it (``fence``).
+    No foreign key, as ``shardq_edge``: ``TRUNCATE shardq_job`` keeps working,
+    and ``shardq_prune`` deletes a pruned job's rows."""
+
+    pk = models.CompositePrimaryKey("job_id", "name")
+    job_id = models.BigIntegerField()
+    name = models.TextField()
+    kind = models.CharField(max_length=10)
+    output = models.JSONField(null=True, blank=True)
+    fence = models.BigIntegerField()
+    batches = models.IntegerField(default=0, db_default=0)
+    total = models.BigIntegerField(null=True, blank=True)
+    done = models.BooleanField(default=False, db_default=False)
+    until = models.DateTimeField(null=True, blank=True)
+    recorded_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "shardq_job_step"
+        verbose_name = "durable step"
+
+    def __str__(self):
+        return f"job {self.job_id} {self.kind} {self.name}"
+
+
+class JobSignal(models.Model):
+    """A signal sent to a durable job (``shardq.signal``), kept until a
+    ``context.wait_for`` of its name consumes it (``consumed_at``)."""
+
+    id = models.BigAutoField(primary_key=True)
+    job_id = models.BigIntegerField()
+    name = models.TextField()
+    payload = models.JSONField(null=True, blank=True)
+    sent_at = models.DateTimeField()
+    consumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "shardq_job_signal"
+        indexes = [models.Index(fields=["job_id", "name", "id"], name="shardq_job_signal_idx")]
+
+    def __str__(self):
+        return f"signal {self.name!r} to job {self.job_id}"

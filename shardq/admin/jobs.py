@@ -145,6 +145,10 @@ def worker_link_bare(worker_id):
     return format_html('<span class="shardq-odd">{}</span>', truncate(short_json(worker_id), 80))
 
 
+# A durable record's output or payload on the job page: at most this much JSON.
+DURABLE_OUTPUT_CHARS = 300
+
+
 @admin.register(Job)
 class JobAdmin(ShardqModelAdmin):
     """Jobs: filters, search, redacted arguments, readable tracebacks, and the
@@ -210,6 +214,8 @@ class JobAdmin(ShardqModelAdmin):
         ),
     )
     readonly_fields = (
+        "durable_display",
+        "signals_display",
         "status_display",
         "workflow_display",
         "args_display",
@@ -272,6 +278,77 @@ class JobAdmin(ShardqModelAdmin):
             return queryset.get(**{field.name: field.to_python(object_id)})
         except (Job.DoesNotExist, ValidationError, ValueError):
             return None
+
+    def get_fieldsets(self, request, obj=None):
+        """The fieldsets, with "Durable" (steps, cursors, suspensions,
+        signals) for a job that recorded any or was signalled."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is not None and (self._durable_rows(obj)[0] or self._durable_rows(obj)[1]):
+            fieldsets = (*fieldsets, ("Durable", {"fields": ("durable_display", "signals_display")}))
+        return fieldsets
+
+    def _durable_rows(self, obj) -> tuple[list, list]:
+        """(steps, signals) of the job, read once a page (shardq/durable.py)."""
+        cached = getattr(obj, "_durable_rows", None)
+        if cached is None:
+            params = {"id": obj.pk, "chars": DURABLE_OUTPUT_CHARS}
+            cached = (
+                operations.run("admin_job_steps", params, using=obj._state.db or "default", named=True),
+                operations.run("admin_job_signals", params, using=obj._state.db or "default", named=True),
+            )
+            obj._durable_rows = cached
+        return cached
+
+    @admin.display(description="steps, iterations and suspensions")
+    def durable_display(self, obj):
+        steps, _ = self._durable_rows(obj)
+        if not steps:
+            return "none"
+        rows = []
+        for step in steps:
+            output = step["output"] or ""
+            if step["output_chars"] and step["output_chars"] > len(output):
+                output += f"… ({step['output_chars']} characters)"
+            if step["kind"] == "iterate":
+                progress = f"{step['batches']} batches"
+                if step["total"]:
+                    progress += f" of {step['total']} items"
+                state = "done" if step["done"] else progress
+            elif step["kind"] in ("sleep", "wait"):
+                state = (
+                    "done"
+                    if step["done"]
+                    else f"until {step['until']:%Y-%m-%d %H:%M:%S}"
+                    if step["until"]
+                    else "waiting"
+                )
+            else:
+                state = "recorded"
+            rows.append((step["name"], step["kind"], output, state, f"{step['updated_at']:%Y-%m-%d %H:%M:%S}"))
+        return format_html(
+            '<table class="shardq-durable"><thead><tr><th>name</th><th>kind</th><th>output / cursor</th>'
+            "<th>state</th><th>when</th></tr></thead><tbody>{}</tbody></table>",
+            format_html_join("", "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description="signals received")
+    def signals_display(self, obj):
+        _, signals = self._durable_rows(obj)
+        if not signals:
+            return "none"
+        rows = [
+            (
+                signal["name"],
+                signal["payload"] or "null",
+                f"{signal['sent_at']:%Y-%m-%d %H:%M:%S}",
+                f"consumed {signal['consumed_at']:%Y-%m-%d %H:%M:%S}" if signal["consumed_at"] else "not consumed yet",
+            )
+            for signal in signals
+        ]
+        return format_html(
+            '<table class="shardq-signals"><tbody>{}</tbody></table>',
+            format_html_join("", "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>", rows),
+        )
 
     def lookup_allowed(self, lookup, value, request=None):
         """No URL filter on what the admin hides or bounds: a lookup such as

@@ -152,6 +152,10 @@ def result_from_row(row, backend_alias: str, task_modules) -> TaskResult:
         # In a worker's buffer, or waiting for a workflow's parents: not
         # started, READY to Django (which has no such status).
         status = TaskResultStatus.READY
+    elif status == "SUSPENDED":
+        # A durable job asleep or waiting for a signal (shardq/durable.py):
+        # it has started and not finished, RUNNING to Django.
+        status = TaskResultStatus.RUNNING
     elif status not in _STATUSES:
         task_errors.append(
             TaskError(

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('shardq', '0012_key_limited'),
+        ('shardq', '0013_durable'),
     ]
 
     operations = [

@@ -21,7 +21,7 @@ from functools import partial
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections, transaction
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
@@ -32,9 +32,11 @@ from django.utils import timezone
 from .. import tracing
 from ..completion import CommittedByTask
 from ..conf import timeout_seconds
+from ..db import operations
 from ..db.store import WorkerStore
 from ..dispatch import LogVerdicts, SignalGate
-from ..exceptions import FenceLost, ResultTooLarge, TaskTimeout, UnknownTask
+from ..durable import DurableRun
+from ..exceptions import DurableStop, FenceLost, Interrupted, ResultTooLarge, Suspended, TaskTimeout, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
 from .completer import Completer
 from .jobs import STARTED, ClaimedJob, Outcome
@@ -65,6 +67,46 @@ class ShardqTaskContext(TaskContext):
     completion_state: CommittedByTask = field(default_factory=CommittedByTask, repr=False, compare=False)
     # This attempt under run control (its deadline and cancel flag), or None.
     control: Attempt | None = field(default=None, repr=False, compare=False)
+    # Its durable calls (shardq/durable.py), or None outside a worker.
+    durable: DurableRun | None = field(default=None, repr=False, compare=False)
+
+    def _durable(self) -> DurableRun:
+        if self.durable is None:
+            raise RuntimeError(
+                "durable calls (step, iterate, sleep, wait_for) need the context a shardq worker "
+                "passes to a sync task declared with takes_context=True"
+            )
+        return self.durable
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn(*args, **kwargs)`` once for this job and record its JSON
+        output under ``name`` (fenced); later runs of the job (a retry, a
+        resume, a crash's re-run) return the recorded output without calling
+        it. Two steps of one name in one run raise ``DuplicateStep``."""
+        return self._durable().step(name, fn, *args, **kwargs)
+
+    def iterate(self, source: Any, by: str = "pk", size: int = 100, **options: Any) -> Any:
+        """Batches of ``source`` from where the job left off: a QuerySet
+        walked by keyset on ``by`` (each batch's transaction commits the
+        cursor with the batch's writes: exactly once), or a function
+        ``fn(cursor) -> (items, next_cursor)`` (``next_cursor`` None: the
+        end; at least once per batch). See docs/durable.md."""
+        return self._durable().iterate(source, by, size, **options)
+
+    def sleep(self, delay: Any) -> None:
+        """Suspend the job for ``delay`` (a timedelta or seconds): the
+        thread is freed; the job runs again from the top once it is due."""
+        self._durable().sleep(delay)
+
+    def sleep_until(self, when: datetime) -> None:
+        """Suspend the job until ``when`` (an aware datetime)."""
+        self._durable().sleep_until(when)
+
+    def wait_for(self, name: str, timeout: Any = None) -> Any:
+        """The payload of signal ``name`` (``shardq.signal``): at once if it
+        was sent already, else the job suspends until it arrives; past
+        ``timeout`` (a timedelta or seconds; None: none) ``SignalTimeout``."""
+        return self._durable().wait_for(name, timeout)
 
     @property
     def deadline(self) -> datetime | None:
@@ -296,6 +338,10 @@ class Executor:
             self.failure = exc
             logger.exception("an executor thread died; the worker stops")
             raise
+        finally:
+            # This thread's Django connections (a task's ORM, durable
+            # records) end with it, not with the process.
+            connections.close_all()
 
     def _left(self, job: ClaimedJob, limiter: "Limiter | None") -> None:
         """The job is done here: its thread left it and, for a gated or
@@ -434,6 +480,10 @@ class Executor:
             # inside the except block so task_finished receivers (Django's own
             # logs the traceback from exc_info()) see the exception.
             self._after_call(job, began, failed=True)
+            if isinstance(error, DurableStop):
+                # Not an outcome: the transition is written already.
+                self._durable_stop(job, rank, error)
+                return None
             if state.written:
                 self.stats.add("succeeded")
                 if self.metrics is not None:
@@ -576,8 +626,18 @@ class Executor:
             job, task, job.status_rank + 1, limit, is_async=is_async, observes_cancel=task.takes_context or is_async
         )
         controlled.append(attempt)
+        durable = None
         try:
             if task.takes_context:
+                durable = DurableRun(
+                    job_id=job.id,
+                    fence=job.fence,
+                    rank=job.status_rank + 1,
+                    shard=job.shard,
+                    using=self._database_of(job.backend),
+                    idle_ms=int(self.lease_ttl_seconds * 1000),
+                    boundary=partial(self._boundary, job, attempt),
+                )
                 args = [
                     ShardqTaskContext(
                         task_result=result,
@@ -586,6 +646,7 @@ class Executor:
                         rank=job.status_rank + 1,
                         completion_state=state,
                         control=attempt,
+                        durable=durable,
                     ),
                     *args,
                 ]
@@ -599,6 +660,12 @@ class Executor:
                 return future.result()
             return task.func(*args, **kwargs)
         finally:
+            if durable is not None:
+                # A batch left open (the task raised or returned inside
+                # it) rolls back; its cursor stays where the last one left it.
+                durable.close()
+                if durable.batches_run:
+                    self.stats.add("durable_batches", durable.batches_run)
             # Out of the task: no TaskTimeout may be sent from now on. One
             # sent at the deadline can still be raised here, between the
             # task's return and end() taking the attempt's lock: caught, and
@@ -610,6 +677,76 @@ class Executor:
                     break
                 except TaskTimeout:
                     continue
+
+    def _database_of(self, alias: str) -> str:
+        """The database of shardq's tables for backend ``alias``."""
+        try:
+            return getattr(task_backends[alias], "database_alias", "default")
+        except InvalidTaskBackend:
+            return "default"
+
+    def _boundary(self, job: ClaimedJob, attempt: Attempt) -> str | None:
+        """Why a durable job must stop at its next boundary, or None:
+        cancelled (its outcome is written already), the worker stopping or
+        recycling, or its shard draining or no longer trusted here (handed
+        over). Reads flags only: called between every step and batch."""
+        if attempt.cancelled:
+            return "cancel"
+        if self._stop.is_set() or self.leaser.shutting_down or self.control.recycle_reason is not None:
+            return "shutdown"
+        if job.shard in self.leaser.draining or not self.leaser.trusts(job.shard, job.fence):
+            return "handover"
+        return None
+
+    def _durable_stop(self, job: ClaimedJob, rank: int, stop: DurableStop) -> None:
+        """A durable job ended its attempt at a boundary: write the
+        transition now, on this thread (the limit slot and the thread pass
+        on only once it is in the table). Suspended: SUSPENDED until its
+        time or signal; interrupted: READY at once for the next owner
+        (shutdown, handover) or nothing (a cancel wrote FAILED). Either way
+        the attempt is taken back (docs/durable.md, "Attempts")."""
+        if isinstance(stop, Interrupted) and stop.reason == "cancel":
+            self.stats.add("durable_cancelled")
+            logger.info("job %s stopped at a boundary: cancelled", job.id)
+            return
+        using = self._database_of(job.backend)
+        params = {
+            "id": job.id,
+            "fence": job.fence,
+            "rank": rank,
+            "shard": job.shard,
+            "idle_ms": int(self.lease_ttl_seconds * 1000),
+            "channel": self.pipeline.config.settings.channel,
+            "notify": self.pipeline.config.settings.notify,
+        }
+        try:
+            with transaction.atomic(using=using):
+                held = operations.run("lock_running_job", params, using=using, fetch="one")
+                row = None
+                if held is not None:
+                    if isinstance(stop, Suspended):
+                        params.update(until=stop.until, wait_name=stop.wait_name)
+                        row = operations.run("suspend_job", params, using=using, fetch="one")
+                    else:
+                        row = operations.run("yield_job", params, using=using, fetch="one")
+        except Exception as exc:
+            # The database is away: the job stays RUNNING under this claim,
+            # and its shard's next owner rescues it (its records are kept).
+            logger.warning("job %s: could not write its %s (%s)", job.id, stop, exc)
+            close_old_connections()
+            return
+        if row is None:
+            self.stats.add("fence_rejections")
+            logger.warning("job %s: %s refused: this attempt no longer holds the job", job.id, stop)
+            return
+        if isinstance(stop, Suspended):
+            self.stats.add("suspended")
+            if row[0] == "SUSPENDED":
+                self.pipeline.suspended()
+            logger.info("job %s (%s) %s", job.id, job.task_path, stop)
+        else:
+            self.stats.add("handed_back_at_boundary")
+            logger.info("job %s (%s) handed back at a boundary (%s)", job.id, job.task_path, stop)
 
     def _timeout_of(self, task: Task) -> float | None:
         """The attempt's time limit: the task's ``timeout`` (validated when

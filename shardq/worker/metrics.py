@@ -69,7 +69,7 @@ BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
 
 # Cluster gauge job states: the unfinished ones, each counted through its
 # partial index (finished jobs are counted as they finish, by the counters).
-CLUSTER_STATES = ("READY", "CLAIMED", "RUNNING", "WAITING")
+CLUSTER_STATES = ("READY", "CLAIMED", "RUNNING", "WAITING", "SUSPENDED")
 
 ENQUEUED_RECEIVER = "shardq_metrics_enqueued"
 

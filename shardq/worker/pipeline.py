@@ -181,6 +181,7 @@ class Pipeline:
         )
         self._sinks: list[Sink] = []
         self._written: list[Callable[[], None]] = []
+        self._suspended: list[Callable[[], None]] = []
         # The fetcher sleeps on this between claims.
         self.fetch_wake = threading.Event()
         # Set by the fetcher when it waits for room (slot_freed wakes it).
@@ -202,7 +203,16 @@ class Pipeline:
         """Call ``callback`` after outcomes of workflow parents landed."""
         self._written.append(callback)
 
+    def on_suspended(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` after an executor suspended a durable job (the waker)."""
+        self._suspended.append(callback)
+
     # -- told by later stages ------------------------------------------------------
+
+    def suspended(self) -> None:
+        """A durable job was suspended here: the waker looks at its due time."""
+        for callback in self._suspended:
+            callback()
 
     def wake_fetch(self) -> None:
         self.fetch_wake.set()

@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from ..cron import schedules
@@ -37,6 +38,7 @@ from .runcontrol import EXIT_RECYCLE
 from .scheduler import Scheduler
 from .shutdown import signal_name
 from .stats import Stats
+from .waker import Waker
 
 __all__ = ["Worker", "WorkerOptions"]
 
@@ -48,7 +50,7 @@ CANCEL_CHANNEL = "shardq_cancel"
 
 logger = logging.getLogger("shardq.worker")
 
-STORES = ("leaser", "fetcher", "completer", "starter", "outrank", "handback", "control", "resolver")
+STORES = ("leaser", "fetcher", "completer", "starter", "outrank", "handback", "control", "resolver", "waker")
 
 
 class Worker:
@@ -114,6 +116,14 @@ class Worker:
             if metrics is not None
             else None
         )
+
+    @cached_property
+    def waker(self) -> Waker:
+        """Suspended durable jobs back to READY at their time (shardq/durable.py),
+        looked at again whenever an executor here suspends one."""
+        waker = Waker(self.store["waker"], lambda: sorted(self.leaser.held), self.stats, self.pipeline.wake_fetch)
+        self.pipeline.on_suspended(waker.wake)
+        return waker
 
     def _listener(self) -> Listener:
         """One LISTEN connection, each channel to its subscriber."""
@@ -251,6 +261,7 @@ class Worker:
         self.fetcher.start()
         logger.info("worker %s boot: %s; claiming", self.label, boot.summary())
         self.resolver.start()
+        self.waker.start()
         if schedules():
             self.scheduler = Scheduler(schedules(), self.stats)
             self.scheduler.start()
@@ -299,6 +310,7 @@ class Worker:
             self.executor.control,
             self.scheduler,
             self.resolver,
+            self.waker,
             self.listener,
             self.gauges,
         ]
@@ -329,6 +341,7 @@ class Worker:
         if self.scheduler:
             self.scheduler.stop(time.monotonic() + 10.0)
         self.resolver.stop(time.monotonic() + 10.0)
+        self.waker.stop(time.monotonic() + 10.0)
         self.leaser.begin_stop()
         self.fetcher.stop(time.monotonic() + 10.0)
         if self.listener:

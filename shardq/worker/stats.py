@@ -42,6 +42,15 @@ COUNTERS = (
     "children_moved",
     "children_cancelled",
     "resolver_errors",
+    # Durable jobs (shardq/durable.py): batches committed, attempts handed
+    # back at a boundary (shutdown, handover), stopped at one by a cancel,
+    # suspended, woken by time (the waker), and its passes refused.
+    "durable_batches",
+    "handed_back_at_boundary",
+    "durable_cancelled",
+    "suspended",
+    "woken",
+    "waker_errors",
 )
 
 

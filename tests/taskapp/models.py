@@ -45,3 +45,41 @@ class Execution(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["job_id"], name="taskapp_execution_job_idx")]
+
+
+class Item(models.Model):
+    """Durable tests: the rows a backfill iterates."""
+
+    tenant = models.IntegerField()
+    n = models.IntegerField()
+
+
+class ItemLedger(models.Model):
+    """Durable tests: one row per item a backfill's committed batch handled.
+    No unique constraint: a duplicate must be seen, not hidden by an error."""
+
+    item_id = models.BigIntegerField()
+    job_id = models.BigIntegerField()
+    fence = models.BigIntegerField()
+    batch = models.IntegerField(default=0)
+    pid = models.IntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["job_id"], name="taskapp_itemledger_job_idx")]
+
+
+class StepRun(models.Model):
+    """Durable tests: one row each time a step's function really ran."""
+
+    job_id = models.BigIntegerField()
+    name = models.CharField(max_length=100)
+
+
+class BatchRun(models.Model):
+    """Durable fault tests: one row each time a batch began (written over a
+    connection of its own, outside the batch's transaction): a batch begun
+    twice, first item and all, was run twice (its first run rolled back)."""
+
+    job_id = models.BigIntegerField()
+    first_item = models.BigIntegerField()
+    pid = models.IntegerField()

@@ -24,7 +24,7 @@ SELECT pg_advisory_unlock(%(classid)s::int, %(objid)s::int);
 -- shardq_reshard: what raising the count from :from to :to does: READY (and WAITING: workflow
 -- children not yet claimable) jobs that move to a new
 -- shard, jobs in flight that finish where they are, and the pools whose lease rows it adds.
-SELECT (SELECT count(*) FROM shardq_job WHERE status IN ('READY', 'WAITING') AND shard <> key_hash & (%(to)s - 1)),
+SELECT (SELECT count(*) FROM shardq_job WHERE status IN ('READY', 'WAITING', 'SUSPENDED') AND shard <> key_hash & (%(to)s - 1)),
        (SELECT count(*) FROM shardq_job WHERE status IN ('CLAIMED', 'RUNNING') AND shard <> key_hash & (%(to)s - 1)),
        (SELECT array_agg(DISTINCT pool ORDER BY pool) FROM shardq_shard);
 
@@ -51,7 +51,7 @@ RETURNING version, switched_at, pg_notify('shardq_lease', 'reshard');
 -- Returns how many moved.
 WITH picked AS MATERIALIZED (
     SELECT id FROM shardq_job
-    WHERE shard = %(shard)s AND status IN ('READY', 'WAITING') AND shard <> key_hash & (%(to)s - 1)
+    WHERE shard = %(shard)s AND status IN ('READY', 'WAITING', 'SUSPENDED') AND shard <> key_hash & (%(to)s - 1)
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), moved AS (
@@ -69,7 +69,7 @@ SELECT (SELECT count(*) FROM moved),
 -- shards, and how many jobs in flight (CLAIMED, RUNNING) are not yet in their shard (they finish
 -- where they are; a retry comes back READY and moves).
 SELECT (SELECT COALESCE(array_agg(DISTINCT shard ORDER BY shard), '{}') FROM shardq_job
-        WHERE status IN ('READY', 'WAITING') AND shard <> key_hash & (%(to)s - 1)),
+        WHERE status IN ('READY', 'WAITING', 'SUSPENDED') AND shard <> key_hash & (%(to)s - 1)),
        (SELECT count(*) FROM shardq_job WHERE status IN ('CLAIMED', 'RUNNING') AND shard <> key_hash & (%(to)s - 1));
 
 -- name: reshard_old_transactions

@@ -857,7 +857,7 @@ ORDER BY mi.m;
 -- (the metrics' labels).
 WITH target AS (
     SELECT id, status AS was FROM shardq_job
-    WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('READY', 'CLAIMED', 'RUNNING', 'WAITING')
+    WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('READY', 'CLAIMED', 'RUNNING', 'WAITING', 'SUSPENDED')
     ORDER BY id
     FOR UPDATE
 ), cancelled AS (
@@ -867,10 +867,11 @@ WITH target AS (
             'exception_class_path', 'shardq.exceptions.Cancelled',
             'traceback', format(E'shardq.exceptions.Cancelled: cancelled while %%s%%s\n',
                                 CASE WHEN job.status = 'RUNNING' THEN 'running'
-                                     WHEN job.status = 'WAITING' THEN 'waiting' ELSE 'ready' END,
+                                     WHEN job.status = 'WAITING' THEN 'waiting'
+                                     WHEN job.status = 'SUSPENDED' THEN 'suspended' ELSE 'ready' END,
                                 CASE WHEN %(reason)s = '' THEN '' ELSE ': ' || %(reason)s END)))
     FROM target
-    WHERE job.id = target.id AND job.status IN ('READY', 'CLAIMED', 'RUNNING', 'WAITING')
+    WHERE job.id = target.id AND job.status IN ('READY', 'CLAIMED', 'RUNNING', 'WAITING', 'SUSPENDED')
     RETURNING job.id, job.queue_name, job.task_path, target.was
 )
 SELECT c.id, c.queue_name, c.task_path
@@ -911,5 +912,5 @@ SELECT queue_name, status, count(*) AS jobs,
        (extract(epoch FROM clock_timestamp())
         - extract(epoch FROM min(run_after) FILTER (WHERE status = 'READY' AND run_after <= clock_timestamp())))::float8
            AS oldest_due_seconds
-FROM shardq_job WHERE status IN ('READY', 'CLAIMED', 'RUNNING', 'WAITING')
+FROM shardq_job WHERE status IN ('READY', 'CLAIMED', 'RUNNING', 'WAITING', 'SUSPENDED')
 GROUP BY 1, 2;

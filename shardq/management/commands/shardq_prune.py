@@ -99,8 +99,17 @@ class Command(BaseCommand):
             keys += n
             if n < batch:
                 break
+        # The durable records and signals of jobs gone (docs/durable.md).
+        records = 0
+        while True:
+            (n,) = operations.run("prune_orphan_steps", {"batch": batch}, fetch="one")
+            records += n
+            if not n:
+                break
         (workers,) = operations.run("prune_workers", {"cutoff": cutoff}, fetch="one")
         (events,) = operations.run("prune_shard_events", {"cutoff": cutoff}, fetch="one")
+        if records:
+            self.stdout.write(f"deleted {records} durable records and signals of jobs that no longer exist")
         self.stdout.write(
             f"deleted {deleted} jobs ({' and '.join(statuses)}, finished before "
             f"{cutoff:%Y-%m-%d %H:%M:%S %Z}), {keys} expired unique keys, {workers} worker rows, "

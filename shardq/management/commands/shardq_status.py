@@ -76,6 +76,16 @@ class Command(BaseCommand):
         # Concurrency and rate limits (docs/limits.md): capacity, in use, who
         # holds slots, waiting jobs.
         limits = limit_report()
+        # Durable jobs suspended (asleep, or waiting for a signal), by task.
+        suspended = [
+            {
+                "task": task_path,
+                "jobs": count,
+                "waiting_for_a_signal_with_no_timeout": no_timeout,
+                "next_wake": next_wake.isoformat() if next_wake is not None else None,
+            }
+            for task_path, count, no_timeout, next_wake in operations.run("status_suspended")
+        ]
         # The pools that have a live worker; with none, the pool a worker with
         # no flags would join (its shards are all unowned: nothing runs).
         pools_shown = [p for p in every_pool if p["workers"]] or [p for p in every_pool if p["pool"] == pools.ALL]
@@ -99,6 +109,7 @@ class Command(BaseCommand):
                         # Due READY jobs by queue that no live worker's pool serves.
                         "unserved_queues": unserved,
                         "limits": limits,
+                        "suspended": suspended,
                     },
                     indent=2,
                     allow_nan=False,
@@ -152,6 +163,12 @@ class Command(BaseCommand):
                 parts.append("held by " + ", ".join(f"{printable(w)} {n}" for w, n in sorted(lim["holders"].items())))
             self.stdout.write(" ".join(parts))
         self.stdout.write("jobs: " + (", ".join(f"{printable(k)} {v}" for k, v in jobs.items()) or "none"))
+        for entry in suspended:
+            wake = f"next wakes {entry['next_wake']}" if entry["next_wake"] else "none wakes by time"
+            self.stdout.write(
+                f"suspended {printable(entry['task'])}: {entry['jobs']} "
+                f"({entry['waiting_for_a_signal_with_no_timeout']} wait for a signal with no timeout; {wake})"
+            )
         self.stdout.write(
             f"oldest due READY job waits: {_seconds_text(lag)}" if lag is not None else "no READY job is due"
         )
