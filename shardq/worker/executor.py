@@ -21,7 +21,7 @@ from functools import partial
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
@@ -218,7 +218,7 @@ class Executor:
         self._loop_thread: threading.Thread | None = None
         self.failure: BaseException | None = None
         # Records each job's start as its thread begins it (starter.py).
-        self.starts = StartWrites(start_store, self.stats, config.worker_id)
+        self.starts = StartWrites(start_store, self.stats, config.worker_id, pipeline.signals.started)
 
     def start(self) -> None:
         self.control.start()
@@ -295,6 +295,11 @@ class Executor:
             self.failure = exc
             logger.exception("an executor thread died; the worker stops")
             raise
+        finally:
+            # The Django connections its tasks opened end with the thread,
+            # closed (a worker run in another program's process leaves none
+            # open behind it).
+            connections.close_all()
 
     def _left(self, job: ClaimedJob, limiter: "Limiter | None") -> None:
         """The job is done here: its thread left it and, for a gated or
