@@ -97,7 +97,7 @@ bench: $(STAMP)
 bench-cancel: $(STAMP)
 	mkdir -p bench/results
 	SHARDQ_CANCEL_SAMPLES=200 SHARDQ_CANCEL_RESULTS=bench/results/cancel_latency.json $(PY) -m pytest -q -s \
-		tests/acceptance/test_run_control.py -k cancel_latency
+		tests/integration/test_run_control.py -k cancel_latency
 
 soak: $(STAMP)
 	$(PY) bench/soak.py
