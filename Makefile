@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium lint workflows limits-full
+.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium lint workflows limits-full acceptance-full
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -80,6 +80,12 @@ workflows: $(STAMP)
 # (make test runs it over 6 s); -s shows each test's [limits] figures line.
 limits-full: $(STAMP)
 	SHARDQ_LIMITS_FULL=1 $(PY) -m pytest -q -s tests/acceptance/test_limits.py
+
+# The tests CI runs smaller at their full size: two workers draining 5,000
+# ledger jobs, and one thread running 2,000 jobs in priority order.
+acceptance-full: $(STAMP)
+	SHARDQ_FULL_ACCEPTANCE=1 $(PY) -m pytest -q tests/integration/test_priority_order.py \
+		tests/acceptance/test_worker.py::test_two_workers_run_ledger_jobs_once_each_and_split_shards_32_32
 
 # bench/run.py --help for its flags (--only, --rounds, --no-docs, ...); then a
 # 20k burst into an idle worker (bench/burst.py) and the worker's boot by stage

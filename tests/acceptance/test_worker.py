@@ -27,7 +27,11 @@ def ledger_counts_per_job() -> dict[int, int]:
     return dict(query("SELECT job_id, count(*) FROM taskapp_ledger GROUP BY 1"))
 
 
-def test_two_workers_run_5000_ledger_jobs_once_each_and_split_shards_32_32(workers):
+# CI size; SHARDQ_FULL_ACCEPTANCE=1 (`make acceptance-full`): 5,000 jobs.
+LEDGER_JOBS = 5000 if os.environ.get("SHARDQ_FULL_ACCEPTANCE") == "1" else 2000
+
+
+def test_two_workers_run_ledger_jobs_once_each_and_split_shards_32_32(workers):
     a = workers.start("--concurrency", "4")
     b = workers.start("--concurrency", "4")
     ids_a, ids_b = worker_id_of(a.pid), worker_id_of(b.pid)
@@ -36,11 +40,11 @@ def test_two_workers_run_5000_ledger_jobs_once_each_and_split_shards_32_32(worke
         timeout=30,
         message="shards to split 32/32",
     )
-    results = shardq.enqueue_many(tasks.ledger, [((), {"n": i}) for i in range(5000)])
-    wait_drained(5000, timeout=180)
-    assert status_counts() == {"SUCCESSFUL": 5000}
+    results = shardq.enqueue_many(tasks.ledger, [((), {"n": i}) for i in range(LEDGER_JOBS)])
+    wait_drained(LEDGER_JOBS, timeout=180)
+    assert status_counts() == {"SUCCESSFUL": LEDGER_JOBS}
     counts = ledger_counts_per_job()
-    assert len(counts) == 5000 and set(counts.values()) == {1}
+    assert len(counts) == LEDGER_JOBS and set(counts.values()) == {1}
     assert set(counts) == {int(r.id) for r in results}
     assert shards_by_owner() in ({ids_a: 32, ids_b: 32},)
     done_by = dict(query("SELECT worker_ids->>-1, count(*) FROM shardq_job GROUP BY 1"))

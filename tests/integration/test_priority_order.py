@@ -21,8 +21,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 # CI size: 400 jobs through a look-ahead of 32 (the order is checked after
 # the first fill, so the smaller buffer keeps as many places checked);
-# SHARDQ_FULL_PRIORITY=1: 2,000 jobs at the default look-ahead of 512.
-FULL = bool(os.environ.get("SHARDQ_FULL_PRIORITY"))
+# SHARDQ_FULL_ACCEPTANCE=1 (`make acceptance-full`): 2,000 jobs at the
+# default look-ahead of 512.
+FULL = os.environ.get("SHARDQ_FULL_ACCEPTANCE") == "1"
 JOBS, PREFETCH = (2000, 512) if FULL else (400, 32)
 
 
