@@ -65,6 +65,20 @@ def job_row(job_id: int | str) -> dict[str, Any] | None:
     }
 
 
+def edge_violations() -> int:
+    """Edges whose child started before its parent finished (or started at
+    all after a failed parent, unless it asked to run)."""
+    return scalar(
+        """
+        SELECT count(*) FROM shardq_edge AS e
+        JOIN shardq_job AS p ON p.id = e.parent JOIN shardq_job AS c ON c.id = e.child
+        WHERE c.started_at IS NOT NULL
+          AND (p.finished_at IS NULL OR c.started_at < p.finished_at
+               OR (p.status <> 'SUCCESSFUL' AND NOT e.run_on_failure))
+        """
+    )
+
+
 def job_factory(
     count: int = 1,
     *,
