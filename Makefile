@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium pgbouncer lint workflows limits-full durable
+.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium pgbouncer lint workflows limits-full durable acceptance-full
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -104,6 +104,12 @@ durable: $(STAMP)
 limits-full: $(STAMP)
 	SHARDQ_LIMITS_FULL=1 $(PY) -m pytest -q -s tests/acceptance/test_limits.py
 
+# The tests CI runs smaller at their full size: two workers draining 5,000
+# ledger jobs, and one thread running 2,000 jobs in priority order.
+acceptance-full: $(STAMP)
+	SHARDQ_FULL_ACCEPTANCE=1 $(PY) -m pytest -q tests/integration/test_priority_order.py \
+		tests/acceptance/test_worker.py::test_two_workers_run_ledger_jobs_once_each_and_split_shards_32_32
+
 # bench/run.py --help for its flags (--only, --rounds, --no-docs, ...); then a
 # 20k burst into an idle worker (bench/burst.py) and the worker's boot by stage
 # (bench/boot.py), both on DATABASE_URL's database.
@@ -120,7 +126,7 @@ bench: $(STAMP)
 bench-cancel: $(STAMP)
 	mkdir -p bench/results
 	SHARDQ_CANCEL_SAMPLES=200 SHARDQ_CANCEL_RESULTS=bench/results/cancel_latency.json $(PY) -m pytest -q -s \
-		tests/acceptance/test_run_control.py -k cancel_latency
+		tests/integration/test_run_control.py -k cancel_latency
 
 soak: $(STAMP)
 	$(PY) bench/soak.py

@@ -167,3 +167,15 @@ def workers(tmp_path, transactional_db):
     pool = WorkerPool(tmp_path)
     yield pool
     pool.stop_all()
+
+
+@pytest.fixture
+def stepped(transactional_db):
+    """One worker's stages in this process, stepped by the test and awaited
+    through their test signals (tests/helpers.py ``SteppedWorker``), two
+    executor threads, holding every shard. A test that needs other worker
+    options uses ``with stepped_worker(concurrency=...)`` itself."""
+    from tests.helpers import stepped_worker
+
+    with stepped_worker(concurrency=2) as stages:
+        yield stages

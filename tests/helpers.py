@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 import uuid
@@ -62,6 +63,20 @@ def job_row(job_id: int | str) -> dict[str, Any] | None:
         name: json.loads(value) if name in JSON_COLUMNS and isinstance(value, str) else value
         for name, value in zip(names, row, strict=True)
     }
+
+
+def edge_violations() -> int:
+    """Edges whose child started before its parent finished (or started at
+    all after a failed parent, unless it asked to run)."""
+    return scalar(
+        """
+        SELECT count(*) FROM shardq_edge AS e
+        JOIN shardq_job AS p ON p.id = e.parent JOIN shardq_job AS c ON c.id = e.child
+        WHERE c.started_at IS NOT NULL
+          AND (p.finished_at IS NULL OR c.started_at < p.finished_at
+               OR (p.status <> 'SUCCESSFUL' AND NOT e.run_on_failure))
+        """
+    )
 
 
 def job_factory(
@@ -190,3 +205,109 @@ def in_process_worker(**options: Any) -> Iterator[Any]:
         worker.request_stop()
         thread.join(timeout=60)
         assert not thread.is_alive(), "the in-process worker did not stop within 60 s"
+
+
+class SteppedWorker:
+    """One worker's stages, built as ``Worker`` builds them, in this process
+    on the test database, with the pipeline's test signals on
+    (shardq/worker/testsignal.py) and no thread of their own until a test
+    asks: the test steps the producers (the leaser's round, the fetcher's
+    claim, the completer's write) and awaits the consumers (the executor
+    threads) through the signals, never by sleeping or polling the table.
+
+    ``lease()`` takes the worker's share of shards; ``claim()`` runs one
+    fetcher round and returns the jobs it buffered; ``run(n)`` waits for the
+    executors to queue ``n`` outcomes (starting their threads the first
+    time); ``write()`` writes every queued outcome; ``step()`` is one of each
+    and ``drain()`` steps until a claim finds nothing. ``signals`` is the
+    pipeline's ``PipelineSignals`` for what else a test awaits, ``worker``
+    the ``Worker`` (its ``fetcher``, ``executor``, ``completer``, ``buffer``,
+    ``stats``)."""
+
+    def __init__(self, worker: Any) -> None:
+        from shardq.tasks import autodiscover
+
+        autodiscover(worker.config.task_modules)
+        self.worker = worker
+        self.signals = worker.pipeline.signals
+        self.signals.init()
+        self._registered = False
+        self._consuming = False
+
+    def lease(self) -> dict[int, int]:
+        """Register the worker and take its share of shards (one leaser round); {shard: fence}."""
+        worker = self.worker
+        if not self._registered:
+            worker.store["leaser"].register_worker(
+                worker.id, "stepped", os.getpid(), worker.options.queues or [], pool=worker.pool
+            )
+            self._registered = True
+        worker.leaser.tick()
+        return dict(worker.leaser.held)
+
+    def claim(self, count: int | None = None, rounds: int = 10) -> list[Any]:
+        """One fetcher round (``Fetcher.fetch_once``): the ``ClaimedJob``s it
+        buffered. With ``count``: rounds until that many are buffered (a
+        shallow claim takes a few jobs of each shard, the next goes deep)."""
+        jobs: list[Any] = []
+        for _ in range(rounds if count else 1):
+            self.worker.fetcher.fetch_once()
+            jobs += [job for batch in self.signals.claimed.taken() for job in batch]
+            if count is None or len(jobs) >= count:
+                return jobs
+        raise AssertionError(f"{rounds} claims buffered {len(jobs)} jobs, not {count}")
+
+    def run(self, count: int, timeout: float = 30.0) -> list[Any]:
+        """The next ``count`` ``Outcome``s the executor threads queue for the
+        completer (a job whose task committed its own outcome, or whose
+        claim was superseded, queues none)."""
+        if not self._consuming:
+            self.worker.handback.start()
+            self.worker.executor.start()
+            self._consuming = True
+        return [self.signals.finished.wait(timeout) for _ in range(count)]
+
+    def write(self) -> set[tuple[int, int]]:
+        """Write every queued outcome (``Completer.flush_once``); the (id, rank) pairs that landed."""
+        completer = self.worker.completer
+        while completer.pending:
+            completer.flush_once(block=False)
+        return {pair for batch in self.signals.written.taken() for pair in batch}
+
+    def step(self) -> list[Any]:
+        """Claim, run what was claimed, write: the outcomes."""
+        jobs = self.claim()
+        outcomes = self.run(len(jobs))
+        self.write()
+        return outcomes
+
+    def drain(self, rounds: int = 1000) -> list[Any]:
+        """Step until a claim buffers nothing: every outcome, in the order queued."""
+        outcomes: list[Any] = []
+        for _ in range(rounds):
+            jobs = self.claim()
+            if not jobs:
+                return outcomes
+            outcomes += self.run(len(jobs))
+            self.write()
+        raise AssertionError(f"still claiming jobs after {rounds} rounds")
+
+    def close(self) -> None:
+        """The worker's own shutdown: buffered jobs back, threads joined, leases released."""
+        self.worker.shutdown()
+
+
+@contextlib.contextmanager
+def stepped_worker(**options: Any) -> Iterator[SteppedWorker]:
+    """A ``SteppedWorker`` (``options`` as ``WorkerOptions`` takes them)
+    holding its shards; shut down on exit."""
+    from shardq.db.store import ensure_shards
+    from shardq.worker.runtime import Worker, WorkerOptions
+
+    ensure_shards()  # a transactional test's flush may have removed the rows
+    stepped = SteppedWorker(Worker(WorkerOptions(**options)))
+    try:
+        stepped.lease()
+        yield stepped
+    finally:
+        stepped.close()

@@ -306,6 +306,9 @@ class DatabaseGuard:
             return self.breaker.state
 
 
+#: The columns ``start_jobs`` returns (shardq/db/sql/job.sql), in order.
+START_COLUMNS = ("id", "attempts", "status_rank", "started_at", "last_attempted_at")
+
 _NULL_SUCCESS = '"status":"SUCCESSFUL","delay":0.0,"return_value":null}'
 
 
@@ -354,6 +357,18 @@ class WorkerStore:
         self.guard = guard or DatabaseGuard()
         self.synchronous_commit = synchronous_commit
         self.conn: psycopg.Connection[TupleRow] | None = None
+        # The cursor the hot statements reuse (``run(..., keep=True)``).
+        self._kept: psycopg.Cursor[TupleRow] | None = None
+
+    def _kept_cursor(self) -> psycopg.Cursor[TupleRow]:
+        """One tuple-row cursor kept on the current connection for the
+        statements on every job's path (the start write, the ack): building
+        a cursor (and its adapters map) per statement was a visible share of
+        a no-op job's CPU. A store is one thread's at a time (above)."""
+        kept = self._kept
+        if kept is None or kept.closed or self.conn is None or self.conn.closed or kept.connection is not self.conn:
+            kept = self._kept = self._cursor()
+        return kept
 
     def _cursor(
         self, named: bool = False, row_factory: RowFactory[Any] | None = None, raw: bool = False
@@ -377,6 +392,7 @@ class WorkerStore:
         fetch: Literal["all"] = "all",
         binary: bool = False,
         named: Literal[False] = False,
+        keep: bool = False,
     ) -> list[TupleRow]: ...
     @overload
     def run(
@@ -387,6 +403,7 @@ class WorkerStore:
         binary: bool = False,
         *,
         named: Literal[True],
+        keep: bool = False,
     ) -> list[NamedRow]: ...
     @overload
     def run(
@@ -396,20 +413,35 @@ class WorkerStore:
         fetch: Literal["one"],
         binary: bool = False,
         named: Literal[False] = False,
+        keep: bool = False,
     ) -> TupleRow | None: ...
     @overload
     def run(
-        self, name: str, params: Mapping[str, Any], fetch: Literal["none"], binary: bool = False, named: bool = False
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        fetch: Literal["none"],
+        binary: bool = False,
+        named: bool = False,
+        keep: bool = False,
     ) -> int: ...
     def run(
-        self, name: str, params: Mapping[str, Any], fetch: Fetch = "all", binary: bool = False, named: bool = False
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        fetch: Fetch = "all",
+        binary: bool = False,
+        named: bool = False,
+        keep: bool = False,
     ) -> Any:
-        """Run one named statement; rows as dicts when ``named``."""
+        """Run one named statement; rows as dicts when ``named``; ``keep``:
+        on the kept cursor (tuple rows, not a RAW_QUERIES statement)."""
         return self.guarded(
             name,
             lambda cursor: self._execute(cursor, name, params, fetch, binary),
             named=named,
             raw=name in RAW_QUERIES,
+            keep=keep,
         )
 
     @overload
@@ -458,15 +490,21 @@ class WorkerStore:
         named: bool = False,
         row_factory: RowFactory[Any] | None = None,
         raw: bool = False,
+        keep: bool = False,
     ) -> R:
         """Run ``work(cursor)`` behind the circuit breaker, translating driver
         errors into their domain: ``DatabaseUnavailable`` (connection) or
         ``StatementRejected`` (the statement's data). ``raw``: the statement
-        is one of ``RAW_QUERIES`` (``_execute`` sends it on a RawCursor)."""
+        is one of ``RAW_QUERIES`` (``_execute`` sends it on a RawCursor);
+        ``keep``: on the kept cursor (``_kept_cursor``)."""
         self.guard.admit(what)
         try:
-            with self._cursor(named, row_factory, raw) as cursor:
-                result = work(cursor)
+            if keep:
+                assert not (named or row_factory or raw), "the kept cursor has tuple rows and a plain cursor"
+                result = work(self._kept_cursor())
+            else:
+                with self._cursor(named, row_factory, raw) as cursor:
+                    result = work(cursor)
         except DatabaseUnavailable:
             self.guard.failed()
             raise
@@ -515,6 +553,7 @@ class WorkerStore:
             except Exception:  # closing a broken connection may fail; it is gone either way
                 pass
             self.conn = None
+        self._kept = None
 
     # -- leases ---------------------------------------------------------------
 
@@ -805,26 +844,29 @@ class WorkerStore:
     ) -> tuple[dict[int, NamedRow], list[tuple[J, StatementRejected]]]:
         """Record the real start of claimed jobs (objects with id, fence,
         status_rank) in one statement. Returns ({id: row} of the jobs started,
-        [(job, StatementRejected)] of rows PostgreSQL refused). A job missing
-        from both lost its claim: it must not start."""
+        the row's columns by name: ``START_COLUMNS``; [(job, StatementRejected)]
+        of rows PostgreSQL refused). A job missing from both lost its claim:
+        it must not start."""
 
-        def batch(part: list[J]) -> list[NamedRow]:
+        def batch(part: list[J]) -> list[TupleRow]:
             return self.run(
                 "start_jobs",
                 {
                     "worker": worker,
-                    "ids": [j.id for j in part],
-                    "fences": [j.fence for j in part],
-                    "ranks": [j.status_rank for j in part],
+                    # Array literals: psycopg's list dumper costs a Python call
+                    # per element (as in complete_jobs), on every job's path.
+                    "ids": "{" + ",".join([str(j.id) for j in part]) + "}",
+                    "fences": "{" + ",".join([str(j.fence) for j in part]) + "}",
+                    "ranks": "{" + ",".join([str(j.status_rank) for j in part]) + "}",
                 },
                 # Binary results: the times decode without parsing text
                 # (a start write per group of threads is on every job's path).
                 binary=True,
-                named=True,
+                keep=True,
             )
 
         rows, rejected = self.run_split(jobs, batch)
-        return {row["id"]: row for row in rows}, rejected
+        return {row[0]: dict(zip(START_COLUMNS, row, strict=True)) for row in rows}, rejected
 
     def resolve_children(
         self, shards: list[int], batch: int, channel: str, notify: bool = True
@@ -894,7 +936,7 @@ class WorkerStore:
             # The ids as one array literal: psycopg's list dumper costs a Python
             # call per element, a tenth of the completer's time at no-op rates.
             ids = "{" + ",".join([str(o.id) for o in part]) + "}"
-            return self.run("complete_jobs", {"ids": ids, "batch": outcome_batch_json(part), "now": now})
+            return self.run("complete_jobs", {"ids": ids, "batch": outcome_batch_json(part), "now": now}, keep=True)
 
         rows, rejected = self.run_split(outcomes, batch)
         if parents is not None:

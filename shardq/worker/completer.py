@@ -45,6 +45,7 @@ class Completer(Service):
         self.remembered = pipeline.remembered
         self.metrics = pipeline.metrics
         self.stats = pipeline.stats
+        self.signals = pipeline.signals
         self.batch = config.settings.completion_batch
         self.flush_seconds = config.settings.completion_flush_seconds
         self._queue: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
@@ -67,6 +68,7 @@ class Completer(Service):
             ids[job_id] = ids.get(job_id, 0) + 1
         self.remembered.remember(outcome)
         self._queue.put(outcome)
+        self.signals.finished.signal(outcome)
 
     def holds(self, job_id: int) -> bool:
         """Is an outcome of this job queued or being written?"""
@@ -202,6 +204,7 @@ class Completer(Service):
                 self.stats.add(name, n)
         self._settle(outcomes)
         _let_go(outcomes)
+        self.signals.written.signal(applied)
 
     def _write_batch(
         self, outcomes: list[Outcome], deadline: float | None, parents: set[int] | None = None

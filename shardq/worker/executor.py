@@ -261,7 +261,7 @@ class Executor:
         self._loop_thread: threading.Thread | None = None
         self.failure: BaseException | None = None
         # Records each job's start as its thread begins it (starter.py).
-        self.starts = StartWrites(start_store, self.stats, config.worker_id)
+        self.starts = StartWrites(start_store, self.stats, config.worker_id, pipeline.signals.started)
 
     def start(self) -> None:
         self.control.start()

@@ -572,6 +572,7 @@ class Fetcher(Service):
         refused += self.buffer.push_many(jobs)
         if refused:
             self.handback.return_jobs(refused)
+        self.pipeline.signals.claimed.signal(jobs)
 
     def recover_lost_claims(self, shards: list[int]) -> int:
         """Hand back jobs claimed by this worker under a current fence that

@@ -40,6 +40,7 @@ from .jobs import ClaimedJob
 from .limits import Limiter
 from .remembered import RememberedOutcomes
 from .stats import Stats
+from .testsignal import PipelineSignals
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -192,6 +193,9 @@ class Pipeline:
         # Moving average of task run time (seconds); 10 ms until measured.
         self.average_task_seconds = 0.01
         self.task_measured = False
+        # The stages' milestones, for tests to await (testsignal.py): off,
+        # and free, unless a test turns them on.
+        self.signals = PipelineSignals()
 
     # -- late binding, by name ---------------------------------------------------
 

@@ -29,11 +29,13 @@ counted, the task runs) -> outcome queued (completer).
 import logging
 import threading
 import time
+from collections.abc import Collection
 
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected
 from .jobs import STARTED, ClaimedJob
 from .stats import Stats
+from .testsignal import TestSignal
 
 logger = logging.getLogger("shardq.worker.starter")
 
@@ -47,8 +49,12 @@ type Verdict = tuple[str, Exception | None]
 class StartWrites:
     """The group-committed start write the executor threads share."""
 
-    def __init__(self, store: WorkerStore, stats: Stats, worker_id: str) -> None:
+    def __init__(
+        self, store: WorkerStore, stats: Stats, worker_id: str, signal: "TestSignal[Collection[int]] | None" = None
+    ) -> None:
         self.store = store
+        # Each committed write's started ids, for tests (testsignal.py).
+        self.signal = signal or TestSignal()
         self.stats = stats
         self.worker_id = worker_id
         self._lock = threading.Lock()
@@ -116,4 +122,5 @@ class StartWrites:
                 verdicts.append((LOST, None))
         self.stats.add("start_writes")
         self.stats.add("started", len(started))
+        self.signal.signal(started.keys())
         return verdicts

@@ -1,35 +1,21 @@
-"""Workflows run by real ``shardq_worker`` processes (issue 16): every edge
-respected by the ledger, parent results passed down, ParentFailed through a
-real dead-letter, and the time from a parent's finish to its child's start.
+"""Workflows run by several real ``shardq_worker`` processes (issue 16):
+every edge respected over three workers, and the time from a parent's
+finish to its child's start. One worker running a workflow, parent results
+passed down and ParentFailed through a real dead-letter, runs in-process:
+tests/integration/test_workflow_runs.py.
 
 ``SHARDQ_FULL_WORKFLOWS=1`` (``make workflows``) runs the fan-out/fan-in at
 the issue's size, 1 -> 9,998 -> 1; ``make test`` runs 1 -> 998 -> 1."""
 
 import os
 
-from django.db import transaction
-
 from shardq import Workflow
-from tests.helpers import wait_until
-from tests.taskapp.tasks import fail, wf_fan_in, wf_node
+from tests.helpers import edge_violations, wait_until
+from tests.taskapp.tasks import wf_fan_in, wf_node
 from tests.workers import query, scalar, status_counts
 
 FULL = bool(os.environ.get("SHARDQ_FULL_WORKFLOWS"))
 MIDDLE = 9_998 if FULL else 998
-
-
-def edge_violations() -> int:
-    """Edges whose child started before its parent finished (or started at
-    all after a failed parent, unless it asked to run)."""
-    return scalar(
-        """
-        SELECT count(*) FROM shardq_edge AS e
-        JOIN shardq_job AS p ON p.id = e.parent JOIN shardq_job AS c ON c.id = e.child
-        WHERE c.started_at IS NOT NULL
-          AND (p.finished_at IS NULL OR c.started_at < p.finished_at
-               OR (p.status <> 'SUCCESSFUL' AND NOT e.run_on_failure))
-        """
-    )
 
 
 def finish_to_start_ms() -> list[float]:
@@ -43,55 +29,6 @@ def finish_to_start_ms() -> list[float]:
         """
     )
     return sorted(float(r[0]) for r in rows)
-
-
-def test_the_order_workflow_runs_in_order_and_children_read_their_parents_results(workers):
-    workers.start("--concurrency", "4")
-    with transaction.atomic():
-        wf = Workflow(name="order-7")
-        charge = wf.add(wf_node, "charge")
-        pack = wf.add(wf_node, "pack", after=[charge])
-        mail = wf.add(wf_node, "mail", after=[charge])
-        wf.add(wf_node, "done", after=[pack, mail])
-        results = wf.enqueue()
-    wait_until(
-        lambda: status_counts() == {"SUCCESSFUL": 4},
-        timeout=20,
-        message=lambda: (
-            query("SELECT id, status, waiting_on, children_pending, finished_at FROM shardq_job ORDER BY id")
-            + query("SELECT * FROM shardq_edge")
-        ),
-    )
-    done = results[-1]
-    done.refresh()
-    assert done.return_value == {
-        "tag": "done",
-        "parents": {"wf_node[2]": ["SUCCESSFUL", "pack"], "wf_node[3]": ["SUCCESSFUL", "mail"]},
-    }
-    assert edge_violations() == 0
-
-
-def test_a_dead_lettered_parent_cancels_its_children_and_run_children_see_the_failure(workers):
-    workers.start("--concurrency", "2")
-    wf = Workflow()
-    bad = wf.add(fail, "boom", step_name="bad")
-    skipped = wf.add(wf_node, "skipped", after=[bad])
-    wf.add(wf_node, "after-skipped", after=[skipped])
-    wf.add(wf_node, "cleanup", after=[bad], on_parent_failure="run")
-    results = wf.enqueue()
-    wait_until(lambda: status_counts() == {"FAILED": 3, "SUCCESSFUL": 1}, timeout=60, message=status_counts)
-    for result in results:
-        result.refresh()
-    assert results[1].errors[-1].exception_class_path == "shardq.exceptions.ParentFailed"
-    assert results[2].errors[-1].exception_class_path == "shardq.exceptions.ParentFailed"
-    assert f"parent job {results[1].id} " in results[2].errors[-1].traceback
-    assert results[3].return_value == {"tag": "cleanup", "parents": {"bad": ["FAILED", None]}}
-    # The cancelled ones never ran: no ledger row, no attempt.
-    assert (
-        scalar("SELECT count(*) FROM taskapp_ledger WHERE job_id = ANY(%s)", [[int(results[1].id), int(results[2].id)]])
-        == 0
-    )
-    assert edge_violations() == 0
 
 
 def test_a_fan_out_fan_in_over_three_workers_starts_the_fan_in_after_every_parent(workers):

@@ -11,7 +11,7 @@ import pytest
 
 from shardq.db.store import WorkerStore, ensure_shards
 from shardq.worker.jobs import STARTED, ClaimedJob
-from shardq.worker.starter import LOST, StartWrites
+from shardq.worker.starter import LOST, UNAVAILABLE, StartWrites
 from shardq.worker.stats import Stats
 from tests.helpers import job_factory, job_row, sql, wait_until
 
@@ -98,3 +98,27 @@ def test_a_start_whose_claim_was_superseded_is_lost_and_writes_nothing(claimed_j
     assert starts.start(job) == (LOST, None)
     row = job_row(job.id)
     assert (row["status"], row["attempts"], row["worker_ids"]) == ("CLAIMED", 0, [])
+
+
+def test_the_start_write_reuses_one_cursor_and_a_new_connection_gets_a_new_one(claimed_job_factory, starts):
+    first, second, third = claimed_job_factory(3)
+    store = starts.store
+    assert starts.start(first) == (STARTED, None)
+    kept = store._kept
+    assert kept is not None and not kept.closed
+    assert starts.start(second) == (STARTED, None)
+    assert store._kept is kept, "the second start write built a cursor of its own"
+    # The rows still come back by name, from the kept cursor's tuples.
+    assert (second.attempts, second.status_rank) == (1, job_row(second.id)["status_rank"])
+
+    # Its connection dies: the write on it fails (a verdict), and the next
+    # one opens a connection and a cursor on that.
+    sql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE application_name = 'shardq-test-starter' AND datname = current_database()"
+    )
+    assert starts.start(third)[0] == UNAVAILABLE
+    third.start_verdict = None  # begun again (the executor hands it back; a later claim brings it)
+    assert starts.start(third) == (STARTED, None)
+    assert store._kept is not kept and store._kept.connection is store.conn
+    assert job_row(third.id)["status"] == "RUNNING"

@@ -103,6 +103,15 @@ def ledger(context: TaskContext, n: int = 0, sleep: float = 0.0) -> int:
     return n
 
 
+@shard_task(takes_context=True, max_attempts=5)
+def ledger_first(context: TaskContext, n: int = 0, sleep: float = 0.0) -> int:
+    """``ledger`` the other way round: the row as it begins, then the sleep."""
+    write_ledger_row(context)
+    if sleep:
+        time.sleep(sleep)
+    return n
+
+
 @task()
 def not_json() -> object:
     return object()
