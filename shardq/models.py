@@ -67,6 +67,10 @@ class Job(models.Model):
     # key"), so the job has no limit_keys and takes the ordinary claim. Set
     # so claim_jobs can hold such a job back where two pools hold its shard.
     key_limited = models.BooleanField(default=False, db_default=False)
+    # Since when no worker could resolve the job's task path (a deploy in
+    # progress): it is handed back, not failed, until
+    # SHARDQ["UNKNOWN_TASK_TIMEOUT"] has passed (shardq/worker/handback.py).
+    unknown_task_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "shardq_job"

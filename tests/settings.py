@@ -14,6 +14,14 @@ SHARDQ = {
         "tests.taskapp.isolation_tasks",
         "tests.taskapp.runctl_tasks",
         "tests.taskapp.limit_tasks",
+        # Workers resolve task paths from these modules only (a row's task
+        # path is never imported: shardq/tasks/registry.py).
+        "tests.taskapp.admin_tasks",
+        "tests.taskapp.key_limit_tasks",
+        "tests.taskapp.operator_tasks",
+        "tests.taskapp.scale_tasks",
+        "tests.taskapp.testing_tasks",
+        "tests.taskapp.audit_tasks",
     ],
 }
 # The run-control tests start workers with a low zombie limit.

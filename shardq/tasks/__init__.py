@@ -20,6 +20,7 @@ from .keys import (
 )
 from .registry import (
     autodiscover,
+    discover,
     register,
     registered_task_paths,
     resolve,
@@ -34,6 +35,7 @@ __all__ = [
     "Backoff",
     "ShardTask",
     "autodiscover",
+    "discover",
     "bind_arguments",
     "check_text",
     "compute_shard_key",

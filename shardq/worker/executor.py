@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,8 +33,9 @@ from ..completion import CommittedByTask
 from ..conf import timeout_seconds
 from ..db.store import WorkerStore
 from ..dispatch import LogVerdicts, SignalGate
-from ..exceptions import FenceLost, ResultTooLarge, TaskTimeout, UnknownTask
+from ..exceptions import FenceLost, LoggedTaskError, ResultTooLarge, TaskTimeout, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
+from ..tasks.redaction import redact_text, sensitive_values
 from .completer import Completer
 from .jobs import STARTED, ClaimedJob, Outcome
 from .leaser import Leaser
@@ -155,13 +156,59 @@ def _class_path(exc: BaseException) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-def _exception_line(exc: BaseException) -> str:
-    """``ValueError: message`` on one line (a long message cut at 500 characters)."""
-    message = " ".join(str(exc).split())
+# An exception's message in a log record, at most (head kept): a task's
+# exception may carry megabytes (a response body, a whole payload).
+LOGGED_MESSAGE_CHARS = 2000
+
+
+def _exception_line(exc: BaseException, hidden: Sequence[str] = ()) -> str:
+    """``ValueError: message`` on one line (a long message cut at 500
+    characters), the ``hidden`` values (sensitive arguments') redacted."""
+    message = _bounded_message(exc, 500 + 1, hidden)
+    message = " ".join(message.split())
     if len(message) > 500:
         message = message[:500] + "…"
     name = type(exc).__qualname__ if type(exc).__module__ == "builtins" else _class_path(exc)
     return f"{name}: {message}" if message else name
+
+
+def _bounded_message(exc: BaseException, chars: int, hidden: Sequence[str] = ()) -> str:
+    """``str(exc)``, cut to ``chars`` characters, sensitive values hidden.
+    Cut before redaction with room for the longest value, so a value cut in
+    two is still found; a str() that raises is reported, not raised."""
+    try:
+        text = str(exc)
+    except Exception as broken:  # a task's __str__ is the task's code
+        return f"<str() of the exception raised {type(broken).__name__}>"
+    room = max((len(v) for v in hidden), default=0)
+    cut = len(text) > chars
+    text = redact_text(text[: chars + room], hidden)[:chars] if hidden else text[:chars]
+    return text + "…" if cut else text
+
+
+def _logged_stand_in(error: BaseException, hidden: Sequence[str]) -> LoggedTaskError | None:
+    """A LoggedTaskError for the task_finished log record when ``error``'s
+    text (or that of an exception chained to it) is too long or holds a
+    sensitive value; None when it may be logged as it is."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    safe = True
+    while current is not None and id(current) not in seen and safe:
+        seen.add(id(current))
+        try:
+            text = str(current)
+        except Exception:
+            text = ""
+        if len(text) > LOGGED_MESSAGE_CHARS or any(value in text for value in hidden):
+            safe = False
+        current = current.__cause__ or current.__context__
+    if safe:
+        return None
+    stand_in = LoggedTaskError(
+        f"{_class_path(error)}: {_bounded_message(error, LOGGED_MESSAGE_CHARS, hidden)} "
+        "(shown bounded, sensitive argument values hidden; chained exceptions left out)"
+    )
+    return stand_in.with_traceback(error.__traceback__)
 
 
 class Executor:
@@ -336,9 +383,14 @@ class Executor:
             )
         try:
             task = resolve(job.task_path, self.task_modules)
-        except UnknownTask as exc:
-            logger.error("job %s failed: %s", job.id, exc)
-            return _failed(job, _class_path(exc), f"{_class_path(exc)}: {exc}\n")
+        except UnknownTask:
+            # Not this job's failure: a deploy may be under way (new code
+            # enqueued a task this worker's code lacks). Handed back for a
+            # worker that can run it, no attempt used; dead-lettered, the
+            # path named, only after SHARDQ["UNKNOWN_TASK_TIMEOUT"]
+            # (handback.py).
+            self.handback.defer_unknown([job])
+            return None
         if job.worker_losses and getattr(task, "on_worker_lost", "retry") == "fail":
             # At-most-once: an earlier attempt may have had effects.
             text = (
@@ -436,8 +488,18 @@ class Executor:
                 # Only task_finished has a listener for failures (task_started had
                 # none, so not sending it was unobservable).
                 result = self._result(task, job)
-            outcome = self._failure(task, job, rank, error, result)
-            self._finished(result, TaskResultStatus(outcome.status))
+            hidden = sensitive_values(task, job.args, job.kwargs)
+            outcome = self._failure(task, job, rank, error, result, hidden)
+            stand_in = None if result is None else _logged_stand_in(error, hidden)
+            if stand_in is None:
+                self._finished(result, TaskResultStatus(outcome.status))
+            else:
+                # Django's receiver logs sys.exc_info(): what it sees is the
+                # bounded, redacted stand-in, raised here for it.
+                try:
+                    raise stand_in from None
+                except LoggedTaskError:
+                    self._finished(result, TaskResultStatus(outcome.status))
             return outcome
         self._after_call(job, began, failed=False)
         if state.written:
@@ -621,10 +683,20 @@ class Executor:
             )
 
     def _failure(
-        self, task: Task, job: ClaimedJob, rank: int, error: BaseException, result: TaskResult | None
+        self,
+        task: Task,
+        job: ClaimedJob,
+        rank: int,
+        error: BaseException,
+        result: TaskResult | None,
+        hidden: Sequence[str] = (),
     ) -> Outcome:
         path = _class_path(error)
+        # Bounded (sanitize_text) and with sensitive argument values hidden:
+        # the admin shows it to every viewer of the job.
         text = sanitize_text("".join(traceback.format_exception(error)))
+        if hidden:
+            text = redact_text(text, hidden)
         if (
             isinstance(error, (TypeError, ValueError))
             and "JSON" in str(error)
@@ -638,7 +710,10 @@ class Executor:
         retry = isinstance(task, ShardTask) and job.attempts < job.max_attempts and isinstance(error, Exception)
         # One line a failed attempt, whatever the project's LOGGING: the job,
         # the task and the exception (the traceback is in the job's errors).
-        failed = f"job {job.id} ({job.task_path}) failed: {_exception_line(error)}; attempt {job.attempts} of {job.max_attempts}"
+        failed = (
+            f"job {job.id} ({job.task_path}) failed: {_exception_line(error, hidden)}; "
+            f"attempt {job.attempts} of {job.max_attempts}"
+        )
         if retry:
             backoff = task.backoff or DEFAULT_BACKOFF
             delay = backoff.delay(job.attempts)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..cron import schedules
 from ..db.store import LEASE_CHANNEL, DatabaseGuard, WorkerStore
-from ..tasks import autodiscover
+from ..tasks import discover
 from . import shutdown as shutdown_signals
 from .completer import Completer
 from .executor import Executor
@@ -82,7 +82,11 @@ class Worker:
             )
             for name in STORES
         }
-        self.pipeline = Pipeline(self.config, self.stats, HandBack(self.store["handback"], self.stats), metrics)
+        self.pipeline = Pipeline(self.config, self.stats, HandBack(
+                self.store["handback"],
+                self.stats,
+                unknown_task_timeout_seconds=self.config.settings.unknown_task_timeout_seconds,
+            ), metrics)
         self.buffer, self.handback = self.pipeline.buffer, self.pipeline.handback
         self.completer = Completer(self.config, self.pipeline, self.store["completer"])
         self.pipeline.add_sink(self.completer)
@@ -210,7 +214,7 @@ class Worker:
 
     def run(self) -> int:
         boot = BootClock()
-        autodiscover(self.config.task_modules)
+        discover(tuple(self.config.task_modules))
         boot.mark("tasks imported")
         self.store["leaser"].register_worker(
             self.id,
