@@ -223,3 +223,35 @@ def test_the_example_job_page_shows_a_job_to_its_customer_and_staff_only(client,
         client.force_login(user)
         answers[user.username] = client.get(f"/jobs/{job.id}/").status_code
     assert answers == {"owner": 200, "stranger": 404, "staff": 200}
+
+
+# -- what a failure logs ----------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failure_logs_a_bounded_message_with_no_sensitive_value(caplog):
+    """A 300 MB exception message reached the worker's log whole through
+    task_finished (Django's receiver logs sys.exc_info()), and exception
+    messages carry argument values, sensitive ones too. The worker's line,
+    Django's record and the stored traceback are bounded and hide them."""
+    import logging
+
+    from tests.helpers import in_process_worker, job_row, wait_until
+
+    size = 3_000_000
+    with caplog.at_level(logging.INFO):
+        job = audit_tasks.fail_loudly.enqueue(account="acct-9", password=SECRET, size=size)
+        with in_process_worker(concurrency=1):
+            wait_until(lambda: job_row(job.id)["status"] == "FAILED", timeout=20)
+    texts = [
+        logging.Formatter().format(record)  # with the traceback of exc_info
+        for record in caplog.records
+        if record.name.startswith(("django.tasks", "shardq"))
+    ]
+    finished = [t for t in texts if t.startswith(f"Task id={job.id} ") and "FAILED" in t]
+    assert finished, texts  # Django's own task_finished record was logged
+    assert "ValueError: could not log in acct-9 with" in finished[0]  # what failed is still told
+    assert [t for t in texts if SECRET in t] == []
+    assert max(map(len, texts)) < 20_000
+    [error] = job_row(job.id)["errors"]
+    assert error["exception_class_path"] == "builtins.ValueError" and SECRET not in error["traceback"]
