@@ -39,3 +39,10 @@ if os.environ.get("SHARDQ_TEST_QUEUES"):
 # process does (a per-second schedule would add jobs to every other test).
 if os.environ.get("SHARDQ_TEST_PERIODIC"):
     SHARDQ["TASK_MODULES"] = [*SHARDQ["TASK_MODULES"], "tests.taskapp.periodic_tasks"]
+# Deploy safety (tests/acceptance/test_audit_processes.py): a worker started
+# with SHARDQ_TEST_NEW_CODE runs the "new code", whose tasks the others
+# cannot resolve; SHARDQ_UNKNOWN_TASK_TIMEOUT bounds how long such a job waits.
+if os.environ.get("SHARDQ_TEST_NEW_CODE"):
+    SHARDQ["TASK_MODULES"] = [*SHARDQ["TASK_MODULES"], "tests.taskapp.deploy_tasks"]
+if os.environ.get("SHARDQ_UNKNOWN_TASK_TIMEOUT"):
+    SHARDQ["UNKNOWN_TASK_TIMEOUT"] = float(os.environ["SHARDQ_UNKNOWN_TASK_TIMEOUT"])

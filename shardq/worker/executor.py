@@ -13,7 +13,8 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,6 +32,7 @@ from django.utils import timezone
 
 from ..completion import CommittedByTask
 from ..conf import timeout_seconds
+from ..core.rwlock import RWLock
 from ..db.store import WorkerStore
 from ..dispatch import LogVerdicts, SignalGate
 from ..exceptions import FenceLost, LoggedTaskError, ResultTooLarge, TaskTimeout, UnknownTask
@@ -48,6 +50,10 @@ if TYPE_CHECKING:
     from .limits import Limiter
 
 logger = logging.getLogger("shardq.worker.executor")
+
+# How long a job that lost a worker waits for the jobs running beside it to
+# finish before it goes back READY (Executor._isolated).
+SOLO_WAIT_SECONDS = 60.0
 
 DEFAULT_BACKOFF = Backoff()
 
@@ -238,6 +244,8 @@ class Executor:
         self.lease_ttl_seconds = config.lease_ttl_seconds
         self._backend_classes: dict[str, type[BaseTaskBackend]] = {}
         self.task_modules = config.task_modules
+        # A job that lost a worker runs alone in this process (_isolated).
+        self._solo = RWLock()
         settings = config.settings
         self.max_payload_bytes = settings.max_payload_bytes
         self.max_result_bytes = settings.max_result_bytes
@@ -358,11 +366,48 @@ class Executor:
         doing so (an odd row, a receiver that raised) is this job's failure
         (its domain), never the thread's."""
         try:
-            return self.execute(job)
+            with self._isolated(job) as alone:
+                if not alone:
+                    # Others kept running here past SOLO_WAIT_SECONDS: not
+                    # started, back to READY (nothing charged) for later.
+                    self.handback.return_jobs([job])
+                    return None
+                return self.execute(job)
         except Exception as exc:
             logger.exception("job %s could not be run", job.id)
             text = sanitize_text(f"shardq could not run job {job.id}: " + "".join(traceback.format_exception(exc)))
             return _failed(job, _class_path(exc), text)
+
+    @contextmanager
+    def _isolated(self, job: ClaimedJob) -> Iterator[bool]:
+        """Whether ``job`` may start now: a job that lost a worker before
+        (``worker_losses``) runs alone in this process, others beside each
+        other. A task that kills its process (``os._exit``, a segfault in C
+        code) takes every job running beside it down too, and each loss
+        counts towards MAX_WORKER_LOSSES: the innocent ones were
+        dead-lettered with the culprit. Rerun one at a time, a job lost
+        again was lost on its own: the culprit reaches the limit, the others
+        finish (and a timeout task reaches its own TaskTimeout).
+
+        The job waits (before its start write: a crash meanwhile charges it
+        nothing) for the jobs running here to finish, and new ones wait
+        behind it (writer priority); past SOLO_WAIT_SECONDS it goes back
+        READY instead (yields False), so a thread stuck in a task cannot
+        hold it for ever."""
+        if job.worker_losses <= 0 or job.recalled is not None:
+            self._solo.acquire_read()
+            try:
+                yield True
+            finally:
+                self._solo.release_read()
+            return
+        if not self._solo.acquire_write(timeout=SOLO_WAIT_SECONDS):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._solo.release_write()
 
     def execute(self, job: ClaimedJob) -> Outcome | None:
         """Run one job; its outcome for the completer, or None when there is
