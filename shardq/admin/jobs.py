@@ -305,6 +305,30 @@ class JobAdmin(ShardqModelAdmin):
             return False  # a transform: nothing to filter on that a plain lookup does not give
         return super().lookup_allowed(lookup, value, request)
 
+    def changelist_view(self, request, extra_context=None):
+        """The job list, with a warning naming jobs no worker will ever run
+        (a shard out of range, WAITING on nothing): they would sit silently."""
+        if request.method == "GET":
+            from ..management.commands.shardq_status import silent_rows
+
+            url = reverse("admin:shardq_job_changelist")
+            for row in silent_rows(get_config().shard_count):
+                ids = ",".join(map(str, row["ids"]))
+                messages.warning(
+                    request,
+                    format_html(
+                        '{} job(s) no worker will ever run ({}): <a href="{}?id__in={}">{}</a>{}. {}.',
+                        row["count"],
+                        row["reason"],
+                        url,
+                        ids,
+                        ", ".join(f"#{i}" for i in row["ids"]),
+                        " …" if row["count"] > len(row["ids"]) else "",
+                        row["what_to_do"].capitalize(),
+                    ),
+                )
+        return super().changelist_view(request, extra_context)
+
     def get_search_results(self, request, queryset, search_term):
         """Job id, part of a task path, or an exact shard key — the key only
         of jobs whose key is shown (a registered task whose key is not

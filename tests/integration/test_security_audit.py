@@ -255,3 +255,37 @@ def test_a_failure_logs_a_bounded_message_with_no_sensitive_value(caplog):
     assert max(map(len, texts)) < 20_000
     [error] = job_row(job.id)["errors"]
     assert error["exception_class_path"] == "builtins.ValueError" and SECRET not in error["traceback"]
+
+
+# -- silent rows --------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_jobs_no_worker_will_ever_run_are_reported_by_shardq_status_and_the_job_list(viewer):
+    """A shard out of range, or WAITING on nothing: such rows sat silently."""
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from tests.browser.rows import sql
+
+    path = "tests.taskapp.operator_tasks.log_in"
+    outside = hand_written_job(path, shard=4000)
+    orphan = hand_written_job(path, status="WAITING")
+    parent = hand_written_job(path)
+    child = hand_written_job(path, status="WAITING", waiting_on=1)
+    sql("INSERT INTO shardq_edge (parent, child, name, run_on_failure, resolved) VALUES (%s, %s, 'p', false, false)", [parent, child])
+    out = StringIO()
+    call_command("shardq_status", stdout=out)
+    text = out.getvalue()
+    assert f"jobs no worker will ever run (shard out of range): 1, e.g. ids {outside} (" in text, text
+    assert f"jobs no worker will ever run (WAITING on nothing): 1, e.g. ids {orphan} (" in text, text
+    out = StringIO()
+    call_command("shardq_status", "--json", stdout=out)
+    silent = {row["reason"]: row["ids"] for row in json.loads(out.getvalue())["silent_rows"]}
+    assert silent == {"shard out of range": [outside], "WAITING on nothing": [orphan]}
+    page = viewer.get(JOBS).content.decode()
+    assert f"no worker will ever run (shard out of range): <a href=\"{JOBS}?id__in={outside}\">#{outside}</a>" in page
+    assert f"?id__in={orphan}\">#{orphan}</a>" in page
+    assert viewer.get(JOBS, {"id__in": f"{outside},{orphan}"}).status_code == 200

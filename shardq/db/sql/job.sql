@@ -950,3 +950,30 @@ SELECT queue_name, status, count(*) AS jobs,
            AS oldest_due_seconds
 FROM shardq_job WHERE status IN ('READY', 'CLAIMED', 'RUNNING', 'WAITING')
 GROUP BY 1, 2;
+
+-- name: status_silent_rows
+-- shardq_status and the admin: unfinished jobs no worker will ever run, by reason, with how many
+-- and up to 10 ids: a shard outside the cluster's 0 .. shard count - 1 (no lease covers it; a row
+-- written by hand, or a reshard's move not finished), and WAITING with nothing to wait for (no
+-- edge from a parent that is unfinished or whose children are not moved on yet: the resolver will
+-- never move it). Each branch walks the partial index of its statuses.
+WITH n AS MATERIALIZED (SELECT {{shard_count_now}} AS shards),
+outside AS (
+    SELECT id FROM shardq_job, n WHERE status = 'READY' AND (shard < 0 OR shard >= n.shards)
+    UNION ALL
+    SELECT id FROM shardq_job, n WHERE status IN ('CLAIMED', 'RUNNING') AND (shard < 0 OR shard >= n.shards)
+    UNION ALL
+    SELECT id FROM shardq_job, n WHERE status = 'WAITING' AND (shard < 0 OR shard >= n.shards)
+),
+orphaned AS (
+    SELECT j.id FROM shardq_job AS j, n
+    WHERE j.status = 'WAITING' AND j.shard >= 0 AND j.shard < n.shards
+      AND NOT EXISTS (
+          SELECT 1 FROM shardq_edge AS e JOIN shardq_job AS p ON p.id = e.parent
+          WHERE e.child = j.id AND (p.status NOT IN ('SUCCESSFUL', 'FAILED') OR p.children_pending))
+)
+SELECT 'shard out of range' AS reason, count(*)::int, (array_agg(id ORDER BY id))[1:10] FROM outside
+HAVING count(*) > 0
+UNION ALL
+SELECT 'WAITING on nothing', count(*)::int, (array_agg(id ORDER BY id))[1:10] FROM orphaned
+HAVING count(*) > 0;
