@@ -14,9 +14,9 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.utils.crypto import salted_hmac
 from django.tasks import Task
 from django.tasks.exceptions import InvalidTask
+from django.utils.crypto import salted_hmac
 
 from .core.limits import MAX_KEY_CHARS, LimitError, LimitSpec, check_concurrency, parse_rate
 from .tasks import ShardTask, key_to_str

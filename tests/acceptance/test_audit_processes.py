@@ -42,7 +42,9 @@ def test_processes_1_starts_a_fresh_process_when_its_worker_process_dies(workers
         message=lambda: workers.log(supervisor)[-2000:],
     )
     later = audit_tasks.innocent.enqueue(7)
-    wait_until(lambda: job(later.id)["status"] == "SUCCESSFUL", timeout=60, message=lambda: workers.log(supervisor)[-2000:])
+    wait_until(
+        lambda: job(later.id)["status"] == "SUCCESSFUL", timeout=60, message=lambda: workers.log(supervisor)[-2000:]
+    )
     assert supervisor.poll() is None and job(crashed.id)["losses"] >= 1
 
 
@@ -64,7 +66,10 @@ def test_a_task_that_kills_its_process_dead_letters_itself_only(workers):
     )
     culprit = audit_tasks.crash.enqueue()
     wait_until(
-        lambda: job(culprit.id)["status"] == "FAILED" and all(job(r.id)["status"] in ("SUCCESSFUL", "FAILED") for r in beside),
+        lambda: (
+            job(culprit.id)["status"] == "FAILED"
+            and all(job(r.id)["status"] in ("SUCCESSFUL", "FAILED") for r in beside)
+        ),
         timeout=150,
         interval=0.2,
         message=lambda: ([job(r.id) for r in [culprit, *beside]], workers.log(supervisor)[-3000:]),

@@ -104,7 +104,10 @@ def test_no_name_of_the_job_list_lets_a_view_only_user_infer_a_sensitive_value(v
     assert not_refused == []
     assert tried > 300
     # Over HTTP, the issue's requests: a 400 whatever the guess.
-    for job, lookup in ((jobs[0], "kwargs_bounded__value__password__startswith"), (jobs[1], "args_bounded__value__1__startswith")):
+    for job, lookup in (
+        (jobs[0], "kwargs_bounded__value__password__startswith"),
+        (jobs[1], "args_bounded__value__1__startswith"),
+    ):
         for guess in ("h", "z"):
             assert viewer.get(JOBS, {"id": job, lookup: guess}).status_code == 400
     # The allowed names still filter (the shard map's and the dashboard's links).
@@ -188,7 +191,7 @@ def test_get_result_of_a_job_whose_task_is_not_defined_here_returns_it_on_a_plac
     result = default_task_backend.get_result(str(job_id))
     assert result.task.module_path == path and result.task.name == "send_report"
     assert (result.status, result.kwargs, result.return_value) == ("SUCCESSFUL", {"report": 7}, 42)
-    with pytest.raises(UnknownTask, match="gone_in_this_release.send_report"):
+    with pytest.raises(UnknownTask, match=r"gone_in_this_release\.send_report"):
         result.task.enqueue()
     # The placeholder is not a task of this process: nothing registered it.
     assert path not in registered_task_paths()
@@ -275,7 +278,10 @@ def test_jobs_no_worker_will_ever_run_are_reported_by_shardq_status_and_the_job_
     orphan = hand_written_job(path, status="WAITING")
     parent = hand_written_job(path)
     child = hand_written_job(path, status="WAITING", waiting_on=1)
-    sql("INSERT INTO shardq_edge (parent, child, name, run_on_failure, resolved) VALUES (%s, %s, 'p', false, false)", [parent, child])
+    sql(
+        "INSERT INTO shardq_edge (parent, child, name, run_on_failure, resolved) VALUES (%s, %s, 'p', false, false)",
+        [parent, child],
+    )
     out = StringIO()
     call_command("shardq_status", stdout=out)
     text = out.getvalue()
@@ -286,6 +292,6 @@ def test_jobs_no_worker_will_ever_run_are_reported_by_shardq_status_and_the_job_
     silent = {row["reason"]: row["ids"] for row in json.loads(out.getvalue())["silent_rows"]}
     assert silent == {"shard out of range": [outside], "WAITING on nothing": [orphan]}
     page = viewer.get(JOBS).content.decode()
-    assert f"no worker will ever run (shard out of range): <a href=\"{JOBS}?id__in={outside}\">#{outside}</a>" in page
-    assert f"?id__in={orphan}\">#{orphan}</a>" in page
+    assert f'no worker will ever run (shard out of range): <a href="{JOBS}?id__in={outside}">#{outside}</a>' in page
+    assert f'?id__in={orphan}">#{orphan}</a>' in page
     assert viewer.get(JOBS, {"id__in": f"{outside},{orphan}"}).status_code == 200
