@@ -250,6 +250,7 @@ class Executor:
         self.max_payload_bytes = settings.max_payload_bytes
         self.max_result_bytes = settings.max_result_bytes
         self.default_timeout_seconds = settings.task_timeout_seconds
+        self.unknown_task_timeout_seconds = settings.unknown_task_timeout_seconds
         # Timeouts, cancels seen by running tasks, zombie threads (runcontrol.py).
         self.control = RunControl(
             control_store or WorkerStore(application_name="shardq-runcontrol"),
@@ -434,7 +435,7 @@ class Executor:
             # worker that can run it, no attempt used; dead-lettered, the
             # path named, only after SHARDQ["UNKNOWN_TASK_TIMEOUT"]
             # (handback.py).
-            self.handback.defer_unknown([job])
+            self.handback.defer_unknown([job], self.unknown_task_timeout_seconds)
             return None
         if job.worker_losses and getattr(task, "on_worker_lost", "retry") == "fail":
             # At-most-once: an earlier attempt may have had effects.

@@ -69,15 +69,14 @@ def retrying[R](
 class HandBack(Service):
     name = "handback"
 
-    def __init__(self, store: WorkerStore, stats: Stats, unknown_task_timeout_seconds: float = 600.0) -> None:
+    def __init__(self, store: WorkerStore, stats: Stats) -> None:
         super().__init__()
         self.store = store
         self.stats = stats
-        self.unknown_task_timeout = unknown_task_timeout_seconds
         self._lock = threading.Lock()
         self._waiting = threading.Condition(self._lock)
         self._jobs: list[ReturnedJob] = []
-        self._unknown: list[ReturnedJob] = []
+        self._unknown: list[tuple[ReturnedJob, float]] = []
         self._pending_by_shard: dict[int, int] = {}
 
     # -- from the other services -------------------------------------------------
@@ -92,16 +91,17 @@ class HandBack(Service):
             self._jobs.extend(jobs)
             self._waiting.notify()
 
-    def defer_unknown(self, jobs: Sequence[ReturnedJob]) -> None:
+    def defer_unknown(self, jobs: Sequence[ReturnedJob], timeout_seconds: float) -> None:
         """Claimed jobs whose task path this worker cannot resolve: back to
         READY for a worker that can run them, no attempt used (fenced), or
-        dead-lettered once none could for UNKNOWN_TASK_TIMEOUT seconds."""
+        dead-lettered once none could for ``timeout_seconds``
+        (SHARDQ["UNKNOWN_TASK_TIMEOUT"])."""
         if not jobs:
             return
         with self._lock:
             for job in jobs:
                 self._pending_by_shard[job.shard] = self._pending_by_shard.get(job.shard, 0) + 1
-            self._unknown.extend(jobs)
+            self._unknown.extend((job, timeout_seconds) for job in jobs)
             self._waiting.notify()
 
     def pending_in_shard(self, shard: int) -> int:
@@ -136,13 +136,15 @@ class HandBack(Service):
             unknown, self._unknown = self._unknown, []
         if jobs:
             self._write(jobs, deadline)
-        if unknown:
-            self._write(unknown, deadline, defer=True)
+        for timeout in sorted({timeout for _, timeout in unknown}):
+            self._write([job for job, t in unknown if t == timeout], deadline, defer=timeout)
 
-    def _write(self, jobs: list[ReturnedJob], deadline: float | None, defer: bool = False) -> None:
+    def _write(self, jobs: list[ReturnedJob], deadline: float | None, defer: float | None = None) -> None:
+        """Return ``jobs`` (fenced); with ``defer`` (a timeout), defer them
+        as jobs whose task this worker cannot resolve."""
         try:
-            if defer:
-                returned = self._defer(jobs, deadline)
+            if defer is not None:
+                returned = self._defer(jobs, deadline, defer)
             else:
                 returned, _ = retrying(lambda: self.store.return_jobs(jobs), "return", deadline, self.stats, logger)
         except DatabaseUnavailable:
@@ -157,8 +159,7 @@ class HandBack(Service):
                         del self._pending_by_shard[job.shard]
         self.stats.add("returned", len(returned))
 
-    def _defer(self, jobs: list[ReturnedJob], deadline: float | None) -> set[int]:
-        timeout = self.unknown_task_timeout
+    def _defer(self, jobs: list[ReturnedJob], deadline: float | None, timeout: float) -> set[int]:
         delay = unknown_task_retry_seconds(timeout)
         written, _ = retrying(
             lambda: self.store.defer_unknown_jobs(jobs, delay, timeout), "deferral", deadline, self.stats, logger

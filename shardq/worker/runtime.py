@@ -82,16 +82,7 @@ class Worker:
             )
             for name in STORES
         }
-        self.pipeline = Pipeline(
-            self.config,
-            self.stats,
-            HandBack(
-                self.store["handback"],
-                self.stats,
-                unknown_task_timeout_seconds=self.config.settings.unknown_task_timeout_seconds,
-            ),
-            metrics,
-        )
+        self.pipeline = Pipeline(self.config, self.stats, HandBack(self.store["handback"], self.stats), metrics)
         self.buffer, self.handback = self.pipeline.buffer, self.pipeline.handback
         self.completer = Completer(self.config, self.pipeline, self.store["completer"])
         self.pipeline.add_sink(self.completer)

@@ -56,7 +56,7 @@ def test_a_task_that_kills_its_process_dead_letters_itself_only(workers):
     now run again one at a time: the culprit alone reaches the limit."""
     supervisor = workers.start("--processes", "1", "--concurrency", "6")
     wait_until(lambda: all_shards_owned(), timeout=60)
-    innocents = [audit_tasks.innocent.enqueue(n, seconds=1.5) for n in range(3)]
+    innocents = [audit_tasks.innocent.enqueue(n, seconds=2.5) for n in range(3)]
     overrunning = [audit_tasks.overruns.enqueue(30) for _ in range(2)]
     beside = innocents + overrunning
     wait_until(
@@ -77,6 +77,8 @@ def test_a_task_that_kills_its_process_dead_letters_itself_only(workers):
     assert job(culprit.id)["losses"] == 3 and error_classes(culprit.id)[-1] == "shardq.exceptions.WorkerLost"
     assert [job(r.id)["status"] for r in innocents] == ["SUCCESSFUL"] * 3
     assert [job(r.id)["value"] for r in innocents] == [0, 1, 2]
+    # Each was running beside the culprit when it crashed the first time.
+    assert [job(r.id)["losses"] for r in beside] == [1] * 5
     for result in overrunning:
         assert job(result.id)["status"] == "FAILED"
         assert error_classes(result.id)[-1] == "shardq.exceptions.TaskTimeout", job(result.id)

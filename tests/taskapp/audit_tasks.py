@@ -39,6 +39,6 @@ def innocent(n: int, seconds: float = 0.0) -> int:
     return n
 
 
-@shard_task(timeout=1.0)
+@shard_task(timeout=4.0)
 def overruns(seconds: float) -> None:
     time.sleep(seconds)
