@@ -13,6 +13,7 @@ every column of ``shardq_job`` is tests/isolation/test_row_properties.py.
 
 import dataclasses
 import json
+import os
 import sys
 import time
 import uuid
@@ -270,6 +271,22 @@ def test_a_task_path_naming_a_broken_module_is_never_imported_and_dead_letters_t
     assert "tests.taskapp.broken_module.anything" in error["traceback"], error
     assert "RuntimeError" not in error["traceback"] and "tests.taskapp.broken_module" not in sys.modules
     assert row["attempts"] == 0  # no attempt used: it never ran
+
+
+def test_a_worker_imports_no_module_a_row_names(settings):
+    """Issue 28 §6: a row's task path made a worker import any module under
+    an installed app (running its import-time code) before it was refused.
+    Task paths resolve only from the registry: the tasks of the installed
+    apps' ``tasks`` modules and of SHARDQ["TASK_MODULES"]."""
+    settings.SHARDQ = {**settings.SHARDQ, "UNKNOWN_TASK_TIMEOUT": 0.5}
+    os.environ.pop("SHARDQ_IMPORT_ALARM", None)
+    sys.modules.pop("tests.taskapp.import_alarm", None)
+    named = poison("task_path = 'tests.taskapp.import_alarm.anything'")
+    with in_process_worker(concurrency=2) as worker:
+        wait_until(lambda: job_row(named)["status"] == "FAILED", timeout=20)
+        assert_alive(worker)
+    assert "tests.taskapp.import_alarm" not in sys.modules
+    assert "SHARDQ_IMPORT_ALARM" not in os.environ
 
 
 def test_the_issues_two_rows_leave_a_real_worker_process_running_with_no_restart(workers):
