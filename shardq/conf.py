@@ -50,6 +50,10 @@ DEFAULTS = {
     # Queue limits, {"emails": {"max_concurrency": 20, "rate_limit": "50/s"}},
     # or a list of names (no limits); read by shardq/limits.py (docs/limits.md).
     "QUEUES": None,
+    # A job whose task path a worker cannot resolve (a deploy in progress:
+    # new code enqueued a task the old workers lack) is handed back, not
+    # failed, for this many seconds; then it is dead-lettered naming the path.
+    "UNKNOWN_TASK_TIMEOUT": 600.0,
 }
 
 
@@ -70,6 +74,7 @@ class Config:
     task_timeout_seconds: float | None = None
     max_zombies: int = 2
     zombie_grace_seconds: float = 300.0
+    unknown_task_timeout_seconds: float = 600.0
 
 
 def get_config() -> Config:
@@ -93,6 +98,9 @@ def get_config() -> Config:
         task_timeout_seconds=_or_default(default_timeout_seconds, raw["TASK_TIMEOUT"], None),
         max_zombies=_or_default(max_zombies, raw["MAX_ZOMBIES"], DEFAULTS["MAX_ZOMBIES"]),
         zombie_grace_seconds=_or_default(zombie_grace_seconds, raw["ZOMBIE_GRACE"], DEFAULTS["ZOMBIE_GRACE"]),
+        unknown_task_timeout_seconds=_or_default(
+            unknown_task_timeout_seconds, raw["UNKNOWN_TASK_TIMEOUT"], DEFAULTS["UNKNOWN_TASK_TIMEOUT"]
+        ),
     )
 
 
@@ -150,3 +158,21 @@ def zombie_grace_seconds(value: object) -> float:
             "(default 300)."
         )
     return float(value)
+
+
+def unknown_task_timeout_seconds(value: object) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ShardqConfigurationError(
+            f"SHARDQ['UNKNOWN_TASK_TIMEOUT'] = {value!r} is not a number of seconds >= 0: how long a "
+            "job whose task a worker cannot resolve waits for a worker that can run it before it is "
+            "dead-lettered (default 600; 0: at once)."
+        )
+    return float(value)
+
+
+def unknown_task_retry_seconds(timeout_seconds: float) -> float:
+    """How long a job whose task this worker cannot resolve waits before it
+    is claimed again: a twentieth of the bound, from 0.2 s to 10 s."""
+    return min(10.0, max(0.2, timeout_seconds / 20))

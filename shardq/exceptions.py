@@ -47,6 +47,15 @@ class TaskTimeout(ShardqError):
         super().__init__(message)
 
 
+class LoggedTaskError(ShardqError):
+    """Stands in for a task's exception in the ``task_finished`` log record
+    (Django's receiver logs ``sys.exc_info()``) when the exception's own
+    text may not be logged as it is: too long, or holding the value of an
+    argument the task marks ``sensitive``. Its message is the exception's
+    class and message, bounded, with those values hidden; its traceback is
+    the exception's."""
+
+
 class ShardqConfigurationError(ImproperlyConfigured):
     """shardq's settings are invalid."""
 

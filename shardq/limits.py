@@ -16,6 +16,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.tasks import Task
 from django.tasks.exceptions import InvalidTask
+from django.utils.crypto import salted_hmac
 
 from .core.limits import MAX_KEY_CHARS, LimitError, LimitSpec, check_concurrency, parse_rate
 from .tasks import ShardTask, key_to_str
@@ -26,6 +27,14 @@ QUEUE_PREFIX = "q:"
 # Between the task path and a partition's value ("t:app.tasks.send=42"): a
 # task path (a dotted Python name) never holds "=".
 PARTITION = "="
+# Between the task path and a partition's digest: a value too long for a key
+# ("t:app.tasks.send#sha256:<hex>") or the value of a sensitive argument
+# ("t:app.tasks.send#hmac:<hex>", keyed with SECRET_KEY). A raw value always
+# follows "=", and a task path never holds "#", so no raw value -- not even
+# "#sha256:<hex>" -- gives the key of a hashed one (as unique keys do).
+HASHED = "#"
+LONG_VALUE_MARK = HASHED + "sha256:"
+SENSITIVE_VALUE_MARK = HASHED + "hmac:"
 _UNITS = {1.0: "s", 60.0: "m", 3600.0: "h"}
 
 
@@ -116,8 +125,10 @@ def call_limits(
     by = getattr(task, "limit_by", None)
     if by is not None:
         text = partition_text(task, by, args, kwargs)
+        sensitive = limit_by_is_sensitive(task)
         if (
-            not keys
+            not sensitive
+            and not keys
             and shard_key is not None
             and text == shard_key
             and getattr(task, "rate_limit", None) is None
@@ -125,10 +136,46 @@ def call_limits(
             and not getattr(task, "salt", None)
         ):
             return None, True
-        if len(text) > MAX_KEY_CHARS:
-            text = "#sha256:" + hashlib.sha256(text.encode()).hexdigest()
-        keys.append(TASK_PREFIX + task.module_path + PARTITION + text)
+        keys.append(TASK_PREFIX + task.module_path + partition_suffix(text, sensitive))
     return sorted(keys) or None, False
+
+
+def partition_suffix(text: str, sensitive: bool) -> str:
+    """What follows the task path in a partition's limit key: ``=<value>``,
+    or a marked digest for a sensitive value (keyed: a plain hash of a short
+    secret is found by trying values) or one too long for a key."""
+    if sensitive:
+        digest = salted_hmac("shardq.limit_by", text, algorithm="sha256").hexdigest()
+        return SENSITIVE_VALUE_MARK + digest
+    if len(text) > MAX_KEY_CHARS:
+        return LONG_VALUE_MARK + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return PARTITION + text
+
+
+def limit_by_is_sensitive(task: Task) -> bool:
+    """Whether a ``limit_by`` value may be a sensitive argument's: it names
+    one, or the task marks every argument (sensitive=True), or it is a
+    callable of a task that marks any (what it returns is unknown). Such a
+    value is never written into a limit key as it is: the Limits page,
+    ``shardq_status`` and the job list would show it."""
+    marked = getattr(task, "sensitive", ())
+    if marked is True:
+        return True
+    by = getattr(task, "limit_by", None)
+    if not marked or by is None:
+        return False
+    return callable(by) or by in marked
+
+
+def key_task_path(key: str) -> str:
+    """The task path of a task limit key (``t:<path>``, ``t:<path>=<value>``
+    or ``t:<path>#<digest>``)."""
+    body = key[len(TASK_PREFIX) :]
+    return body.partition(PARTITION)[0].partition(HASHED)[0]
+
+
+def is_partition_key(key: str) -> bool:
+    return key.startswith(TASK_PREFIX) and key_task_path(key) != key[len(TASK_PREFIX) :]
 
 
 def partition_text(task: Task, by: str | Callable[[tuple, dict], Any], args: tuple, kwargs: dict) -> str:
@@ -159,8 +206,7 @@ def spec_for_key(key: str, resolve: Callable[[str], Task | None], queues: dict[s
     if key.startswith(QUEUE_PREFIX):
         return queues.get(key[len(QUEUE_PREFIX) :])
     if key.startswith(TASK_PREFIX):
-        path = key[len(TASK_PREFIX) :].partition(PARTITION)[0]
-        task = resolve(path)
+        task = resolve(key_task_path(key))
         return None if task is None else task_spec(task)
     return None
 
@@ -236,7 +282,7 @@ def limit_report(using: str = "default") -> list[dict[str, Any]]:
             # Kept by the key's owner in its local queue (no slots): in use
             # are the key's running jobs, held by the workers running them.
             kind = "partition by shard key"
-        elif PARTITION in key:
+        elif is_partition_key(key):
             kind = "partition"
         else:
             kind = "task"

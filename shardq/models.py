@@ -78,6 +78,10 @@ class Job(models.Model):
     # The W3C traceparent of the span that enqueued the job (shardq[otel],
     # shardq/tracing.py): each attempt's span is its child. NULL: untraced.
     traceparent = models.TextField(null=True, blank=True)
+    # Since when no worker could resolve the job's task path (a deploy in
+    # progress): it is handed back, not failed, until
+    # SHARDQ["UNKNOWN_TASK_TIMEOUT"] has passed (shardq/worker/handback.py).
+    unknown_task_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "shardq_job"

@@ -15,6 +15,15 @@ SHARDQ = {
         "tests.taskapp.runctl_tasks",
         "tests.taskapp.limit_tasks",
         "tests.taskapp.durable_tasks",
+        # Workers resolve task paths from these modules only (a row's task
+        # path is never imported: shardq/tasks/registry.py).
+        "tests.taskapp.admin_tasks",
+        "tests.taskapp.key_limit_tasks",
+        "tests.taskapp.operator_tasks",
+        "tests.taskapp.scale_tasks",
+        "tests.taskapp.testing_tasks",
+        "tests.taskapp.audit_tasks",
+        "tests.taskapp.tracing_tasks",
     ],
 }
 # The run-control tests start workers with a low zombie limit.
@@ -39,3 +48,10 @@ if os.environ.get("SHARDQ_TEST_DIRECT_DATABASE_URL"):
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True  # noqa: F405
     DATABASES["direct"] = env.db_url("SHARDQ_TEST_DIRECT_DATABASE_URL")  # noqa: F405
     SHARDQ["WORKER_DATABASE"] = "direct"
+# Deploy safety (tests/acceptance/test_audit_processes.py): a worker started
+# with SHARDQ_TEST_NEW_CODE runs the "new code", whose tasks the others
+# cannot resolve; SHARDQ_UNKNOWN_TASK_TIMEOUT bounds how long such a job waits.
+if os.environ.get("SHARDQ_TEST_NEW_CODE"):
+    SHARDQ["TASK_MODULES"] = [*SHARDQ["TASK_MODULES"], "tests.taskapp.deploy_tasks"]
+if os.environ.get("SHARDQ_UNKNOWN_TASK_TIMEOUT"):
+    SHARDQ["UNKNOWN_TASK_TIMEOUT"] = float(os.environ["SHARDQ_UNKNOWN_TASK_TIMEOUT"])

@@ -45,11 +45,17 @@ def enqueue_add(request):
 @login_required
 @require_GET
 def job_status(request, job_id):
-    """A job's status, for logged-in users only (arguments and results may be private)."""
+    """A job's status, for its owner and staff only: arguments and results
+    are private. The owner of a job is the customer its ``customer_id``
+    argument names (a receipt's); a job of no customer is staff's to read.
+    Anyone else gets the same 404 as for a job that does not exist, so ids
+    cannot be probed."""
     try:
         result = send_receipt.get_backend().get_result(job_id)
     except TaskResultDoesNotExist:
         raise Http404("no such job") from None
+    if not (request.user.is_staff or owner_of(result) == request.user.pk):
+        raise Http404("no such job")
     body = {"id": result.id, "status": result.status, "worker_ids": result.worker_ids}
     if result.status == "SUCCESSFUL":
         body["return_value"] = result.return_value
@@ -76,3 +82,9 @@ def staff_or_token(view):
 
 # shardq's metrics of this web process (its enqueues and cancels), behind the rule.
 metrics = require_GET(staff_or_token(metrics_view))
+
+
+def owner_of(result) -> int | None:
+    """The user id that owns a job: its ``customer_id`` argument (None: no owner)."""
+    customer = result.kwargs.get("customer_id") if isinstance(result.kwargs, dict) else None
+    return customer if isinstance(customer, int) and not isinstance(customer, bool) else None

@@ -104,9 +104,24 @@ BOTH_LOCATIONS = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
 TIMES = ("enqueued_at", "run_after", "started_at", "last_attempted_at", "finished_at")
 # Loaded only as bounded excerpts on the job's page (get_object).
 OUTCOME_FIELDS = ("return_value", "errors", "worker_ids")
-# No URL lookup on these (JobAdmin.lookup_allowed): arguments and outcomes
-# are redacted or bounded, a shard key (and its hash) may be sensitive.
-UNFILTERABLE_FIELDS = frozenset({"args", "kwargs", "return_value", "errors", "shard_key", "key_hash"})
+# The only fields a URL may filter on (JobAdmin.lookup_allowed): what the
+# list filters, the shard map's and the dashboard's links and the id search
+# use. Everything else -- arguments, outcomes, the shard key and its hash,
+# limit keys, and every annotation of the list's queryset (args_bounded,
+# kwargs_bounded, ...) -- is refused: a lookup on a hidden value tells it one
+# guess at a time (``?kwargs_bounded__value__password__startswith=h``).
+FILTERABLE_FIELDS = frozenset(
+    {
+        "id",
+        "task_path",
+        "status",
+        "queue_name",
+        "shard",
+        "attempts",
+        "max_attempts",
+        *TIMES,
+    }
+)
 
 
 NOT_PARSED = object()
@@ -351,13 +366,45 @@ class JobAdmin(ShardqModelAdmin):
         )
 
     def lookup_allowed(self, lookup, value, request=None):
-        """No URL filter on what the admin hides or bounds: a lookup such as
-        ``?kwargs__password__startswith=a`` would tell a sensitive value
-        one guess at a time. Refused lookups are Django's
+        """An allow-list: a URL may filter on FILTERABLE_FIELDS only (the
+        list filters, id, task path, status, queue, shard, attempts and the
+        times), with a plain lookup (``shard__exact``, ``id__in``,
+        ``finished_at__gte``). Anything else -- ``?kwargs__password__startswith=a``,
+        or the same through an annotation (``kwargs_bounded__value__...``)
+        -- would tell a hidden value one guess at a time, and is Django's
         DisallowedModelAdminLookup (400)."""
-        if lookup.split(LOOKUP_SEP, 1)[0] in UNFILTERABLE_FIELDS:
+        name, _, rest = lookup.partition(LOOKUP_SEP)
+        if name == "pk":
+            name = "id"
+        if name not in FILTERABLE_FIELDS:
             return False
+        if rest and not all(part in Job._meta.get_field(name).get_lookups() for part in rest.split(LOOKUP_SEP)):
+            return False  # a transform: nothing to filter on that a plain lookup does not give
         return super().lookup_allowed(lookup, value, request)
+
+    def changelist_view(self, request, extra_context=None):
+        """The job list, with a warning naming jobs no worker will ever run
+        (a shard out of range, WAITING on nothing): they would sit silently."""
+        if request.method == "GET":
+            from ..management.commands.shardq_status import silent_rows
+
+            url = reverse("admin:shardq_job_changelist")
+            for row in silent_rows(get_config().shard_count):
+                ids = ",".join(map(str, row["ids"]))
+                messages.warning(
+                    request,
+                    format_html(
+                        '{} job(s) no worker will ever run ({}): <a href="{}?id__in={}">{}</a>{}. {}.',
+                        row["count"],
+                        row["reason"],
+                        url,
+                        ids,
+                        ", ".join(f"#{i}" for i in row["ids"]),
+                        " …" if row["count"] > len(row["ids"]) else "",
+                        row["what_to_do"].capitalize(),
+                    ),
+                )
+        return super().changelist_view(request, extra_context)
 
     def get_search_results(self, request, queryset, search_term):
         """Job id, part of a task path, or an exact shard key — the key only

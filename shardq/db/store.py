@@ -970,6 +970,25 @@ class WorkerStore:
         )
         return {row[0] for row in rows}
 
+    def defer_unknown_jobs(self, jobs: Sequence[JobRef], delay: float, timeout: float) -> list[tuple[int, bool]]:
+        """Claimed jobs whose task path this worker cannot resolve: back to
+        READY, due in ``delay`` seconds, no attempt used; FAILED once no
+        worker could resolve them for ``timeout`` seconds. Returns (id,
+        dead-lettered) for each job written."""
+        rows = self.run(
+            "defer_unknown_jobs",
+            {
+                "ids": [j.id for j in jobs],
+                "fences": [j.fence for j in jobs],
+                "ranks": [j.status_rank + 1 for j in jobs],
+                "started": [bool(getattr(j, "started", False)) for j in jobs],
+                "previous_attempt_at": [getattr(j, "previous_attempt_at", None) for j in jobs],
+                "delay": delay,
+                "timeout": timeout,
+            },
+        )
+        return [(row[0], row[2]) for row in rows]
+
 
 class LimitedClaim:
     """The statements of one limited claim (docs/limits.md), run in the

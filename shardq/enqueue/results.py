@@ -12,7 +12,8 @@ from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask
 from django.utils.json import normalize_json
 
-from ..tasks import resolve
+from ..exceptions import UnknownTask
+from ..tasks.registry import placeholder, resolve
 
 # new_result fills a TaskResult's fields itself only while they are the ones
 # it knows (a Django upgrade that changes them falls back to the constructor).
@@ -137,7 +138,13 @@ def result_from_row(row, backend_alias: str, task_modules) -> TaskResult:
     return_value, errors, worker_ids = row["return_value"], row["errors"], row["worker_ids"]
     enqueued_at, started_at, finished_at = row["enqueued_at"], row["started_at"], row["finished_at"]
     last_attempted_at = row["last_attempted_at"]
-    task = resolve(task_path, task_modules)
+    try:
+        task = resolve(task_path, task_modules)
+    except UnknownTask:
+        # A job of a task this process does not define (web code older than
+        # the workers', a task since removed): its result is still shown,
+        # on a placeholder whose module_path is the row's path.
+        task = placeholder(task_path, backend_alias)
     # run_after defaults to the enqueue time in the table; a Task shows it
     # only when the job was deferred.
     if run_after is not None and (enqueued_at is None or run_after <= enqueued_at):

@@ -20,6 +20,7 @@ from .keys import (
 )
 from .registry import (
     autodiscover,
+    discover,
     register,
     registered_task_paths,
     resolve,
@@ -38,6 +39,7 @@ __all__ = [
     "check_text",
     "compute_shard_key",
     "compute_unique_key",
+    "discover",
     "exponential",
     "key_to_str",
     "register",

@@ -13,8 +13,9 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -32,12 +33,23 @@ from django.utils import timezone
 from .. import tracing
 from ..completion import CommittedByTask
 from ..conf import timeout_seconds
+from ..core.rwlock import RWLock
 from ..db import operations
 from ..db.store import WorkerStore
 from ..dispatch import LogVerdicts, SignalGate
 from ..durable import DurableRun
-from ..exceptions import DurableStop, FenceLost, Interrupted, ResultTooLarge, Suspended, TaskTimeout, UnknownTask
+from ..exceptions import (
+    DurableStop,
+    FenceLost,
+    Interrupted,
+    LoggedTaskError,
+    ResultTooLarge,
+    Suspended,
+    TaskTimeout,
+    UnknownTask,
+)
 from ..tasks import Backoff, ShardTask, resolve
+from ..tasks.redaction import redact_text, sensitive_values
 from .completer import Completer
 from .jobs import STARTED, ClaimedJob, Outcome
 from .leaser import Leaser
@@ -50,6 +62,10 @@ if TYPE_CHECKING:
     from .limits import Limiter
 
 logger = logging.getLogger("shardq.worker.executor")
+
+# How long a job that lost a worker waits for the jobs running beside it to
+# finish before it goes back READY (Executor._isolated).
+SOLO_WAIT_SECONDS = 60.0
 
 DEFAULT_BACKOFF = Backoff()
 
@@ -198,13 +214,59 @@ def _class_path(exc: BaseException) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-def _exception_line(exc: BaseException) -> str:
-    """``ValueError: message`` on one line (a long message cut at 500 characters)."""
-    message = " ".join(str(exc).split())
+# An exception's message in a log record, at most (head kept): a task's
+# exception may carry megabytes (a response body, a whole payload).
+LOGGED_MESSAGE_CHARS = 2000
+
+
+def _exception_line(exc: BaseException, hidden: Sequence[str] = ()) -> str:
+    """``ValueError: message`` on one line (a long message cut at 500
+    characters), the ``hidden`` values (sensitive arguments') redacted."""
+    message = _bounded_message(exc, 500 + 1, hidden)
+    message = " ".join(message.split())
     if len(message) > 500:
         message = message[:500] + "…"
     name = type(exc).__qualname__ if type(exc).__module__ == "builtins" else _class_path(exc)
     return f"{name}: {message}" if message else name
+
+
+def _bounded_message(exc: BaseException, chars: int, hidden: Sequence[str] = ()) -> str:
+    """``str(exc)``, cut to ``chars`` characters, sensitive values hidden.
+    Cut before redaction with room for the longest value, so a value cut in
+    two is still found; a str() that raises is reported, not raised."""
+    try:
+        text = str(exc)
+    except Exception as broken:  # a task's __str__ is the task's code
+        return f"<str() of the exception raised {type(broken).__name__}>"
+    room = max((len(v) for v in hidden), default=0)
+    cut = len(text) > chars
+    text = redact_text(text[: chars + room], hidden)[:chars] if hidden else text[:chars]
+    return text + "…" if cut else text
+
+
+def _logged_stand_in(error: BaseException, hidden: Sequence[str]) -> LoggedTaskError | None:
+    """A LoggedTaskError for the task_finished log record when ``error``'s
+    text (or that of an exception chained to it) is too long or holds a
+    sensitive value; None when it may be logged as it is."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    safe = True
+    while current is not None and id(current) not in seen and safe:
+        seen.add(id(current))
+        try:
+            text = str(current)
+        except Exception:
+            text = ""
+        if len(text) > LOGGED_MESSAGE_CHARS or any(value in text for value in hidden):
+            safe = False
+        current = current.__cause__ or current.__context__
+    if safe:
+        return None
+    stand_in = LoggedTaskError(
+        f"{_class_path(error)}: {_bounded_message(error, LOGGED_MESSAGE_CHARS, hidden)} "
+        "(shown bounded, sensitive argument values hidden; chained exceptions left out)"
+    )
+    return stand_in.with_traceback(error.__traceback__)
 
 
 class Executor:
@@ -234,10 +296,13 @@ class Executor:
         self.lease_ttl_seconds = config.lease_ttl_seconds
         self._backend_classes: dict[str, type[BaseTaskBackend]] = {}
         self.task_modules = config.task_modules
+        # A job that lost a worker runs alone in this process (_isolated).
+        self._solo = RWLock()
         settings = config.settings
         self.max_payload_bytes = settings.max_payload_bytes
         self.max_result_bytes = settings.max_result_bytes
         self.default_timeout_seconds = settings.task_timeout_seconds
+        self.unknown_task_timeout_seconds = settings.unknown_task_timeout_seconds
         # Timeouts, cancels seen by running tasks, zombie threads (runcontrol.py).
         self.control = RunControl(
             control_store or WorkerStore(config.database, application_name="shardq-runcontrol"),
@@ -366,13 +431,50 @@ class Executor:
 
     def _run_job(self, job: ClaimedJob) -> Outcome | None:
         try:
-            return self.execute(job)
+            with self._isolated(job) as alone:
+                if not alone:
+                    # Others kept running here past SOLO_WAIT_SECONDS: not
+                    # started, back to READY (nothing charged) for later.
+                    self.handback.return_jobs([job])
+                    return None
+                return self.execute(job)
         except Exception as exc:
             if tracing.enabled:
                 tracing.record_attempt_error(None, job, exc)
             logger.exception("job %s could not be run", job.id)
             text = sanitize_text(f"shardq could not run job {job.id}: " + "".join(traceback.format_exception(exc)))
             return _failed(job, _class_path(exc), text)
+
+    @contextmanager
+    def _isolated(self, job: ClaimedJob) -> Iterator[bool]:
+        """Whether ``job`` may start now: a job that lost a worker before
+        (``worker_losses``) runs alone in this process, others beside each
+        other. A task that kills its process (``os._exit``, a segfault in C
+        code) takes every job running beside it down too, and each loss
+        counts towards MAX_WORKER_LOSSES: the innocent ones were
+        dead-lettered with the culprit. Rerun one at a time, a job lost
+        again was lost on its own: the culprit reaches the limit, the others
+        finish (and a timeout task reaches its own TaskTimeout).
+
+        The job waits (before its start write: a crash meanwhile charges it
+        nothing) for the jobs running here to finish, and new ones wait
+        behind it (writer priority); past SOLO_WAIT_SECONDS it goes back
+        READY instead (yields False), so a thread stuck in a task cannot
+        hold it for ever."""
+        if job.worker_losses <= 0 or job.recalled is not None:
+            self._solo.acquire_read()
+            try:
+                yield True
+            finally:
+                self._solo.release_read()
+            return
+        if not self._solo.acquire_write(timeout=SOLO_WAIT_SECONDS):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._solo.release_write()
 
     def execute(self, job: ClaimedJob) -> Outcome | None:
         """Run one job; its outcome for the completer, or None when there is
@@ -393,9 +495,14 @@ class Executor:
             )
         try:
             task = resolve(job.task_path, self.task_modules)
-        except UnknownTask as exc:
-            logger.error("job %s failed: %s", job.id, exc)
-            return _failed(job, _class_path(exc), f"{_class_path(exc)}: {exc}\n")
+        except UnknownTask:
+            # Not this job's failure: a deploy may be under way (new code
+            # enqueued a task this worker's code lacks). Handed back for a
+            # worker that can run it, no attempt used; dead-lettered, the
+            # path named, only after SHARDQ["UNKNOWN_TASK_TIMEOUT"]
+            # (handback.py).
+            self.handback.defer_unknown([job], self.unknown_task_timeout_seconds)
+            return None
         if job.worker_losses and getattr(task, "on_worker_lost", "retry") == "fail":
             # At-most-once: an earlier attempt may have had effects.
             text = (
@@ -509,8 +616,18 @@ class Executor:
                 # Only task_finished has a listener for failures (task_started had
                 # none, so not sending it was unobservable).
                 result = self._result(task, job)
-            outcome = self._failure(task, job, rank, error, result)
-            self._finished(result, TaskResultStatus(outcome.status))
+            hidden = sensitive_values(task, job.args, job.kwargs)
+            outcome = self._failure(task, job, rank, error, result, hidden)
+            stand_in = None if result is None else _logged_stand_in(error, hidden)
+            if stand_in is None:
+                self._finished(result, TaskResultStatus(outcome.status))
+            else:
+                # Django's receiver logs sys.exc_info(): what it sees is the
+                # bounded, redacted stand-in, raised here for it.
+                try:
+                    raise stand_in from None
+                except LoggedTaskError:
+                    self._finished(result, TaskResultStatus(outcome.status))
             return outcome
         self._after_call(job, began, failed=False)
         if state.written:
@@ -785,12 +902,22 @@ class Executor:
             )
 
     def _failure(
-        self, task: Task, job: ClaimedJob, rank: int, error: BaseException, result: TaskResult | None
+        self,
+        task: Task,
+        job: ClaimedJob,
+        rank: int,
+        error: BaseException,
+        result: TaskResult | None,
+        hidden: Sequence[str] = (),
     ) -> Outcome:
         if tracing.enabled:  # on the attempt's span (none on run control's thread, at a deadline)
             tracing.record_attempt_error(task, job, error)
         path = _class_path(error)
+        # Bounded (sanitize_text) and with sensitive argument values hidden:
+        # the admin shows it to every viewer of the job.
         text = sanitize_text("".join(traceback.format_exception(error)))
+        if hidden:
+            text = redact_text(text, hidden)
         if (
             isinstance(error, (TypeError, ValueError))
             and "JSON" in str(error)
@@ -804,7 +931,10 @@ class Executor:
         retry = isinstance(task, ShardTask) and job.attempts < job.max_attempts and isinstance(error, Exception)
         # One line a failed attempt, whatever the project's LOGGING: the job,
         # the task and the exception (the traceback is in the job's errors).
-        failed = f"job {job.id} ({job.task_path}) failed: {_exception_line(error)}; attempt {job.attempts} of {job.max_attempts}"
+        failed = (
+            f"job {job.id} ({job.task_path}) failed: {_exception_line(error, hidden)}; "
+            f"attempt {job.attempts} of {job.max_attempts}"
+        )
         if retry:
             backoff = task.backoff or DEFAULT_BACKOFF
             delay = backoff.delay(job.attempts)

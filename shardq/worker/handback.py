@@ -11,6 +11,14 @@ Hand-backs are counted as pending in their shard until written: the leaser
 releases a shard only once nothing of it is pending here, or the next owner
 would find the jobs still claimed under this lease and rescue them, counting
 an attempt that never ran.
+
+Deploy safety: a claimed job whose task path this worker cannot resolve
+(new code enqueued a task this old worker lacks) is not failed. It goes back
+READY, due again a little later (``unknown_task_retry_seconds``), with no
+attempt used, for a worker that can run it: its shard's next owner after the
+deploy. Only once no worker could resolve it for
+``SHARDQ["UNKNOWN_TASK_TIMEOUT"]`` seconds is it dead-lettered, its error
+naming the path (``defer_unknown_jobs``).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from ..conf import unknown_task_retry_seconds
 from ..db.store import JobRef, WorkerStore
 from ..exceptions import DatabaseUnavailable
 from .service import Service
@@ -67,6 +76,7 @@ class HandBack(Service):
         self._lock = threading.Lock()
         self._waiting = threading.Condition(self._lock)
         self._jobs: list[ReturnedJob] = []
+        self._unknown: list[tuple[ReturnedJob, float]] = []
         self._pending_by_shard: dict[int, int] = {}
 
     # -- from the other services -------------------------------------------------
@@ -79,6 +89,19 @@ class HandBack(Service):
             for job in jobs:
                 self._pending_by_shard[job.shard] = self._pending_by_shard.get(job.shard, 0) + 1
             self._jobs.extend(jobs)
+            self._waiting.notify()
+
+    def defer_unknown(self, jobs: Sequence[ReturnedJob], timeout_seconds: float) -> None:
+        """Claimed jobs whose task path this worker cannot resolve: back to
+        READY for a worker that can run them, no attempt used (fenced), or
+        dead-lettered once none could for ``timeout_seconds``
+        (SHARDQ["UNKNOWN_TASK_TIMEOUT"])."""
+        if not jobs:
+            return
+        with self._lock:
+            for job in jobs:
+                self._pending_by_shard[job.shard] = self._pending_by_shard.get(job.shard, 0) + 1
+            self._unknown.extend((job, timeout_seconds) for job in jobs)
             self._waiting.notify()
 
     def pending_in_shard(self, shard: int) -> int:
@@ -107,15 +130,23 @@ class HandBack(Service):
 
     def flush_once(self, block: bool, deadline: float | None = None) -> None:
         with self._lock:
-            if block and not self._jobs and not self.stopping:
+            if block and not self._jobs and not self._unknown and not self.stopping:
                 self._waiting.wait(0.5)
             jobs, self._jobs = self._jobs, []
+            unknown, self._unknown = self._unknown, []
         if jobs:
             self._write(jobs, deadline)
+        for timeout in sorted({timeout for _, timeout in unknown}):
+            self._write([job for job, t in unknown if t == timeout], deadline, defer=timeout)
 
-    def _write(self, jobs: list[ReturnedJob], deadline: float | None) -> None:
+    def _write(self, jobs: list[ReturnedJob], deadline: float | None, defer: float | None = None) -> None:
+        """Return ``jobs`` (fenced); with ``defer`` (a timeout), defer them
+        as jobs whose task this worker cannot resolve."""
         try:
-            returned, _ = retrying(lambda: self.store.return_jobs(jobs), "return", deadline, self.stats, logger)
+            if defer is not None:
+                returned = self._defer(jobs, deadline, defer)
+            else:
+                returned, _ = retrying(lambda: self.store.return_jobs(jobs), "return", deadline, self.stats, logger)
         except DatabaseUnavailable:
             return  # still claimed under the old fence: the next takeover rescues them
         finally:
@@ -127,3 +158,31 @@ class HandBack(Service):
                     else:
                         del self._pending_by_shard[job.shard]
         self.stats.add("returned", len(returned))
+
+    def _defer(self, jobs: list[ReturnedJob], deadline: float | None, timeout: float) -> set[int]:
+        delay = unknown_task_retry_seconds(timeout)
+        written, _ = retrying(
+            lambda: self.store.defer_unknown_jobs(jobs, delay, timeout), "deferral", deadline, self.stats, logger
+        )
+        paths = {job.id: getattr(job, "task_path", "?") for job in jobs}
+        dead = [job_id for job_id, failed in written if failed]
+        for job_id in dead:
+            logger.error(
+                "job %s dead-lettered: no worker could resolve its task %r for %gs (SHARDQ['UNKNOWN_TASK_TIMEOUT'])",
+                job_id,
+                paths.get(job_id),
+                timeout,
+            )
+        deferred = [job_id for job_id, failed in written if not failed]
+        if deferred:
+            self.stats.add("unknown_task_deferrals", len(deferred))
+            logger.warning(
+                "job(s) %s handed back: this worker cannot resolve their task (%s), a worker that can "
+                "will run them (dead-lettered after %gs: SHARDQ['UNKNOWN_TASK_TIMEOUT'])",
+                ", ".join(map(str, deferred[:20])),
+                ", ".join(sorted({repr(paths[i])[:120] for i in deferred})[:5]),
+                timeout,
+            )
+        if dead:
+            self.stats.add("unknown_task_dead", len(dead))
+        return {job_id for job_id, _ in written}

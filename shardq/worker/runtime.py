@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..cron import schedules
 from ..db.store import LEASE_CHANNEL, DatabaseGuard, WorkerStore
-from ..tasks import autodiscover
+from ..tasks import discover
 from . import shutdown as shutdown_signals
 from .completer import Completer
 from .executor import Executor
@@ -220,7 +220,7 @@ class Worker:
 
     def run(self) -> int:
         boot = BootClock()
-        autodiscover(self.config.task_modules)
+        discover(tuple(self.config.task_modules))
         boot.mark("tasks imported")
         self.store["leaser"].register_worker(
             self.id,

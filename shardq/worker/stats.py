@@ -51,6 +51,11 @@ COUNTERS = (
     "suspended",
     "woken",
     "waker_errors",
+    # Deploy safety (handback.py): jobs handed back because this worker
+    # cannot resolve their task, and those dead-lettered after
+    # SHARDQ["UNKNOWN_TASK_TIMEOUT"].
+    "unknown_task_deferrals",
+    "unknown_task_dead",
 )
 
 

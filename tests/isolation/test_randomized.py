@@ -65,7 +65,7 @@ def enqueue_poison_row(rng) -> tuple[int, str]:
 @pytest.mark.timeout(900)
 def test_randomized_failure_domains_hold_all_five_invariants(workers):
     rng = random.Random(SEED)
-    procs = [workers.start("--processes", "1", "--concurrency", "2") for _ in range(WORKERS)]
+    procs = [workers.start("--concurrency", "2") for _ in range(WORKERS)]
     wait_until(lambda: scalar("SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL") == 64, timeout=60)
 
     healthy = [
@@ -116,7 +116,7 @@ def test_randomized_failure_domains_hold_all_five_invariants(workers):
                 f"worker {victim.pid} exited {code} on {('SIGKILL', 'SIGTERM')[code == 0]}: "
                 f"{workers.log(victim)[-3000:]}"
             )
-        procs[victim_index] = workers.start("--processes", "1", "--concurrency", "2")
+        procs[victim_index] = workers.start("--concurrency", "2")
 
     total = len(healthy) + len(poison) + len(bad_outcomes)
     wait_until(

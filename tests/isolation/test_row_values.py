@@ -13,6 +13,8 @@ every column of ``shardq_job`` is tests/isolation/test_row_properties.py.
 
 import dataclasses
 import json
+import os
+import sys
 import time
 import uuid
 
@@ -249,19 +251,42 @@ def test_the_resolver_moves_a_parents_other_children_past_one_with_counters_at_t
     assert "status_rank 2147483647 is out of range" in unreadable_error(odd_id)
 
 
-def test_a_task_path_naming_a_module_that_fails_to_import_fails_that_job_only():
+def test_a_task_path_naming_a_broken_module_is_never_imported_and_dead_letters_that_job_only(settings):
     """A row may name any module of an installed app; one that raises
     something other than ImportError when imported (a half-deployed file,
-    a module-level bug) raised it in the starter's thread, which died."""
+    a module-level bug) raised it in the starter's thread, which died. Now a
+    row's task path is never imported (issue 28 §6): the job is handed back
+    for a worker that can run it, and dead-lettered, the path named, once
+    none could for SHARDQ["UNKNOWN_TASK_TIMEOUT"]."""
+    settings.SHARDQ = {**settings.SHARDQ, "UNKNOWN_TASK_TIMEOUT": 1.0}
     # Ordered: not started by its claim, so the starter resolves it first.
     bad = poison("task_path = 'tests.taskapp.broken_module.anything'", ordered=True)
     good = shardq.enqueue_many(t.noop, [((), {}) for _ in range(5)])
     with in_process_worker(concurrency=2) as worker:
         wait_until(lambda: all_done([r.id for r in good]) and job_row(bad)["status"] == "FAILED", timeout=20)
         assert_alive(worker)
-    [error] = job_row(bad)["errors"]
+    row = job_row(bad)
+    [error] = row["errors"]
     assert error["exception_class_path"] == "shardq.exceptions.UnknownTask"
-    assert "cannot be imported" in error["traceback"] and "RuntimeError" in error["traceback"], error
+    assert "tests.taskapp.broken_module.anything" in error["traceback"], error
+    assert "RuntimeError" not in error["traceback"] and "tests.taskapp.broken_module" not in sys.modules
+    assert row["attempts"] == 0  # no attempt used: it never ran
+
+
+def test_a_worker_imports_no_module_a_row_names(settings):
+    """Issue 28 §6: a row's task path made a worker import any module under
+    an installed app (running its import-time code) before it was refused.
+    Task paths resolve only from the registry: the tasks of the installed
+    apps' ``tasks`` modules and of SHARDQ["TASK_MODULES"]."""
+    settings.SHARDQ = {**settings.SHARDQ, "UNKNOWN_TASK_TIMEOUT": 0.5}
+    os.environ.pop("SHARDQ_IMPORT_ALARM", None)
+    sys.modules.pop("tests.taskapp.import_alarm", None)
+    named = poison("task_path = 'tests.taskapp.import_alarm.anything'")
+    with in_process_worker(concurrency=2) as worker:
+        wait_until(lambda: job_row(named)["status"] == "FAILED", timeout=20)
+        assert_alive(worker)
+    assert "tests.taskapp.import_alarm" not in sys.modules
+    assert "SHARDQ_IMPORT_ALARM" not in os.environ
 
 
 def test_the_issues_two_rows_leave_a_real_worker_process_running_with_no_restart(workers):

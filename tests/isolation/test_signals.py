@@ -27,7 +27,9 @@ DEFAULT_LOGGING = {"DJANGO_SETTINGS_MODULE": "tests.isolation.default_logging_se
 def start_running(workers, processes: int, *, sleep: float, jobs: int = 4, grace: float = 30, env=None):
     """A worker (a supervisor when processes > 1) running ``jobs`` jobs of
     ``sleep`` seconds; returns (process, ids of the jobs RUNNING now)."""
-    proc = workers.start("--processes", str(processes), "--concurrency", "2", "--grace", str(grace), env=env)
+    # One process: the worker itself (no --processes, no supervisor).
+    supervised = ("--processes", str(processes)) if processes > 1 else ()
+    proc = workers.start(*supervised, "--concurrency", "2", "--grace", str(grace), env=env)
     wait_until(
         lambda: scalar("SELECT count(*) FROM shardq_worker WHERE state <> 'STOPPED'") == processes,
         timeout=60,

@@ -56,7 +56,7 @@ def test_a_sigkill_costs_no_job_that_had_not_started_with_default_max_attempts(w
     """Buffered (claimed, unstarted) jobs of a killed worker go back for free:
     with max_attempts=1 every job still succeeds, each started exactly once
     unless its start was interrupted by the kill."""
-    a = workers.start("--concurrency", "1", "--processes", "1")
+    a = workers.start("--concurrency", "1")
     worker_id_of(a.pid)
     results = shardq.enqueue_many(t.started, [((), {"n": i, "sleep": 0.02}) for i in range(300)])
     wait_until(
@@ -72,7 +72,7 @@ def test_a_sigkill_costs_no_job_that_had_not_started_with_default_max_attempts(w
     )
     a.send_signal(signal.SIGKILL)
     a.wait(timeout=10)
-    b = workers.start("--concurrency", "4", "--processes", "1")
+    b = workers.start("--concurrency", "4")
     wait_drained(300, timeout=120)
     assert status_counts() == {"SUCCESSFUL": 300}, status_counts()
     # The killed worker had jobs claimed but not started; none was charged.
@@ -88,7 +88,7 @@ def test_a_sigkill_costs_no_job_that_had_not_started_with_default_max_attempts(w
 
 def test_django_shows_a_claimed_job_as_ready_until_it_starts(workers):
     """Claimed is not started: RUNNING and started_at mean the task began."""
-    workers.start("--concurrency", "1", "--processes", "1")
+    workers.start("--concurrency", "1")
     first, *rest = shardq.enqueue_many(t.started, [((), {"n": i, "sleep": 1.0}) for i in range(3)])
     wait_until(
         lambda: scalar("SELECT count(*) FROM shardq_job WHERE status IN ('CLAIMED', 'RUNNING')") == 3,
@@ -111,7 +111,7 @@ def test_django_shows_a_claimed_job_as_ready_until_it_starts(workers):
 
 @pytest.mark.parametrize("kind", ["nul", "surrogate", "huge"])
 def test_an_unstorable_return_value_fails_only_its_own_job(workers, kind):
-    w = workers.start("--concurrency", "2", "--processes", "1")
+    w = workers.start("--concurrency", "2")
     healthy = shardq.enqueue_many(t.started, [((), {"n": i}) for i in range(20)])
     bad = t.returns.enqueue(kind)
     more = shardq.enqueue_many(t.started, [((), {"n": i}) for i in range(20)])
@@ -135,7 +135,7 @@ def test_an_unstorable_return_value_fails_only_its_own_job(workers, kind):
     ],
 )
 def test_an_exception_of_any_kind_fails_only_its_own_job(workers, kind, path):
-    w = workers.start("--concurrency", "2", "--processes", "1")
+    w = workers.start("--concurrency", "2")
     bad = t.raises.enqueue(kind)
     healthy = shardq.enqueue_many(t.started, [((), {"n": i}) for i in range(20)])
     wait_drained(21, timeout=60)
@@ -164,7 +164,7 @@ def test_poison_rows_are_quarantined_and_every_other_job_runs(workers):
     """Rows written by raw SQL that the worker cannot read end FAILED with an
     error naming the value; no worker exits; healthy jobs of the same shards
     run."""
-    w = workers.start("--concurrency", "2", "--processes", "1")
+    w = workers.start("--concurrency", "2")
     worker_id_of(w.pid)
     poison = {}
     for name, (assignment, _column) in POISON_ROWS.items():
@@ -224,8 +224,6 @@ def test_spoofed_notifies_neither_deafen_nor_flood_a_worker(workers):
     w = workers.start(
         "--concurrency",
         "2",
-        "--processes",
-        "1",
         env={"SHARDQ_POLL_INTERVAL": "30", "SHARDQ_HEARTBEAT": "5", "SHARDQ_LEASE_TTL": "15"},
     )
     me = worker_id_of(w.pid)

@@ -230,7 +230,7 @@ def test_many_workers_share_64_shards_evenly_settle_fast_and_stay_put(server, tm
     try:
         sampler.start()
         for n in range(1, WORKERS + 1):
-            proc = pool.start("--concurrency", "1", "--processes", "1", env={"DATABASE_URL": url})
+            proc = pool.start("--concurrency", "1", env={"DATABASE_URL": url})
             wid = wait_until(lambda: observer.worker_ids().get(proc.pid), timeout=30, message="the worker to register")
             registered = observer.sql(
                 "SELECT extract(epoch FROM started_at)::float8 FROM shardq_worker WHERE id = %s", [wid]

@@ -19,7 +19,7 @@ BOUND_SECONDS = 0.1
 
 
 def test_a_joiner_claims_every_shard_a_busy_worker_releases_within_100ms(workers):
-    a = workers.start("--concurrency", "4", "--processes", "1", env=DEFAULTS)
+    a = workers.start("--concurrency", "4", env=DEFAULTS)
     first = worker_id_of(a.pid)
     wait_until(lambda: shards_by_owner() == {first: 64}, timeout=30)
     # Short sleeping jobs keep the holder's shards busy, so its releases come
@@ -28,7 +28,7 @@ def test_a_joiner_claims_every_shard_a_busy_worker_releases_within_100ms(workers
         query, "tests.taskapp.scale_tasks.nap", 4000, kwargs_sql="jsonb_build_object('seconds', 0.02)", max_attempts=1
     )
     wait_until(lambda: status_counts().get("SUCCESSFUL", 0) >= 200, timeout=60, message="the holder to run jobs")
-    b = workers.start("--concurrency", "4", "--processes", "1", env=DEFAULTS)
+    b = workers.start("--concurrency", "4", env=DEFAULTS)
     second = worker_id_of(b.pid)
     wait_until(
         lambda: shards_by_owner() == {first: 32, second: 32},

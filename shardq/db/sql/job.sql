@@ -541,6 +541,50 @@ WHERE job.id = a.id AND job.fence <= a.fence AND job.status_rank < a.rank
   AND job.status = CASE WHEN a.started THEN 'RUNNING' ELSE 'CLAIMED' END
 RETURNING job.id, job.shard;
 
+-- name: defer_unknown_jobs
+-- Claimed jobs whose task path this worker cannot resolve (a deploy under way: new code enqueued a
+-- task the old workers lack) back to READY, due again in :delay seconds, fenced like return_jobs and
+-- with no attempt used (a start the claim wrote is taken back as there). unknown_task_since keeps
+-- when a worker first could not resolve it; one that no worker could for :timeout seconds is FAILED
+-- instead (dead-lettered: never run again), with an UnknownTask error naming its path. Returns
+-- id, shard and whether it was dead-lettered.
+WITH a AS (
+    SELECT a.*, job.unknown_task_since IS NOT NULL
+                AND clock_timestamp() - job.unknown_task_since >= make_interval(secs => %(timeout)s) AS dead
+    FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[], %(started)s::bool[],
+                %(previous_attempt_at)s::timestamptz[]) AS a(id, fence, rank, started, previous_attempt_at)
+    JOIN shardq_job AS job ON job.id = a.id
+)
+UPDATE shardq_job AS job
+SET status = CASE WHEN a.dead THEN 'FAILED' ELSE 'READY' END, status_rank = a.rank,
+    attempts = job.attempts - a.started::int,
+    worker_ids = CASE WHEN a.started THEN job.worker_ids - (jsonb_array_length(job.worker_ids) - 1)
+                      ELSE job.worker_ids END,
+    started_at = CASE WHEN a.started AND job.attempts = 1 THEN NULL ELSE job.started_at END,
+    last_attempted_at = CASE WHEN NOT a.started THEN job.last_attempted_at
+                             WHEN job.attempts = 1 THEN NULL
+                             ELSE COALESCE(a.previous_attempt_at, job.last_attempted_at) END,
+    run_after = CASE WHEN a.dead THEN job.run_after
+                     ELSE clock_timestamp() + make_interval(secs => %(delay)s) END,
+    unknown_task_since = COALESCE(job.unknown_task_since, clock_timestamp()),
+    finished_at = CASE WHEN a.dead THEN clock_timestamp() END,
+    errors = CASE WHEN a.dead
+        THEN (CASE WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors ELSE '[]'::jsonb END)
+             || jsonb_build_array(jsonb_build_object(
+                'exception_class_path', 'shardq.exceptions.UnknownTask',
+                'traceback', format('shardq.exceptions.UnknownTask: no worker could resolve the task %%s '
+                                    || 'for %%s seconds (since %%s; SHARDQ["UNKNOWN_TASK_TIMEOUT"] is %%s): '
+                                    || 'dead-lettered, not run. Deploy the code that defines it to the '
+                                    || E'workers (or list its module in SHARDQ["TASK_MODULES"]), then retry it.\n',
+                                    left(job.task_path, 300),
+                                    round(extract(epoch FROM clock_timestamp() - job.unknown_task_since)::numeric, 1),
+                                    job.unknown_task_since, %(timeout)s)))
+        ELSE job.errors END
+FROM a
+WHERE job.id = a.id AND job.fence <= a.fence AND job.status_rank < a.rank
+  AND job.status = CASE WHEN a.started THEN 'RUNNING' ELSE 'CLAIMED' END
+RETURNING job.id, job.shard, a.dead;
+
 -- name: seconds_until_due
 -- Seconds until the next deferred READY job of these shards falls due (NULL: none); walks
 -- shardq_job_due_idx. A run_after of 'infinity' (a row written by hand) is never due, and no
@@ -660,7 +704,7 @@ FROM shardq_job;
 -- hold more; delivered at commit, equal payloads coalesced). Returns the ids retried.
 UPDATE shardq_job
 SET status = 'READY', status_rank = status_rank + 1, attempts = 0,
-    run_after = clock_timestamp(), finished_at = NULL
+    run_after = clock_timestamp(), finished_at = NULL, unknown_task_since = NULL
 WHERE id = ANY(%(ids)s::bigint[]) AND status = 'FAILED'
 RETURNING id, task_path,
           CASE WHEN %(notify)s THEN pg_notify(%(channel)s, shard || ':' || least(greatest(priority, -100), 100)) END;
@@ -914,3 +958,30 @@ SELECT queue_name, status, count(*) AS jobs,
            AS oldest_due_seconds
 FROM shardq_job WHERE status IN ('READY', 'CLAIMED', 'RUNNING', 'WAITING', 'SUSPENDED')
 GROUP BY 1, 2;
+
+-- name: status_silent_rows
+-- shardq_status and the admin: unfinished jobs no worker will ever run, by reason, with how many
+-- and up to 10 ids: a shard outside the cluster's 0 .. shard count - 1 (no lease covers it; a row
+-- written by hand, or a reshard's move not finished), and WAITING with nothing to wait for (no
+-- edge from a parent that is unfinished or whose children are not moved on yet: the resolver will
+-- never move it). Each branch walks the partial index of its statuses.
+WITH n AS MATERIALIZED (SELECT {{shard_count_now}} AS shards),
+outside AS (
+    SELECT id FROM shardq_job, n WHERE status = 'READY' AND (shard < 0 OR shard >= n.shards)
+    UNION ALL
+    SELECT id FROM shardq_job, n WHERE status IN ('CLAIMED', 'RUNNING') AND (shard < 0 OR shard >= n.shards)
+    UNION ALL
+    SELECT id FROM shardq_job, n WHERE status = 'WAITING' AND (shard < 0 OR shard >= n.shards)
+),
+orphaned AS (
+    SELECT j.id FROM shardq_job AS j, n
+    WHERE j.status = 'WAITING' AND j.shard >= 0 AND j.shard < n.shards
+      AND NOT EXISTS (
+          SELECT 1 FROM shardq_edge AS e JOIN shardq_job AS p ON p.id = e.parent
+          WHERE e.child = j.id AND (p.status NOT IN ('SUCCESSFUL', 'FAILED') OR p.children_pending))
+)
+SELECT 'shard out of range' AS reason, count(*)::int, (array_agg(id ORDER BY id))[1:10] FROM outside
+HAVING count(*) > 0
+UNION ALL
+SELECT 'WAITING on nothing', count(*)::int, (array_agg(id ORDER BY id))[1:10] FROM orphaned
+HAVING count(*) > 0;

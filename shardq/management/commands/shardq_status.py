@@ -35,6 +35,23 @@ def _seconds_text(value) -> str:
     return f"{value:.1f}s"
 
 
+# What to do about each kind of silent row (status_silent_rows).
+SILENT_ROW_ADVICE = {
+    "shard out of range": "no lease covers their shard: fix the rows' shard, or retry them from the admin "
+    "after correcting it, or delete them",
+    "WAITING on nothing": "no parent is left to move them on: set them READY, or cancel or delete them",
+}
+
+
+def silent_rows(shard_count: int) -> list[dict]:
+    """Unfinished jobs no worker will ever run (``status_silent_rows``):
+    reason, count, up to 10 ids and what to do."""
+    return [
+        {"reason": reason, "count": count, "ids": list(ids or []), "what_to_do": SILENT_ROW_ADVICE.get(reason, "")}
+        for reason, count, ids in operations.run("status_silent_rows", {"shard_count": shard_count})
+    ]
+
+
 class Command(BaseCommand):
     help = (
         "Show workers (live, stopping or dead; shards held, heartbeat age, counters), job counts by status "
@@ -73,6 +90,7 @@ class Command(BaseCommand):
             )
         ]
         due_queues = operations.run("status_due_queues")
+        silent = silent_rows(config.shard_count)
         # Concurrency and rate limits (docs/limits.md): capacity, in use, who
         # holds slots, waiting jobs.
         limits = limit_report()
@@ -110,6 +128,8 @@ class Command(BaseCommand):
                         "unserved_queues": unserved,
                         "limits": limits,
                         "suspended": suspended,
+                        # Unfinished jobs no worker will ever run, by reason.
+                        "silent_rows": silent,
                     },
                     indent=2,
                     allow_nan=False,
@@ -150,6 +170,12 @@ class Command(BaseCommand):
                 "due READY jobs that no live worker's pool serves: "
                 + ", ".join(f"{printable(q)} {n}" for q, n in unserved.items())
                 + " (start a worker whose --queues include them)"
+            )
+        for row in silent:
+            self.stdout.write(
+                f"jobs no worker will ever run ({row['reason']}): {row['count']}, e.g. ids "
+                + ", ".join(map(str, row["ids"]))
+                + f" ({row['what_to_do']})"
             )
         for lim in limits:
             cap = "?" if lim["max_concurrency"] is None else lim["max_concurrency"]

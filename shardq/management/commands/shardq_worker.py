@@ -47,7 +47,11 @@ class Command(BaseCommand):
         )
         parser.add_argument("--concurrency", default="4", help="Threads for sync tasks per process (default 4).")
         parser.add_argument(
-            "--processes", default="1", help="Worker processes: a number or 'auto' (one per core). Default 1."
+            "--processes",
+            default=None,
+            help="Worker processes under a supervisor that starts a fresh one when one crashes: a number "
+            "(1 included) or 'auto' (one per core). Default: one worker in this process, no supervisor "
+            "(for a process manager that restarts it).",
         )
         parser.add_argument("--grace", default="30", help="Seconds to let running jobs finish on SIGTERM (default 30).")
         parser.add_argument(
@@ -92,7 +96,12 @@ class Command(BaseCommand):
         config = shardq_backend_config(alias)
         queues, exclude_queues = served_queues(alias, config, options["queues"], options["exclude_queues"])
         concurrency = whole_number("concurrency", options["concurrency"], maximum=MAX_CONCURRENCY)
-        if options["processes"] == "auto":
+        # --processes N, 1 included, runs N children under the supervisor;
+        # without it the worker runs in this process (supervised = False).
+        supervised = options["processes"] is not None
+        if options["processes"] is None:
+            processes = 1
+        elif options["processes"] == "auto":
             processes = os.cpu_count() or 1
         else:
             # Checked before anything is forked: --processes 10000000000 is an error, not a fork bomb.
@@ -117,7 +126,7 @@ class Command(BaseCommand):
         endpoint, directory = (
             (None, None)
             if port is None
-            else serve_metrics(port, processes > 1, metrics_address(options["metrics_address"]))
+            else serve_metrics(port, supervised, metrics_address(options["metrics_address"]))
         )
 
         def run_worker() -> int:
@@ -153,7 +162,7 @@ class Command(BaseCommand):
                 logger.debug("the traceback of the failed start", exc_info=True)
                 return 1
 
-        if processes > 1:
+        if supervised:
             from shardq.worker.supervisor import Supervisor
 
             try:
