@@ -29,7 +29,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.tasks import TaskResult
 from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import log_task_enqueued, task_enqueued
 
 from .checks import backend_checks, unusable
@@ -91,6 +91,13 @@ class ShardqBackend(BaseTaskBackend):
 
     def validate_task(self, task):
         check_run_after(task)
+        if self.queues and task.queue_name not in self.queues:
+            # Django's own message names neither the task nor the queues.
+            raise InvalidTask(
+                f"Task {task.module_path} has queue_name {task.queue_name!r}, which is not in "
+                f"TASKS[{self.alias!r}]['QUEUES'] = {sorted(self.queues)!r}: use one of those queues, "
+                "or add this one to QUEUES."
+            )
         super().validate_task(task)
         validate_stored_names(task)
         validate_shard_options(task)

@@ -13,9 +13,10 @@ Stable ids:
   shardq.E010  a key of a shardq backend's OPTIONS is unknown (misspelled)
   shardq.E011  a key of SHARDQ is unknown (misspelled)
   shardq.E012  TASK_TIMEOUT, MAX_ZOMBIES or ZOMBIE_GRACE is not a valid value
+  shardq.E013  SHARDQ["QUEUES"] names a queue no shardq backend's QUEUES has
   shardq.W001  "shardq" is in INSTALLED_APPS but no TASKS backend is shardq's
-               (``app_checks.py``: it needs the backend class, and the
-               backend imports this module)
+               (E013 and W001 are in ``app_checks.py``: they need the backend
+               class, and the backend imports this module)
 
 E009 is reported through the backend's ``check()``, which Django runs once
 ``django.tasks`` is imported (a view or tasks module that enqueues does it):
