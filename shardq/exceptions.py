@@ -67,6 +67,19 @@ class StatementRejected(ShardqError):
         self.sqlstate = sqlstate
 
 
+class TablesMissing(StatementRejected):
+    """A statement met a missing shardq table (SQLSTATE 42P01 on a
+    ``shardq_*`` relation): ``manage.py migrate`` has not created them in
+    this database yet. Raised by the worker's store, enqueue and the
+    statements of the commands and the admin."""
+
+    def __init__(self, detail: str = "", sqlstate: str | None = "42P01"):
+        self.detail = detail
+        super().__init__(
+            f"shardq's tables are missing: run manage.py migrate{f' ({detail})' if detail else ''}", sqlstate
+        )
+
+
 class UnreadableJob(ShardqError):
     """Recorded on a row quarantined at claim: a value shardq cannot read
     (an out-of-range counter, an infinite time, a non-array ``errors``...)."""

@@ -2,6 +2,7 @@
 formatting of times, JSON and excerpts, the read-only list base, and the
 tasks this process knows (for redaction)."""
 
+import functools
 import json
 import math
 from functools import cache
@@ -10,6 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
+from django.db import DatabaseError
 from django.db.models import (
     DateTimeField,
     F,
@@ -17,12 +19,15 @@ from django.db.models import (
     Func,
     TextField,
 )
+from django.template.response import SimpleTemplateResponse, TemplateResponse
+from django.urls import URLPattern
 from django.utils import timezone
 from django.utils.dateformat import format as format_date
 from django.utils.html import format_html
 
 from ..conf import get_config
-from ..exceptions import UnknownTask
+from ..db.errors import tables_missing
+from ..exceptions import TablesMissing, UnknownTask
 from ..models import Job
 from ..tasks import autodiscover, resolve
 from .redaction import shard_key_is_sensitive
@@ -230,6 +235,17 @@ class ReadOnlyMixin:
     worker runtime's. The job list's Retry and Discard actions are the only
     writes, each behind its own permission (``JobAdmin``)."""
 
+    @property
+    def urls(self) -> list[Any]:
+        # Every page of shardq's (lists, details, the workflow graph, the
+        # dashboard, limits): before migrate, a page that says so instead
+        # of a 500. (ModelAdmin.urls is get_urls(), which some override.)
+        urls = self.get_urls()  # type: ignore[attr-defined]
+        for pattern in urls:
+            if isinstance(pattern, URLPattern):
+                pattern.callback = missing_tables_page(pattern.callback, self)
+        return urls
+
     def has_add_permission(self, request: Any) -> bool:
         return False
 
@@ -238,6 +254,33 @@ class ReadOnlyMixin:
 
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
         return False
+
+
+def missing_tables_page(view: Any, model_admin: Any) -> Any:
+    """``view``, answering "shardq's tables are missing: run manage.py
+    migrate" (503) when one of shardq's tables is missing, rather than a
+    500 with a traceback. The response is rendered here, so a query the
+    template runs is caught too."""
+
+    @functools.wraps(view)
+    def page(request, *args, **kwargs):
+        try:
+            response = view(request, *args, **kwargs)
+            if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+                response.render()
+            return response
+        except (DatabaseError, TablesMissing) as exc:
+            missing = exc if isinstance(exc, TablesMissing) else tables_missing(exc)
+            if missing is None:
+                raise
+            context = {
+                **model_admin.admin_site.each_context(request),
+                "title": "shardq's tables are missing",
+                "message": str(missing),
+            }
+            return TemplateResponse(request, "admin/shardq/tables_missing.html", context, status=503)
+
+    return page
 
 
 class ShardqModelAdmin(ReadOnlyMixin, admin.ModelAdmin):

@@ -95,12 +95,13 @@ class Command(BaseCommand):
         name = worker_name(options["worker_id"])
         database = (config.get("OPTIONS") or {}).get("DATABASE", "default")
         port = metrics_port(options["metrics_port"])
+        check_tables(database)
         # The port is bound here, before any process is forked: a port in use
         # is this command's error, not a child's crash loop.
         endpoint, directory = (None, None) if port is None else serve_metrics(port, processes > 1)
 
         def run_worker() -> int:
-            from shardq.exceptions import DatabaseUnavailable
+            from shardq.exceptions import DatabaseUnavailable, TablesMissing
             from shardq.worker.runtime import Worker, WorkerOptions
 
             metrics = None
@@ -125,7 +126,7 @@ class Command(BaseCommand):
             worker.install_signal_handlers()
             try:
                 return worker.run()
-            except DatabaseUnavailable as exc:
+            except (DatabaseUnavailable, TablesMissing) as exc:
                 # Unreachable at start (later outages are ridden out): one
                 # line, the traceback only for those who asked for DEBUG.
                 logger.error("worker %s cannot start: %s", worker.label, exc)
@@ -212,6 +213,25 @@ def served_queues(
                 f"is {', '.join(map(printable, sorted(configured)))})."
             )
     return queues, excluded
+
+
+def check_tables(database: str) -> None:
+    """A CommandError when shardq's tables are missing (manage.py migrate not
+    run), before any worker process starts: one sentence, not a traceback
+    or a crash loop of --processes. An unreachable database is the worker's
+    own start to report (one line, exit 1)."""
+    from shardq.db.store import WorkerStore
+    from shardq.exceptions import DatabaseUnavailable, TablesMissing
+
+    store = WorkerStore(database, application_name="shardq-check")
+    try:
+        store.check_tables()
+    except TablesMissing as exc:
+        raise CommandError(str(TablesMissing(f"{exc.detail}; database {printable(database)!r}")))
+    except DatabaseUnavailable:
+        pass
+    finally:
+        store.close()
 
 
 def metrics_port(flag: str | None) -> int | None:
