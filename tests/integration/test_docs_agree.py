@@ -89,3 +89,12 @@ def test_the_readme_creates_the_database_before_migrate():
 
     assert "createdb mysite" in text
     assert text.index("createdb mysite") < text.index("<!-- readme-test: migrate -->")
+
+
+def test_operations_md_gives_the_deploy_order_migrate_workers_web():
+    text = (DOCS / "operations.md").read_text()
+    section = text.split("## Deploying a new version", 1)[1].split("\n## ", 1)[0]
+
+    steps = [section.index(step) for step in ("1. **`manage.py migrate`**", "2. **The workers**", "3. **The web")]
+    assert steps == sorted(steps)
+    assert "UnknownTask" in section and "a task added in the new code" in section
