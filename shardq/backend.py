@@ -32,7 +32,7 @@ from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import log_task_enqueued, task_enqueued
 
-from .checks import backend_checks, unusable
+from .checks import backend_checks, refuse_without_app, unusable
 from .conf import get_config
 from .db import enqueue as enqueue_statements
 from .db import operations
@@ -90,6 +90,7 @@ class ShardqBackend(BaseTaskBackend):
     # -- definition time ----------------------------------------------------
 
     def validate_task(self, task):
+        refuse_without_app(self)  # shardq.E009, when the task is defined
         check_run_after(task)
         if self.queues and task.queue_name not in self.queues:
             # Django's own message names neither the task nor the queues.

@@ -51,6 +51,21 @@ class ShardqConfigurationError(ImproperlyConfigured):
     """shardq's settings are invalid."""
 
 
+from django.core.management.base import SystemCheckError  # noqa: E402
+
+
+class ShardqNotInstalled(ShardqConfigurationError, SystemCheckError):
+    """A task is defined on a shardq backend while "shardq" is not in
+    INSTALLED_APPS (check shardq.E009). Raised when the task is defined.
+
+    Without the app nothing of shardq's may be imported before Django's
+    checks run, so the check alone never runs in a project whose tasks are
+    imported by its URLconf (the URL check imports them, after the list of
+    checks is fixed). A ``SystemCheckError`` too: ``manage.py check`` (and
+    every command that runs the checks) prints it as a check's report, with
+    no traceback, and exits 1."""
+
+
 # -- error domains (DESIGN §5): the lead's additions ---------------------------
 
 

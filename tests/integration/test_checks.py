@@ -257,3 +257,43 @@ def test_manage_py_check_runs_e013():
         pytest.raises(SystemCheckError, match=r"shardq\.E013"),
     ):
         call_command("check", stdout=StringIO(), stderr=StringIO())
+
+
+@pytest.mark.process
+def test_manage_py_check_reports_the_missing_app_in_a_real_project(tmp_path):
+    # A new project whose URLconf imports a view that enqueues a task on
+    # shardq's backend, with "shardq" left out of INSTALLED_APPS: the check
+    # list is fixed before the URL check imports the task, so only the
+    # task's definition can report it.
+    python = [sys.executable, "-m", "django"]
+    subprocess.run([*python, "startproject", "mysite", tmp_path], check=True)
+    shop = tmp_path / "shop"
+    shop.mkdir()
+    (shop / "__init__.py").write_text("")
+    (shop / "tasks.py").write_text("from django.tasks import task\n\n\n@task\ndef add(a, b):\n    return a + b\n")
+    (shop / "views.py").write_text(
+        "from django.http import HttpResponse\n\nfrom .tasks import add\n\n\n"
+        "def index(request):\n    return HttpResponse(add.enqueue(1, 2).id)\n"
+    )
+    (tmp_path / "mysite" / "urls.py").write_text(
+        "from django.urls import path\n\nfrom shop import views\n\nurlpatterns = [path('', views.index)]\n"
+    )
+    settings = tmp_path / "mysite" / "settings.py"
+    settings.write_text(
+        settings.read_text()
+        + "\nINSTALLED_APPS += ['shop']\n"
+        + "DATABASES = {'default': {'ENGINE': 'django.db.backends.postgresql', 'NAME': 'unused'}}\n"
+        + "TASKS = {'default': {'BACKEND': 'shardq.backend.ShardqBackend'}}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+
+    completed = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+
+    assert completed.returncode == 1, completed.stdout + completed.stderr
+    assert "(shardq.E009) TASKS['default'] uses shardq's backend, but 'shardq' is not in INSTALLED_APPS" in (
+        completed.stderr
+    )
+    assert "INSTALLED_APPS += ['shardq']" in completed.stderr
+    assert "Traceback" not in completed.stderr

@@ -98,3 +98,11 @@ def test_operations_md_gives_the_deploy_order_migrate_workers_web():
     steps = [section.index(step) for step in ("1. **`manage.py migrate`**", "2. **The workers**", "3. **The web")]
     assert steps == sorted(steps)
     assert "UnknownTask" in section and "a task added in the new code" in section
+
+
+def test_operations_md_explains_unknown_command_shardq_worker():
+    text = (DOCS / "operations.md").read_text()
+    section = text.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+
+    assert "`Unknown command: 'shardq_worker'`" in section
+    assert "INSTALLED_APPS" in section and "shardq.E009" in section
