@@ -86,7 +86,9 @@ class Command(BaseCommand):
             processes = os.cpu_count() or 1
         else:
             # Checked before anything is forked: --processes 10000000000 is an error, not a fork bomb.
-            processes = whole_number("processes", options["processes"], maximum=MAX_PROCESSES)
+            processes = whole_number(
+                "processes", options["processes"], maximum=MAX_PROCESSES, also="'auto' (one per core)"
+            )
         grace = seconds("grace", options["grace"], 0, MAX_GRACE_SECONDS)
         prefetch = whole_number("prefetch", options["prefetch"], minimum=0, maximum=MAX_PREFETCH)
         max_tasks = None
