@@ -78,6 +78,7 @@ class Command(BaseCommand):
 
         shutdown.install()
         logs.ensure_output()
+        logs.tidy_django_task_log()
         alias = options["backend"]
         config = shardq_backend_config(alias)
         queues, exclude_queues = served_queues(alias, config, options["queues"], options["exclude_queues"])
