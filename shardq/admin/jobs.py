@@ -188,6 +188,7 @@ class JobAdmin(ShardqModelAdmin):
                     "ordered",
                     "attempts",
                     "max_attempts",
+                    "worker_losses_display",
                     "status_rank",
                     "fence",
                 )
@@ -220,6 +221,7 @@ class JobAdmin(ShardqModelAdmin):
         "worker_ids_display",
         "shard_key_display",
         "key_hash_display",
+        "worker_losses_display",
         *(f"{name}_display" for name in TIMES),
         "waited_display",
         "ran_display",
@@ -407,7 +409,32 @@ class JobAdmin(ShardqModelAdmin):
 
     @admin.display(description="attempts")
     def attempts_display(self, obj):
-        return f"{obj.attempts}/{obj.max_attempts}"
+        if not obj.worker_losses:
+            return f"{obj.attempts}/{obj.max_attempts}"
+        # "2/1" alone reads as past the cap: an attempt a lost worker
+        # interrupted runs again whatever max_attempts says (at-least-once).
+        return format_html(
+            '{}/{} <span class="shardq-lost" title="{}">({} lost)</span>',
+            obj.attempts,
+            obj.max_attempts,
+            "attempts interrupted by a lost worker run again whatever max_attempts says",
+            obj.worker_losses,
+        )
+
+    @admin.display(description="why it ran again")
+    def worker_losses_display(self, obj):
+        """Said in words: how many attempts a lost worker interrupted, and why
+        the job ran again (past max_attempts, if need be)."""
+        if not obj.worker_losses:
+            return "—"
+        limit = get_config().max_worker_losses
+        counted = "One attempt" if obj.worker_losses == 1 else f"{obj.worker_losses} attempts"
+        return (
+            f"{counted} of this job stopped without an outcome: its worker was lost (killed, or its lease "
+            "ran out, e.g. a shutdown whose --grace ran out) and the job was rescued. An interrupted attempt "
+            "runs again whatever max_attempts says (at-least-once), so attempts may exceed max_attempts; "
+            f"after {limit} lost workers (SHARDQ['MAX_WORKER_LOSSES']) the job is dead-lettered as WorkerLost."
+        )
 
     @admin.display(description="shard key")
     def shard_key_display(self, obj):
