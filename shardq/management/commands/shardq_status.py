@@ -135,7 +135,7 @@ class Command(BaseCommand):
                 )
             )
             return
-        rows = []
+        rows: list[tuple[str, ...]] = []
         for w in workers:
             stats = w["stats"]
             if isinstance(stats, dict):
