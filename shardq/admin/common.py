@@ -5,6 +5,7 @@ tasks this process knows (for redaction)."""
 import functools
 import json
 import math
+import re
 from functools import cache
 from typing import Any
 
@@ -23,7 +24,8 @@ from django.template.response import SimpleTemplateResponse, TemplateResponse
 from django.urls import URLPattern
 from django.utils import timezone
 from django.utils.dateformat import format as format_date
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
+from django.utils.safestring import mark_safe
 
 from ..conf import get_config
 from ..db.errors import tables_missing
@@ -120,7 +122,9 @@ def show_time(value, infinite: str | None = None):
         return "—"
     local = timezone.localtime(value) if timezone.is_aware(value) else value
     exact = local.isoformat()
-    return format_html('<time datetime="{}" title="{}">{}</time>', exact, exact, format_date(local, TIME_FORMAT))
+    # The date may wrap at its hyphens in a narrow column (never inside a number).
+    shown = mark_safe(str(escape(format_date(local, TIME_FORMAT))).replace("-", "-<wbr>"))
+    return format_html('<time datetime="{}" title="{}">{}</time>', exact, exact, shown)
 
 
 def time_column(name: str, description: str):
@@ -195,6 +199,28 @@ def excerpt(text: str, total_bytes: int | None = None, limit: int = EXCERPT_CHAR
     elif len(text) <= limit and len(text.encode("utf-8", "surrogatepass")) >= total_bytes:
         return text
     return f"{text[:limit]}… ({total_bytes} bytes)"
+
+
+_BREAK_AFTER = re.compile(r"([._@/:,=])(?=.)")
+# A run of letters and digits longer than this is an identifier (a long
+# number, a hash), not a word: it may wrap every IDENTIFIER_PART characters.
+LONGEST_WORD = 12
+IDENTIFIER_PART = 8
+_IDENTIFIER = re.compile(rf"[A-Za-z0-9]{{{LONGEST_WORD + 1},}}")
+
+
+def _parts(match: re.Match) -> str:
+    run = match.group(0)
+    return "<wbr>".join(run[i : i + IDENTIFIER_PART] for i in range(0, len(run), IDENTIFIER_PART))
+
+
+def breakable(text: str):
+    """``text`` (escaped) with line-break opportunities (``<wbr>``) after its
+    punctuation, and inside identifiers longer than LONGEST_WORD: a long
+    name (a task path, a host, a key, arguments) wraps between its parts in
+    a narrow column, never inside a word."""
+    marked = _BREAK_AFTER.sub(r"\1<wbr>", str(escape(text)))
+    return mark_safe(_IDENTIFIER.sub(_parts, marked))
 
 
 def _pre(text: str):

@@ -35,6 +35,7 @@ from .common import (
     ClockTimestamp,
     ShardqModelAdmin,
     _pre,
+    breakable,
     configured_queues,
     excerpt,
     is_dead_lettered,
@@ -92,7 +93,7 @@ class TaskPathFilter(admin.SimpleListFilter):
 
     def lookups(self, request, model_admin):
         # From the task registry, not SELECT DISTINCT over the whole table.
-        return [(p, p) for p in known_task_paths()]
+        return [(p, breakable(p)) for p in known_task_paths()]
 
     def queryset(self, request, queryset):
         return queryset.filter(task_path=self.value()) if self.value() else queryset
@@ -152,7 +153,7 @@ class JobAdmin(ShardqModelAdmin):
 
     list_display = (
         "id",
-        "task_path",
+        "task_path_display",
         "queue_name",
         "status_display",
         "attempts_display",
@@ -407,6 +408,10 @@ class JobAdmin(ShardqModelAdmin):
     def total_display(self, obj):
         return seconds_html(obj.total_seconds)
 
+    @admin.display(description="task path", ordering="task_path")
+    def task_path_display(self, obj):
+        return breakable(obj.task_path)
+
     @admin.display(description="attempts")
     def attempts_display(self, obj):
         if not obj.worker_losses:
@@ -442,7 +447,7 @@ class JobAdmin(ShardqModelAdmin):
             return "—"
         if shard_key_is_sensitive(task_of(obj.task_path)):
             return REDACTED
-        return truncate(obj.shard_key, 60)
+        return breakable(truncate(obj.shard_key, 60))
 
     @admin.display(description="key hash")
     def key_hash_display(self, obj):
@@ -479,7 +484,7 @@ class JobAdmin(ShardqModelAdmin):
             parts += [f"{k}={short_json(v)}" for k, v in kwargs.items()]
         else:
             parts.append(short_json(kwargs))
-        return format_html('<code class="shardq-args">{}</code>', truncate(", ".join(parts)))
+        return format_html('<code class="shardq-args">{}</code>', breakable(truncate(", ".join(parts))))
 
     @admin.display(description="args")
     def args_display(self, obj):
