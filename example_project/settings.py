@@ -8,12 +8,30 @@ child processes (gunicorn, workers) join the same server.
 """
 
 import os
+import re
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
+
+
+def database_from_url(url: str) -> dict:
+    """``DATABASE_URL`` as a DATABASES entry; a value django-environ cannot
+    read as a database URL ("notaurl", a missing "://", an unknown scheme)
+    is an error that says so, not a later "database 'default' is unknown"
+    (a URL of another database is shardq's check E001 to refuse)."""
+    config = environ.Env.db_url_config(url) if "://" in url else {}
+    if config.get("ENGINE") not in environ.Env.DB_SCHEMES.values():
+        shown = re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)  # no password in the message
+        raise ImproperlyConfigured(
+            f"DATABASE_URL={shown!r} is unparsable as a database URL: write "
+            "postgres://USER:PASSWORD@HOST:PORT/NAME (or leave DATABASE_URL unset for the embedded server)."
+        )
+    return config
+
 
 if not os.environ.get("DATABASE_URL"):
     from shardq import embedded
@@ -72,7 +90,7 @@ TEMPLATES = [
     }
 ]
 
-DATABASES = {"default": env.db("DATABASE_URL")}
+DATABASES = {"default": database_from_url(os.environ["DATABASE_URL"])}
 DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

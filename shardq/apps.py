@@ -25,13 +25,14 @@ class ShardqConfig(AppConfig):
         # even in a project that has not imported a task yet.
         import django.tasks  # noqa: F401
 
-        from .app_checks import app_without_backend
+        from .app_checks import app_without_backend, queues_no_backend_has
         from .db.store import ensure_shards
         from .dispatch import settings_changed
         from .limits import configured_queue_limits
         from .worker.metrics import enable_if_configured
 
         checks.register(app_without_backend)
+        checks.register(queues_no_backend_has)
         # SHARDQ["QUEUES"]' limits: a bad one stops the process at start,
         # with a message naming the queue and the option.
         configured_queue_limits()

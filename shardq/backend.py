@@ -29,11 +29,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.tasks import TaskResult
 from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import log_task_enqueued, task_enqueued
 
 from . import tracing
-from .checks import backend_checks, unusable
+from .checks import backend_checks, refuse_without_app, unusable
 from .conf import get_config
 from .db import enqueue as enqueue_statements
 from .db import operations
@@ -95,7 +95,15 @@ class ShardqBackend(BaseTaskBackend):
     # -- definition time ----------------------------------------------------
 
     def validate_task(self, task):
+        refuse_without_app(self)  # shardq.E009, when the task is defined
         check_run_after(task)
+        if self.queues and task.queue_name not in self.queues:
+            # Django's own message names neither the task nor the queues.
+            raise InvalidTask(
+                f"Task {task.module_path} has queue_name {task.queue_name!r}, which is not in "
+                f"TASKS[{self.alias!r}]['QUEUES'] = {sorted(self.queues)!r}: use one of those queues, "
+                "or add this one to QUEUES."
+            )
         super().validate_task(task)
         validate_stored_names(task)
         validate_shard_options(task)

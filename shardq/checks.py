@@ -13,9 +13,10 @@ Stable ids:
   shardq.E010  a key of a shardq backend's OPTIONS is unknown (misspelled)
   shardq.E011  a key of SHARDQ is unknown (misspelled)
   shardq.E012  TASK_TIMEOUT, MAX_ZOMBIES or ZOMBIE_GRACE is not a valid value
+  shardq.E013  SHARDQ["QUEUES"] names a queue no shardq backend's QUEUES has
   shardq.W001  "shardq" is in INSTALLED_APPS but no TASKS backend is shardq's
-               (``app_checks.py``: it needs the backend class, and the
-               backend imports this module)
+               (E013 and W001 are in ``app_checks.py``: they need the backend
+               class, and the backend imports this module)
 
 E009 is reported through the backend's ``check()``, which Django runs once
 ``django.tasks`` is imported (a view or tasks module that enqueues does it):
@@ -31,7 +32,7 @@ from django.core import checks
 from django.db import connections
 
 from .conf import DEFAULTS, default_timeout_seconds, max_zombies, zombie_grace_seconds
-from .exceptions import ShardqConfigurationError
+from .exceptions import ShardqConfigurationError, ShardqNotInstalled
 
 # Every key a shardq backend reads from its OPTIONS (backend.py).
 OPTION_KEYS = ("DATABASE", "PREPARED_STATEMENTS", "UNIQUE_CACHE_SIZE")
@@ -81,6 +82,20 @@ def missing_app_error(backend) -> checks.Error | None:
         hint="Add it: INSTALLED_APPS += ['shardq'], then run manage.py migrate.",
         id="shardq.E009",
     )
+
+
+def refuse_without_app(backend) -> None:
+    """Raise ``ShardqNotInstalled`` (E009's message) when the app is missing;
+    called when a task is defined on ``backend``. Not before the app
+    registry is populated (a task defined in an app's ``__init__``): the
+    check and enqueue report it then."""
+    if not apps.apps_ready:
+        return
+    error = missing_app_error(backend)
+    if error is not None:
+        raise ShardqNotInstalled(
+            f"System check identified some issues:\n\nERRORS:\n?: ({error.id}) {error.msg} HINT: {error.hint}\n"
+        )
 
 
 def vendor_error(backend) -> checks.Error | None:

@@ -60,6 +60,21 @@ class ShardqConfigurationError(ImproperlyConfigured):
     """shardq's settings are invalid."""
 
 
+from django.core.management.base import SystemCheckError  # noqa: E402
+
+
+class ShardqNotInstalled(ShardqConfigurationError, SystemCheckError):
+    """A task is defined on a shardq backend while "shardq" is not in
+    INSTALLED_APPS (check shardq.E009). Raised when the task is defined.
+
+    Without the app nothing of shardq's may be imported before Django's
+    checks run, so the check alone never runs in a project whose tasks are
+    imported by its URLconf (the URL check imports them, after the list of
+    checks is fixed). A ``SystemCheckError`` too: ``manage.py check`` (and
+    every command that runs the checks) prints it as a check's report, with
+    no traceback, and exits 1."""
+
+
 # -- error domains (DESIGN §5): the lead's additions ---------------------------
 
 
@@ -74,6 +89,19 @@ class StatementRejected(ShardqError):
     def __init__(self, message: str, sqlstate: str | None = None):
         super().__init__(message)
         self.sqlstate = sqlstate
+
+
+class TablesMissing(StatementRejected):
+    """A statement met a missing shardq table (SQLSTATE 42P01 on a
+    ``shardq_*`` relation): ``manage.py migrate`` has not created them in
+    this database yet. Raised by the worker's store, enqueue and the
+    statements of the commands and the admin."""
+
+    def __init__(self, detail: str = "", sqlstate: str | None = "42P01"):
+        self.detail = detail
+        super().__init__(
+            f"shardq's tables are missing: run manage.py migrate{f' ({detail})' if detail else ''}", sqlstate
+        )
 
 
 class UnreadableJob(ShardqError):

@@ -2,14 +2,17 @@
 formatting of times, JSON and excerpts, the read-only list base, and the
 tasks this process knows (for redaction)."""
 
+import functools
 import json
 import math
+import re
 from functools import cache
 from typing import Any
 
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
+from django.db import DatabaseError
 from django.db.models import (
     DateTimeField,
     F,
@@ -17,12 +20,16 @@ from django.db.models import (
     Func,
     TextField,
 )
+from django.template.response import SimpleTemplateResponse, TemplateResponse
+from django.urls import URLPattern
 from django.utils import timezone
 from django.utils.dateformat import format as format_date
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
+from django.utils.safestring import mark_safe
 
 from ..conf import get_config
-from ..exceptions import UnknownTask
+from ..db.errors import tables_missing
+from ..exceptions import TablesMissing, UnknownTask
 from ..models import Job
 from ..tasks import autodiscover, resolve
 from .redaction import shard_key_is_sensitive
@@ -115,7 +122,9 @@ def show_time(value, infinite: str | None = None):
         return "—"
     local = timezone.localtime(value) if timezone.is_aware(value) else value
     exact = local.isoformat()
-    return format_html('<time datetime="{}" title="{}">{}</time>', exact, exact, format_date(local, TIME_FORMAT))
+    # The date may wrap at its hyphens in a narrow column (never inside a number).
+    shown = mark_safe(str(escape(format_date(local, TIME_FORMAT))).replace("-", "-<wbr>"))
+    return format_html('<time datetime="{}" title="{}">{}</time>', exact, exact, shown)
 
 
 def time_column(name: str, description: str):
@@ -192,6 +201,28 @@ def excerpt(text: str, total_bytes: int | None = None, limit: int = EXCERPT_CHAR
     return f"{text[:limit]}… ({total_bytes} bytes)"
 
 
+_BREAK_AFTER = re.compile(r"([._@/:,=])(?=.)")
+# A run of letters and digits longer than this is an identifier (a long
+# number, a hash), not a word: it may wrap every IDENTIFIER_PART characters.
+LONGEST_WORD = 12
+IDENTIFIER_PART = 8
+_IDENTIFIER = re.compile(rf"[A-Za-z0-9]{{{LONGEST_WORD + 1},}}")
+
+
+def _parts(match: re.Match) -> str:
+    run = match.group(0)
+    return "<wbr>".join(run[i : i + IDENTIFIER_PART] for i in range(0, len(run), IDENTIFIER_PART))
+
+
+def breakable(text: str):
+    """``text`` (escaped) with line-break opportunities (``<wbr>``) after its
+    punctuation, and inside identifiers longer than LONGEST_WORD: a long
+    name (a task path, a host, a key, arguments) wraps between its parts in
+    a narrow column, never inside a word."""
+    marked = _BREAK_AFTER.sub(r"\1<wbr>", str(escape(text)))
+    return mark_safe(_IDENTIFIER.sub(_parts, marked))
+
+
 def _pre(text: str):
     return format_html('<pre class="shardq-pre">{}</pre>', text)
 
@@ -230,6 +261,17 @@ class ReadOnlyMixin:
     worker runtime's. The job list's Retry and Discard actions are the only
     writes, each behind its own permission (``JobAdmin``)."""
 
+    @property
+    def urls(self) -> list[Any]:
+        # Every page of shardq's (lists, details, the workflow graph, the
+        # dashboard, limits): before migrate, a page that says so instead
+        # of a 500. (ModelAdmin.urls is get_urls(), which some override.)
+        urls = self.get_urls()  # type: ignore[attr-defined]
+        for pattern in urls:
+            if isinstance(pattern, URLPattern):
+                pattern.callback = missing_tables_page(pattern.callback, self)
+        return urls
+
     def has_add_permission(self, request: Any) -> bool:
         return False
 
@@ -238,6 +280,33 @@ class ReadOnlyMixin:
 
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
         return False
+
+
+def missing_tables_page(view: Any, model_admin: Any) -> Any:
+    """``view``, answering "shardq's tables are missing: run manage.py
+    migrate" (503) when one of shardq's tables is missing, rather than a
+    500 with a traceback. The response is rendered here, so a query the
+    template runs is caught too."""
+
+    @functools.wraps(view)
+    def page(request, *args, **kwargs):
+        try:
+            response = view(request, *args, **kwargs)
+            if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+                response.render()
+            return response
+        except (DatabaseError, TablesMissing) as exc:
+            missing = exc if isinstance(exc, TablesMissing) else tables_missing(exc)
+            if missing is None:
+                raise
+            context = {
+                **model_admin.admin_site.each_context(request),
+                "title": "shardq's tables are missing",
+                "message": str(missing),
+            }
+            return TemplateResponse(request, "admin/shardq/tables_missing.html", context, status=503)
+
+    return page
 
 
 class ShardqModelAdmin(ReadOnlyMixin, admin.ModelAdmin):

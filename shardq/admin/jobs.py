@@ -35,6 +35,7 @@ from .common import (
     ClockTimestamp,
     ShardqModelAdmin,
     _pre,
+    breakable,
     configured_queues,
     excerpt,
     is_dead_lettered,
@@ -92,7 +93,7 @@ class TaskPathFilter(admin.SimpleListFilter):
 
     def lookups(self, request, model_admin):
         # From the task registry, not SELECT DISTINCT over the whole table.
-        return [(p, p) for p in known_task_paths()]
+        return [(p, breakable(p)) for p in known_task_paths()]
 
     def queryset(self, request, queryset):
         return queryset.filter(task_path=self.value()) if self.value() else queryset
@@ -171,7 +172,7 @@ class JobAdmin(ShardqModelAdmin):
 
     list_display = (
         "id",
-        "task_path",
+        "task_path_display",
         "queue_name",
         "status_display",
         "attempts_display",
@@ -207,6 +208,7 @@ class JobAdmin(ShardqModelAdmin):
                     "ordered",
                     "attempts",
                     "max_attempts",
+                    "worker_losses_display",
                     "status_rank",
                     "fence",
                 )
@@ -241,6 +243,7 @@ class JobAdmin(ShardqModelAdmin):
         "worker_ids_display",
         "shard_key_display",
         "key_hash_display",
+        "worker_losses_display",
         *(f"{name}_display" for name in TIMES),
         "waited_display",
         "ran_display",
@@ -529,9 +532,38 @@ class JobAdmin(ShardqModelAdmin):
     def total_display(self, obj):
         return seconds_html(obj.total_seconds)
 
+    @admin.display(description="task path", ordering="task_path")
+    def task_path_display(self, obj):
+        return breakable(obj.task_path)
+
     @admin.display(description="attempts")
     def attempts_display(self, obj):
-        return f"{obj.attempts}/{obj.max_attempts}"
+        if not obj.worker_losses:
+            return f"{obj.attempts}/{obj.max_attempts}"
+        # "2/1" alone reads as past the cap: an attempt a lost worker
+        # interrupted runs again whatever max_attempts says (at-least-once).
+        return format_html(
+            '{}/{} <span class="shardq-lost" title="{}">({} lost)</span>',
+            obj.attempts,
+            obj.max_attempts,
+            "attempts interrupted by a lost worker run again whatever max_attempts says",
+            obj.worker_losses,
+        )
+
+    @admin.display(description="why it ran again")
+    def worker_losses_display(self, obj):
+        """Said in words: how many attempts a lost worker interrupted, and why
+        the job ran again (past max_attempts, if need be)."""
+        if not obj.worker_losses:
+            return "—"
+        limit = get_config().max_worker_losses
+        counted = "One attempt" if obj.worker_losses == 1 else f"{obj.worker_losses} attempts"
+        return (
+            f"{counted} of this job stopped without an outcome: its worker was lost (killed, or its lease "
+            "ran out, e.g. a shutdown whose --grace ran out) and the job was rescued. An interrupted attempt "
+            "runs again whatever max_attempts says (at-least-once), so attempts may exceed max_attempts; "
+            f"after {limit} lost workers (SHARDQ['MAX_WORKER_LOSSES']) the job is dead-lettered as WorkerLost."
+        )
 
     @admin.display(description="shard key")
     def shard_key_display(self, obj):
@@ -539,7 +571,7 @@ class JobAdmin(ShardqModelAdmin):
             return "—"
         if shard_key_is_sensitive(task_of(obj.task_path)):
             return REDACTED
-        return truncate(obj.shard_key, 60)
+        return breakable(truncate(obj.shard_key, 60))
 
     @admin.display(description="key hash")
     def key_hash_display(self, obj):
@@ -576,7 +608,7 @@ class JobAdmin(ShardqModelAdmin):
             parts += [f"{k}={short_json(v)}" for k, v in kwargs.items()]
         else:
             parts.append(short_json(kwargs))
-        return format_html('<code class="shardq-args">{}</code>', truncate(", ".join(parts)))
+        return format_html('<code class="shardq-args">{}</code>', breakable(truncate(", ".join(parts))))
 
     @admin.display(description="args")
     def args_display(self, obj):

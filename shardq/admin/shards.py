@@ -23,6 +23,7 @@ from .common import (
     SecondsSince,
     SecondsUntil,
     ShardqModelAdmin,
+    breakable,
     seconds_html,
     show_time,
     time_column,
@@ -63,7 +64,7 @@ def worker_link(worker_id, host, pid):
     return format_html(
         '<a href="{}">{}:{}</a> <span class="shardq-id" title="{}" data-worker-id="{}">{}</span>',
         url,
-        host,
+        breakable(host),
         pid,
         worker_id,
         worker_id,
@@ -82,7 +83,7 @@ class ShardAdmin(ShardqModelAdmin):
 
     list_display = (
         "shard",
-        "pool",
+        "pool_display",
         "owner_display",
         "lease_left_display",
         "claim_version",
@@ -129,6 +130,10 @@ class ShardAdmin(ShardqModelAdmin):
     claimed_at_display = time_column("claimed_at", "claimed at")
 
     @admin.display(description="owner", ordering="owner")
+    @admin.display(description="pool", ordering="pool")
+    def pool_display(self, obj):
+        return breakable(obj.pool)
+
     def owner_display(self, obj):
         if obj.owner is None:
             return "—"

@@ -23,6 +23,7 @@ from .common import (
     SecondsSince,
     ShardqModelAdmin,
     _pre,
+    breakable,
     excerpt,
     seconds_html,
     short_json,
@@ -67,18 +68,18 @@ class WorkerAdmin(ShardqModelAdmin):
     in shardq/db/sql/worker.sql, which shardq_status reads too)."""
 
     list_display = (
-        "host",
+        "host_display",
         "pid",
         "liveness_display",
         "state",
         "shards_held_display",
         "heartbeat_age_display",
-        "pool",
+        "pool_display",
         "started_at_display",
         "counters_short",
         "id",
     )
-    list_display_links = ("host",)
+    list_display_links = ("host_display",)
     list_filter = (LivenessFilter, "state", "pool")
     search_fields = ("=id", "host")
     ordering = ("-started_at",)
@@ -146,12 +147,20 @@ class WorkerAdmin(ShardqModelAdmin):
             return truncate(", ".join(queues), 200)
         return truncate(short_json(queues), 200)  # an odd row: the raw value
 
+    @admin.display(description="host", ordering="host")
+    def host_display(self, obj):
+        return breakable(obj.host)
+
+    @admin.display(description="pool", ordering="pool")
+    def pool_display(self, obj):
+        return breakable(obj.pool)
+
     @admin.display(description="counters")
     def counters_short(self, obj):
         if not isinstance(obj.stats, dict):  # an odd row: the raw value
             return truncate(short_json(obj.stats), 160) if obj.stats is not None else "—"
         text = ", ".join(f"{k}={short_json(v)}" for k, v in sorted(obj.stats.items()) if v)
-        return truncate(text, 160) or "—"
+        return breakable(truncate(text, 160)) if text else "—"
 
     @admin.display(description="counters")
     def counters_table(self, obj):

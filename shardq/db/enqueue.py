@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 from django.db import connections, transaction
 
+from .errors import missing_tables_named
 from .queries import QUERIES
 
 # Rows per write during a bulk COPY: the server parses one chunk while the
@@ -83,7 +84,12 @@ _CURSOR_ATTRIBUTE = "_shardq_statement_cursor"
 
 def fetch_one(alias: str, query_name: str, params: dict[str, Any], *, prepared: bool = True) -> tuple[Any, ...]:
     """Run block ``query_name`` on connection ``alias`` (prepared when it can
-    be) and return its one row."""
+    be) and return its one row (``TablesMissing`` before migrate)."""
+    with missing_tables_named():
+        return _fetch_one(alias, query_name, params, prepared)
+
+
+def _fetch_one(alias: str, query_name: str, params: dict[str, Any], prepared: bool) -> tuple[Any, ...]:
     query = QUERIES[query_name]
     conn = connections[alias]
     if not prepared or conn.queries_logged or conn.execute_wrappers:
@@ -153,7 +159,7 @@ def copy_jobs(
     job id, enqueued_at)`` is called for each row while the server takes the
     rows in; an exception from it rolls everything back."""
     conn = connections[alias]
-    with transaction.atomic(using=alias), conn.cursor() as cursor:
+    with missing_tables_named(), transaction.atomic(using=alias), conn.cursor() as cursor:
         cursor.execute(QUERIES["reserve_job_ids"], {"n": len(rows), "shard_count": params["shard_count"]})
         ids, enqueued_at, shard_count = cursor.fetchone()
         # The cluster's count now (a reshard may have raised it): each row's shard.

@@ -12,6 +12,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Field
 from django.db.models.expressions import RawSQL
 
+from .errors import missing_tables_named
 from .queries import QUERIES, positional
 
 
@@ -26,7 +27,7 @@ def run(
     """Run the named statement on ``using``'s connection (inside the caller's
     transaction, if any): every row, the first row (None: none), or the row
     count. ``named``: rows as dicts keyed by the statement's column names."""
-    with connections[using].cursor() as cursor:
+    with missing_tables_named(), connections[using].cursor() as cursor:
         cursor.execute(QUERIES[name], params or {})
         if fetch == "none":
             return cursor.rowcount

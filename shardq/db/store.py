@@ -37,6 +37,7 @@ from ..conf import get_config
 from ..core import pools
 from ..core.breaker import CircuitBreaker
 from ..exceptions import DatabaseUnavailable, StatementRejected
+from .errors import tables_missing
 from .queries import ANY_PRIORITY, QUERIES, RAW_QUERIES
 from .queries import raw as raw_form
 
@@ -522,7 +523,8 @@ class WorkerStore:
             self.guard.succeeded()
             if self.conn is not None and self.conn.broken:
                 self.close()
-            return StatementRejected(f"{what}: {exc}".strip(), getattr(exc, "sqlstate", None))
+            # Before migrate: one clear sentence, not the statement's text.
+            return tables_missing(exc) or StatementRejected(f"{what}: {exc}".strip(), getattr(exc, "sqlstate", None))
         if is_connection_error(exc) or self.conn is None or self.conn.broken:
             self.guard.failed()
         self.close()
@@ -556,6 +558,12 @@ class WorkerStore:
         self._kept = None
 
     # -- leases ---------------------------------------------------------------
+
+    def check_tables(self) -> None:
+        """Raise ``TablesMissing`` when the tables a worker uses are not
+        there (manage.py migrate not run): shardq_worker asks before it
+        starts any process."""
+        self.run("tables_present", {}, fetch="none")
 
     def register_worker(
         self,

@@ -202,12 +202,38 @@ def _path_text(path) -> str:
     return "".join(reversed(steps)) or "the top level"
 
 
+def _first_not_json(value) -> tuple[tuple | None, object]:
+    """(the path, the value) of the first value inside ``value`` that JSON
+    cannot hold (``value`` itself: path None), walked without recursion."""
+    stack: list[tuple[object, tuple | None]] = [(value, None)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, _CONTAINERS):
+            steps = list(item.items() if isinstance(item, dict) else enumerate(item))
+            stack.extend((child, (path, step)) for step, child in reversed(steps))
+            continue
+        try:
+            _dumps(item)
+        except (TypeError, ValueError):
+            return path, item
+    return None, value
+
+
 def _check_json(task, what, value) -> None:
     try:
         _dumps(value)
     except (TypeError, ValueError, RecursionError) as exc:
+        error: BaseException = exc
+        path, bad = _first_not_json(value) if isinstance(value, _CONTAINERS) else (None, value)
+        if path is not None:
+            # The place inside the argument, as the other checks name it.
+            what = f"{what} at {_path_text(path)}"
+            try:
+                _dumps(bad)
+            except (TypeError, ValueError) as inner:
+                error = inner
         raise ArgumentNotJSON(
-            f"{task.module_path}: {what} is not JSON ({type(value).__name__}: {exc}). "
+            f"{task.module_path}: {what} is not JSON ({type(bad).__name__}: {error}). "
             "shardq stores arguments as JSON and never pickles: pass ids, strings, numbers, "
             "lists or dicts."
-        ) from exc
+        ) from error

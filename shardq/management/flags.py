@@ -13,15 +13,18 @@ import unicodedata
 from django.core.management.base import CommandError
 
 
-def whole_number(name: str, value: str, minimum: int = 1, maximum: int | None = None) -> int:
-    """``value`` as an int from ``minimum`` to ``maximum``, or a CommandError naming ``--name``."""
+def whole_number(name: str, value: str, minimum: int = 1, maximum: int | None = None, also: str = "") -> int:
+    """``value`` as an int from ``minimum`` to ``maximum``, or a CommandError
+    naming ``--name`` (and ``also``, what else the flag takes)."""
     try:
         number = int(str(value).strip())
     except (TypeError, ValueError):  # also a string of more digits than int() accepts
         number = None
     if number is None or number < minimum or (maximum is not None and number > maximum):
         bound = f"from {minimum} to {maximum}" if maximum is not None else f"≥ {minimum}"
-        raise CommandError(f"--{name} must be a whole number {bound}, not {printable(value)!r}.")
+        raise CommandError(
+            f"--{name} must be a whole number {bound}{f' or {also}' if also else ''}, not {printable(value)!r}."
+        )
     return number
 
 

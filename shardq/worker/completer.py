@@ -187,9 +187,16 @@ class Completer(Service):
             outcomes_rejected: list[Outcome] = []
         else:
             outcomes_rejected = outcomes
+        rejected = [o for o in outcomes_rejected if (o.id, o.rank) not in applied]
+        cancelled = self._cancelled(rejected)
         for outcome in outcomes_rejected:
             if (outcome.id, outcome.rank) in applied:
                 counts[_COUNTER_OF[outcome.status]] += 1
+            elif outcome.id in cancelled:
+                # shardq.cancel() ended the job while it ran: refusing its
+                # outcome is the cancel working, not a lost lease.
+                counts["fence_rejections"] += 1
+                logger.info("job %s was cancelled while it ran: the cancelled job's outcome was dropped", outcome.id)
             else:
                 counts["fence_rejections"] += 1
                 logger.warning(
@@ -205,6 +212,17 @@ class Completer(Service):
         self._settle(outcomes)
         _let_go(outcomes)
         self.signals.written.signal(applied)
+
+    def _cancelled(self, rejected: list[Outcome]) -> set[int]:
+        """The ids among these refused outcomes whose job was cancelled
+        (one query, only when an outcome was refused); unknown (the
+        database unreachable) reads as none."""
+        if not rejected:
+            return set()
+        try:
+            return self.store.cancelled_attempts([(o.id, o.rank) for o in rejected])
+        except (DatabaseUnavailable, StatementRejected):
+            return set()
 
     def _write_batch(
         self, outcomes: list[Outcome], deadline: float | None, parents: set[int] | None = None

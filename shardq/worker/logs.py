@@ -29,6 +29,39 @@ def ensure_output() -> None:
         logger.setLevel(logging.INFO)
 
 
+def tidy_django_task_log() -> None:
+    """Django's own ``django.tasks`` lines in the worker's format.
+
+    Under Django's default logging with ``DEBUG``, the ``django`` logger's
+    ``console`` handler prints Django's task lines ("Task id=... state=...")
+    bare, with no time or process, between the worker's own timed lines.
+    When that is the set-up (a formatter-less ``console`` handler on
+    ``django``, no handler on ``django.tasks`` or the root: nothing the
+    project configured), ``django.tasks`` gets a handler of its own in
+    ``FORMAT``, still only under ``DEBUG``, and the ``django`` logger's other
+    handlers (``mail_admins`` for a failure without ``DEBUG``); it no longer
+    propagates, so each line is printed once. Anything else is left alone.
+    """
+    from django.utils.log import RequireDebugTrue
+
+    tasks_logger = logging.getLogger("django.tasks")
+    django_logger = logging.getLogger("django")
+    if tasks_logger.handlers or not tasks_logger.propagate or logging.getLogger().handlers:
+        return
+    bare = [h for h in django_logger.handlers if h.get_name() == "console" and h.formatter is None]
+    if not bare:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.setLevel(bare[0].level)
+    handler.addFilter(RequireDebugTrue())
+    tasks_logger.addHandler(handler)
+    for other in django_logger.handlers:
+        if other not in bare:
+            tasks_logger.addHandler(other)
+    tasks_logger.propagate = False
+
+
 def shard_ranges(shards: Iterable[int]) -> str:
     """``[0, 1, 2, 3, 7, 9, 10]`` as ``"0-3,7,9-10"``: 64 shards fit a log line."""
     ordered = sorted(set(shards))

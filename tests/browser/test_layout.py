@@ -44,6 +44,38 @@ OVERFLOWS = """
 }
 """
 
+# Words a list breaks inside (a header or a value wrapped mid-word). A word
+# is a run of 2 to 12 letters and digits: a long name may wrap at its
+# punctuation (after ".", "_", "-", ",", ":", "/", "@"), never inside a
+# word; a longer run is an identifier (a 16-digit number, a hash), which
+# may wrap (shardq.admin.common.breakable). A word broken over lines has
+# client rects at two heights.
+BROKEN_WORDS = """
+() => {
+  const cells = document.querySelectorAll(
+    '#result_list th, #result_list td, #changelist-filter li, .shardq-dashboard th, .shardq-dashboard td');
+  const name = (el) => el.tagName.toLowerCase() + (el.className && typeof el.className === 'string'
+      ? '.' + el.className.trim().split(/\\s+/).join('.') : '');
+  const found = [];
+  for (const cell of cells) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const parent = node.parentElement;
+      if (parent.closest('.visually-hidden') || getComputedStyle(parent).display === 'none') continue;
+      for (const match of node.data.matchAll(/[A-Za-z0-9]+/g)) {
+        if (match[0].length < 2 || match[0].length > 12) continue;
+        const range = document.createRange();
+        range.setStart(node, match.index);
+        range.setEnd(node, match.index + match[0].length);
+        const lines = new Set([...range.getClientRects()].filter((r) => r.width > 0).map((r) => Math.round(r.top)));
+        if (lines.size > 1) found.push(`"${match[0]}" in ${name(cell)} is broken over ${lines.size} lines`);
+      }
+    }
+  }
+  return found.slice(0, 60);
+}
+"""
+
 LONG_TASK = "example_project.fulfilment.tasks.send_order_confirmation_email_with_the_invoice_attached"
 
 
@@ -119,12 +151,21 @@ def shoot(page, path: Path) -> None:
                 raise
 
 
-def check_page(page, url: str, screenshots: Path, name: str) -> None:
+def layout_problems(page, url: str, screenshots: Path, name: str) -> list[str]:
+    """What is wrong with ``url`` at WIDTH px: what runs past the window or
+    is clipped, and the words broken over lines."""
     page.goto(url)
     expect(page.locator("#content")).to_be_visible()
+    # Django's navigation sidebar is open, as it is by default.
+    expect(page.locator("#nav-sidebar")).to_be_visible()
     shoot(page, screenshots / f"admin-{name}.png")
-    found = page.evaluate(OVERFLOWS)
-    assert not found, f"{url} does not fit {WIDTH} px: " + "; ".join(found)
+    found = [f"{url} does not fit {WIDTH} px: {problem}" for problem in page.evaluate(OVERFLOWS)]
+    return found + [f"{url} at {WIDTH} px: {problem}" for problem in page.evaluate(BROKEN_WORDS)]
+
+
+def check_page(page, url: str, screenshots: Path, name: str) -> None:
+    found = layout_problems(page, url, screenshots, name)
+    assert not found, "\n".join(found)
 
 
 @pytest.fixture
@@ -139,6 +180,7 @@ def test_every_shardq_list_and_page_fits_1400_px(wide_page, busy_cluster, screen
     failed = sql("SELECT id FROM shardq_job WHERE status = 'FAILED' AND task_path LIKE %s LIMIT 1", ["%sign_in"])[0][0]
     long_one = sql("SELECT id FROM shardq_job WHERE task_path = %s LIMIT 1", [LONG_TASK])[0][0]
     shard_row = sql("SELECT id FROM shardq_shard WHERE pool = '*' AND shard = 3")[0][0]
+    found: list[str] = []
     for url, name in (
         ("/admin/shardq/job/", "jobs"),
         ("/admin/shardq/job/?status__exact=FAILED", "jobs-failed"),
@@ -151,7 +193,8 @@ def test_every_shardq_list_and_page_fits_1400_px(wide_page, busy_cluster, screen
         ("/admin/shardq/shardevent/", "shard-events"),
         ("/admin/shardq/dashboard/", "dashboard"),
     ):
-        check_page(page, url, screenshots, name)
+        found += layout_problems(page, url, screenshots, name)
+    assert not found, "\n".join(found)
 
 
 def test_the_dashboard_charts_fit_1400_px_and_are_screenshotted(wide_page, busy_cluster, screenshots):

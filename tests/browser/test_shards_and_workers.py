@@ -78,15 +78,19 @@ def test_worker_list_tells_live_dead_and_stopped_workers_apart(open_admin, viewe
     expect(page.locator("#result_list tbody tr")).to_have_count(3)
 
     def liveness(host):
-        return changelist_row(page, "host", host).locator("[data-liveness]")
+        return changelist_row(page, "host_display", host).locator("[data-liveness]")
 
     expect(liveness("live-host")).to_have_text("live")
     expect(liveness("dead-host")).to_have_text("dead")
     expect(liveness("stopped-host")).to_have_text("stopped")
-    expect(changelist_row(page, "host", "live-host").locator("td.field-shards_held_display")).to_have_text("3")
-    expect(changelist_row(page, "host", "dead-host").locator("td.field-shards_held_display")).to_have_text("0")
-    expect(changelist_row(page, "host", "live-host").locator("td.field-counters_short")).to_contain_text("succeeded=12")
-    age = float(changelist_row(page, "host", "dead-host").locator("[data-seconds]").get_attribute("data-seconds"))
+    expect(changelist_row(page, "host_display", "live-host").locator("td.field-shards_held_display")).to_have_text("3")
+    expect(changelist_row(page, "host_display", "dead-host").locator("td.field-shards_held_display")).to_have_text("0")
+    expect(changelist_row(page, "host_display", "live-host").locator("td.field-counters_short")).to_contain_text(
+        "succeeded=12"
+    )
+    age = float(
+        changelist_row(page, "host_display", "dead-host").locator("[data-seconds]").get_attribute("data-seconds")
+    )
     assert age >= 4 * ttl
 
     page.get_by_role("link", name="dead", exact=True).click()

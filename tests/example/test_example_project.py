@@ -41,3 +41,19 @@ def test_a_jobs_status_needs_a_login(client, staff_client):
 
     assert anonymous.status_code == 302 and anonymous["Location"].startswith("/admin/login/?next=/jobs/")
     assert logged_in.status_code == 200 and logged_in.json()["status"] == "READY"
+
+
+@pytest.mark.parametrize("url", ["notaurl", "postgres//user:secret@db/app", "http://db/app"])
+def test_a_database_url_that_cannot_be_parsed_is_named_as_unparsable(monkeypatch, url):
+    import runpy
+    from pathlib import Path
+
+    from django.core.exceptions import ImproperlyConfigured
+
+    monkeypatch.setenv("DATABASE_URL", url)
+    settings_file = Path(__file__).resolve().parents[2] / "example_project" / "settings.py"
+
+    with pytest.raises(ImproperlyConfigured, match="is unparsable as a database URL: write postgres://") as raised:
+        runpy.run_path(str(settings_file))
+
+    assert "secret" not in str(raised.value)

@@ -2,6 +2,7 @@
 shows, when rows change between the page's statements (as they do under a
 running worker)."""
 
+import html
 import re
 
 import pytest
@@ -60,3 +61,24 @@ def test_a_list_longer_than_a_page_still_shows_one_page(rf, admin_user, monkeypa
         ship.enqueue(order_id=n)
     rows, results, _ = shown(render_changelist(rf, admin_user, "/admin/shardq/job/"))
     assert (rows, results) == (3, 5)
+
+
+@pytest.mark.django_db
+def test_a_job_rescued_past_its_attempts_says_why_it_ran_again(admin_client):
+    # What a rescue after --grace ran out leaves: attempt 1 lost with its
+    # worker, attempt 2 run to the end, on a task allowing one attempt.
+    from tests.helpers import job_factory, sql
+
+    [job_id] = job_factory(max_attempts=1, worker_losses=1)
+    sql(
+        "UPDATE shardq_job SET status = 'SUCCESSFUL', attempts = 2, finished_at = clock_timestamp() WHERE id = %s",
+        [job_id],
+    )
+
+    listed = html.unescape(admin_client.get("/admin/shardq/job/").content.decode())
+    detail = html.unescape(admin_client.get(f"/admin/shardq/job/{job_id}/change/").content.decode())
+
+    assert re.search(r"2/1 <span[^>]*>\(1 lost\)</span>", listed)
+    assert "why it ran again" in detail.lower()
+    assert "One attempt of this job stopped without an outcome: its worker was lost" in detail
+    assert "runs again whatever max_attempts says" in detail

@@ -226,10 +226,10 @@ def test_a_job_that_is_not_deferred_shows_no_run_after():
 
 
 def test_a_queue_the_backend_does_not_list_is_refused():
-    with pytest.raises(InvalidTask, match="Queue 'nowhere' is not valid"):
+    with pytest.raises(InvalidTask, match=r"has queue_name 'nowhere', which is not in TASKS\['default'\]\['QUEUES'\]"):
         add.using(queue_name="nowhere")
 
-    with pytest.raises(InvalidTask, match="Queue 'nowhere' is not valid"):
+    with pytest.raises(InvalidTask, match="has queue_name 'nowhere', which is not in TASKS"):
         task(queue_name="nowhere")(undecorated)
 
 

@@ -62,15 +62,27 @@ def test_the_refusal_says_that_shardq_never_pickles(nothing_stored):
 
 
 def test_a_value_nested_deep_in_an_argument_is_found(nothing_stored):
-    with pytest.raises(InvalidTask, match="keyword argument 'payload' is not JSON"):
+    with pytest.raises(InvalidTask, match=r"keyword argument 'payload' at \['rows'\]\[1\]\[1\] is not JSON \(set"):
         echo.enqueue(payload={"rows": [[1, 2], [3, {4, 5}]]})
+
+
+def test_the_refusal_names_the_place_inside_a_nested_argument(nothing_stored):
+    items = [{"when": "today"}, {}, [], {"what": "x", "when": datetime.datetime(2026, 1, 1)}]
+
+    with pytest.raises(InvalidTask) as raised:
+        echo.enqueue(items=items)
+
+    assert str(raised.value).startswith(
+        "tests.taskapp.tasks.echo: keyword argument 'items' at [3]['when'] is not JSON "
+        "(datetime: Object of type datetime is not JSON serializable)."
+    )
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_nan_and_infinity_are_not_json(value, nothing_stored):
     with pytest.raises(InvalidTask, match="positional argument 0 is not JSON"):
         add.enqueue(value, 1)
-    with pytest.raises(InvalidTask, match="keyword argument 'b' is not JSON"):
+    with pytest.raises(InvalidTask, match=r"keyword argument 'b' at \[0\] is not JSON"):
         add.enqueue(1, b=[value])
 
 

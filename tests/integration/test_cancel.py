@@ -70,3 +70,38 @@ def test_a_bad_id_is_refused_with_what_an_id_looks_like():
         shardq.cancel("job-7")
     with pytest.raises(TypeError, match="reason must be a str"):
         shardq.cancel("7", reason=7)
+
+
+def test_cancelling_a_running_job_logs_that_its_outcome_was_dropped_not_a_lost_fence(caplog):
+    import logging
+    import uuid
+
+    from shardq.db.store import WorkerStore, ensure_shards
+    from shardq.worker.completer import Completer
+    from shardq.worker.jobs import ClaimedJob, Outcome
+    from tests.helpers import pipeline_factory
+
+    ensure_shards()
+    worker = str(uuid.uuid4())
+    store = WorkerStore(application_name="shardq-test")
+    try:
+        store.register_worker(worker, "test", 1, [])
+        store.claim_shards(worker, 64, 30.0, 64, 3)
+        result = tasks.add.enqueue(1, 2)
+        [job] = [ClaimedJob.from_row(row) for row in store.claim_jobs(worker, list(range(64)), None, 1, 1)]
+        started, _ = store.start_jobs(worker, [job])
+        rank = started[job.id]["status_rank"] + 1
+        assert shardq.cancel(result) == [result.id]
+        config, pipeline = pipeline_factory(store, worker)
+        completer = Completer(config, pipeline, store)
+        completer.put(Outcome(job.id, job.fence, rank, "SUCCESSFUL", return_value_json="3", shard=job.shard))
+
+        with caplog.at_level(logging.INFO, logger="shardq"):
+            completer.flush_once(block=False)
+    finally:
+        store.close()
+
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name.startswith("shardq")]
+    assert ("INFO", f"job {job.id} was cancelled while it ran: the cancelled job's outcome was dropped") in lines
+    assert not [message for level, message in lines if level == "WARNING"]
+    assert job_row(result.id)["status"] == "FAILED"

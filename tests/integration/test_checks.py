@@ -208,3 +208,92 @@ def test_queue_limits_in_shardq_settings_pass_the_checks():
 def test_manage_py_check_reports_a_misspelled_setting():
     with shardq_overridden(LEASE_TLL=30), pytest.raises(SystemCheckError, match=r"did you mean 'LEASE_TTL'"):
         call_command("check", stdout=StringIO(), stderr=StringIO())
+
+
+def test_a_task_on_a_queue_its_backend_lacks_names_the_task_and_the_configured_queues():
+    from django.tasks.exceptions import InvalidTask
+
+    tasks = {"default": {"BACKEND": "shardq.backend.ShardqBackend", "QUEUES": ["default", "emails"]}}
+
+    with override_settings(TASKS=tasks), pytest.raises(InvalidTask) as raised:
+        add.using(queue_name="emials")
+
+    assert str(raised.value) == (
+        "Task tests.taskapp.tasks.add has queue_name 'emials', which is not in "
+        "TASKS['default']['QUEUES'] = ['default', 'emails']: use one of those queues, or add this one to QUEUES."
+    )
+
+
+@pytest.mark.parametrize("queues", [{"emials": {"max_concurrency": 2}}, ["emials"]])
+def test_shardq_queues_naming_a_queue_no_backend_has_fails_e013(queues):
+    from shardq.app_checks import queues_no_backend_has
+
+    tasks = {"default": {"BACKEND": "shardq.backend.ShardqBackend", "QUEUES": ["default", "emails"]}}
+    with override_settings(TASKS=tasks), shardq_overridden(QUEUES=queues):
+        messages = queues_no_backend_has()
+
+    assert [m.id for m in messages] == ["shardq.E013"]
+    assert messages[0].msg == (
+        "SHARDQ['QUEUES'] names the queue 'emials', which no shardq backend has "
+        "(TASKS['default']['QUEUES'] = ['default', 'emails']): did you mean 'emails'?"
+    )
+
+
+def test_shardq_queues_are_fine_when_a_backend_has_them_or_allows_any_name():
+    from shardq.app_checks import queues_no_backend_has
+
+    listed = {"default": {"BACKEND": "shardq.backend.ShardqBackend", "QUEUES": ["default", "emails"]}}
+    any_name = {"default": {"BACKEND": "shardq.backend.ShardqBackend", "QUEUES": []}}
+    for tasks in (listed, any_name):
+        with override_settings(TASKS=tasks), shardq_overridden(QUEUES={"emails": {"max_concurrency": 2}}):
+            assert queues_no_backend_has() == []
+
+
+def test_manage_py_check_runs_e013():
+    tasks = {"default": {"BACKEND": "shardq.backend.ShardqBackend", "QUEUES": ["default"]}}
+    with (
+        override_settings(TASKS=tasks),
+        shardq_overridden(QUEUES=["emails"]),
+        pytest.raises(SystemCheckError, match=r"shardq\.E013"),
+    ):
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+
+
+@pytest.mark.process
+def test_manage_py_check_reports_the_missing_app_in_a_real_project(tmp_path):
+    # A new project whose URLconf imports a view that enqueues a task on
+    # shardq's backend, with "shardq" left out of INSTALLED_APPS: the check
+    # list is fixed before the URL check imports the task, so only the
+    # task's definition can report it.
+    python = [sys.executable, "-m", "django"]
+    subprocess.run([*python, "startproject", "mysite", tmp_path], check=True)
+    shop = tmp_path / "shop"
+    shop.mkdir()
+    (shop / "__init__.py").write_text("")
+    (shop / "tasks.py").write_text("from django.tasks import task\n\n\n@task\ndef add(a, b):\n    return a + b\n")
+    (shop / "views.py").write_text(
+        "from django.http import HttpResponse\n\nfrom .tasks import add\n\n\n"
+        "def index(request):\n    return HttpResponse(add.enqueue(1, 2).id)\n"
+    )
+    (tmp_path / "mysite" / "urls.py").write_text(
+        "from django.urls import path\n\nfrom shop import views\n\nurlpatterns = [path('', views.index)]\n"
+    )
+    settings = tmp_path / "mysite" / "settings.py"
+    settings.write_text(
+        settings.read_text()
+        + "\nINSTALLED_APPS += ['shop']\n"
+        + "DATABASES = {'default': {'ENGINE': 'django.db.backends.postgresql', 'NAME': 'unused'}}\n"
+        + "TASKS = {'default': {'BACKEND': 'shardq.backend.ShardqBackend'}}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+
+    completed = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+
+    assert completed.returncode == 1, completed.stdout + completed.stderr
+    assert "(shardq.E009) TASKS['default'] uses shardq's backend, but 'shardq' is not in INSTALLED_APPS" in (
+        completed.stderr
+    )
+    assert "INSTALLED_APPS += ['shardq']" in completed.stderr
+    assert "Traceback" not in completed.stderr

@@ -141,3 +141,37 @@ def test_the_admin_worker_list_and_shardq_status_read_every_worker_as_alive_or_d
         members = {str(row[0]) for row in cursor.fetchall()}
     assert members == {w for w, (_, expected) in ids.items() if expected == "live"}
     assert status_json()["pools"] == [{"pool": "*", "workers": 2, "shards_held": 0, "unowned_shards": 64}]
+
+
+@pytest.mark.django_db
+def test_status_keeps_its_columns_aligned_under_a_long_worker_name_and_host():
+    from django.db import connection
+
+    long_name = "billing-worker-with-a-long-readable-name-7"
+    long_host = "a-much-longer-host-name.eu-west-1.internal"
+    with connection.cursor() as cursor:
+        for wid, host, name in (
+            ("00000000-0000-0000-0000-0000000000a1", "h", long_name),
+            ("00000000-0000-0000-0000-0000000000a2", long_host, ""),
+        ):
+            cursor.execute(
+                "INSERT INTO shardq_worker (id, host, pid, queues, started_at, heartbeat_at, state, stats, name) "
+                "VALUES (%s, %s, 1, '[]', now(), now(), 'RUNNING', '{}', %s)",
+                [wid, host, name],
+            )
+    out = StringIO()
+
+    call_command("shardq_status", stdout=out)
+
+    header, *rows = out.getvalue().splitlines()[:3]
+    named = next(row for row in rows if long_name in row)
+    hosted = next(row for row in rows if long_host in row)
+    for column, named_cell, hosted_cell in (
+        ("host:pid", "h:1", long_host + ":1"),
+        ("pool", "*", "*"),
+        ("liveness", "live", "live"),
+        ("state", "RUNNING", "RUNNING"),
+    ):
+        at = header.index(column)
+        assert named[at:].startswith(named_cell + " "), (column, header, named)
+        assert hosted[at:].startswith(hosted_cell + " "), (column, header, hosted)

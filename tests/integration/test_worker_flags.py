@@ -11,6 +11,10 @@ from django.test import override_settings
         (["--concurrency", "0"], "--concurrency must be a whole number"),
         (["--concurrency", "many"], "--concurrency must be a whole number"),
         (["--processes", "-2"], "--processes must be a whole number"),
+        (
+            ["--processes", "abc"],
+            "--processes must be a whole number from 1 to 256 or 'auto' (one per core), not 'abc'.",
+        ),
         (["--grace", "soon"], "--grace must be a number of seconds"),
         (["--grace", "-1"], "--grace must be a number of seconds"),
         (["--queues", "default,nope"], "unknown queue(s) nope"),

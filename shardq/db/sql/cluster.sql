@@ -8,6 +8,11 @@
 -- own.
 COALESCE((SELECT c.shard_count FROM shardq_cluster AS c WHERE c.id = 1), %(shard_count)s)
 
+-- name: tables_present
+-- Touches every table a worker uses and reads no row: fails with undefined_table (42P01) before
+-- manage.py migrate (shardq_worker's check before it starts).
+SELECT 1 FROM shardq_cluster, shardq_shard, shardq_worker, shardq_job LIMIT 0;
+
 -- name: reshard_state
 -- shardq_reshard: the cluster row (shard count, version, the count before a reshard in progress or
 -- NULL, when the count switched), and whether this session could take the reshard lock (:classid,

@@ -52,6 +52,36 @@ def silent_rows(shard_count: int) -> list[dict]:
     ]
 
 
+# The worker table's columns: (header, the narrowest width, right-aligned).
+# A column is as wide as its longest cell (a long --worker-id name, a long
+# host), so the columns after it stay aligned.
+_COLUMNS = (
+    ("worker", 38, False),
+    ("host:pid", 24, False),
+    ("pool", 16, False),
+    ("liveness", 9, False),
+    ("state", 9, False),
+    ("shards", 6, True),
+    ("heartbeat", 9, True),
+)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """The header and ``rows`` (one cell per column, then the counters) as aligned lines."""
+    widths = [
+        max([minimum, len(header), *(len(row[i]) for row in rows)]) for i, (header, minimum, _) in enumerate(_COLUMNS)
+    ]
+
+    def line(cells: tuple[str, ...]) -> str:
+        padded = (
+            cell.rjust(width) if right else cell.ljust(width)
+            for cell, width, (_, _, right) in zip(cells, widths, _COLUMNS, strict=False)
+        )
+        return " ".join(padded) + "  " + cells[-1]
+
+    return [line((*(header for header, _, _ in _COLUMNS), "counters")), *(line(row) for row in rows)]
+
+
 class Command(BaseCommand):
     help = (
         "Show workers (live, stopping or dead; shards held, heartbeat age, counters), job counts by status "
@@ -136,23 +166,29 @@ class Command(BaseCommand):
                 )
             )
             return
-        self.stdout.write(
-            f"{'worker':38} {'host:pid':24} {'pool':16} {'liveness':9} {'state':9} {'shards':>6} {'heartbeat':>9}  counters"
-        )
+        rows: list[tuple[str, ...]] = []
         for w in workers:
             stats = w["stats"]
             if isinstance(stats, dict):
                 counters = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(stats.items()) if v)
             else:  # an odd row: the raw value
                 counters = json.dumps(stats, ensure_ascii=False)
-            age = w["heartbeat_age_seconds"]
             # The --worker-id name, when one was given, next to the uuid.
             label = printable(w["id"]) + (f" ({printable(w['name'])})" if w["name"] else "")
-            self.stdout.write(
-                f"{label:38} {printable(w['host']) + ':' + str(w['pid']):24} {printable(w['pool']):16} "
-                f"{printable(w['liveness']):9} {printable(w['state']):9} "
-                f"{w['shards']:>6} {printable(age):>8}s  {printable(counters)}"
+            rows.append(
+                (
+                    label,
+                    f"{printable(w['host'])}:{w['pid']}",
+                    printable(w["pool"]),
+                    printable(w["liveness"]),
+                    printable(w["state"]),
+                    str(w["shards"]),
+                    f"{printable(w['heartbeat_age_seconds'])}s",
+                    printable(counters),
+                )
             )
+        for line in _table(rows):
+            self.stdout.write(line)
         by_liveness = {k: sum(w["liveness"] == k for w in workers) for k in ("live", "stopping", "dead")}
         self.stdout.write(
             f"workers: {by_liveness['live']} live, {by_liveness['stopping']} stopping, {by_liveness['dead']} dead "

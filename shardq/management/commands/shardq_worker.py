@@ -92,6 +92,7 @@ class Command(BaseCommand):
 
         shutdown.install()
         logs.ensure_output()
+        logs.tidy_django_task_log()
         alias = options["backend"]
         config = shardq_backend_config(alias)
         queues, exclude_queues = served_queues(alias, config, options["queues"], options["exclude_queues"])
@@ -105,7 +106,9 @@ class Command(BaseCommand):
             processes = os.cpu_count() or 1
         else:
             # Checked before anything is forked: --processes 10000000000 is an error, not a fork bomb.
-            processes = whole_number("processes", options["processes"], maximum=MAX_PROCESSES)
+            processes = whole_number(
+                "processes", options["processes"], maximum=MAX_PROCESSES, also="'auto' (one per core)"
+            )
         grace = seconds("grace", options["grace"], 0, MAX_GRACE_SECONDS)
         prefetch = whole_number("prefetch", options["prefetch"], minimum=0, maximum=MAX_PREFETCH)
         max_tasks = None
@@ -121,6 +124,7 @@ class Command(BaseCommand):
                 'the worker connects through (docs/scaling.md, "PgBouncer").'
             )
         port = metrics_port(options["metrics_port"])
+        check_tables(database)
         # The port is bound here, before any process is forked: a port in use
         # is this command's error, not a child's crash loop.
         endpoint, directory = (
@@ -130,7 +134,7 @@ class Command(BaseCommand):
         )
 
         def run_worker() -> int:
-            from shardq.exceptions import DatabaseUnavailable
+            from shardq.exceptions import DatabaseUnavailable, TablesMissing
             from shardq.worker.runtime import Worker, WorkerOptions
 
             metrics = None
@@ -155,7 +159,7 @@ class Command(BaseCommand):
             worker.install_signal_handlers()
             try:
                 return worker.run()
-            except DatabaseUnavailable as exc:
+            except (DatabaseUnavailable, TablesMissing) as exc:
                 # Unreachable at start (later outages are ridden out): one
                 # line, the traceback only for those who asked for DEBUG.
                 logger.error("worker %s cannot start: %s", worker.label, exc)
@@ -242,6 +246,25 @@ def served_queues(
                 f"is {', '.join(map(printable, sorted(configured)))})."
             )
     return queues, excluded
+
+
+def check_tables(database: str) -> None:
+    """A CommandError when shardq's tables are missing (manage.py migrate not
+    run), before any worker process starts: one sentence, not a traceback
+    or a crash loop of --processes. An unreachable database is the worker's
+    own start to report (one line, exit 1)."""
+    from shardq.db.store import WorkerStore
+    from shardq.exceptions import DatabaseUnavailable, TablesMissing
+
+    store = WorkerStore(database, application_name="shardq-check")
+    try:
+        store.check_tables()
+    except TablesMissing as exc:
+        raise CommandError(str(TablesMissing(f"{exc.detail}; database {printable(database)!r}")))
+    except DatabaseUnavailable:
+        pass
+    finally:
+        store.close()
 
 
 def metrics_port(flag: str | None) -> int | None:
