@@ -376,6 +376,10 @@ class JobAdmin(ShardqModelAdmin):
         or the same through an annotation (``kwargs_bounded__value__...``)
         -- would tell a hidden value one guess at a time, and is Django's
         DisallowedModelAdminLookup (400)."""
+        if lookup in {item.parameter_name for item in self.list_filter if isinstance(item, type)}:
+            # The list's own filters (dead letter, queue, task): each maps its
+            # parameter to a fixed query of its own, never to a hidden value.
+            return super().lookup_allowed(lookup, value, request)
         name, _, rest = lookup.partition(LOOKUP_SEP)
         if name == "pk":
             name = "id"
