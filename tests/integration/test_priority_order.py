@@ -52,7 +52,9 @@ def test_one_worker_runs_a_mixed_backlog_in_priority_order_after_its_first_fill(
         by_priority[priority] = by_priority.get(priority, 0) + 1
     for priority, count in by_priority.items():
         enqueue_with_priority(priority, count)
-    assert scalar("SELECT count(DISTINCT shard) FROM shardq_job") == 64
+    # Keyless jobs land on random shards: 400 of them leave a shard empty
+    # about one run in eight, so the check is that they spread widely.
+    assert scalar("SELECT count(DISTINCT shard) FROM shardq_job") >= 56
 
     with in_process_worker(concurrency=1, prefetch=PREFETCH):
         wait_until(
