@@ -124,8 +124,6 @@ def test_a_worker_cut_off_by_the_network_self_fences_before_its_leases_expire_an
             pool.start(
                 "--concurrency",
                 "2",
-                "--processes",
-                "1",
                 env={"DATABASE_URL": server.url_for(host=link.host_ip)},
                 prefix=("ip", "netns", "exec", link.ns),
             )
