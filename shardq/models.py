@@ -67,6 +67,12 @@ class Job(models.Model):
     # key"), so the job has no limit_keys and takes the ordinary claim. Set
     # so claim_jobs can hold such a job back where two pools hold its shard.
     key_limited = models.BooleanField(default=False, db_default=False)
+    # Fair share inside a queue (docs/fairness.md): the key whose share the
+    # job counts against (its text, or #sha256:<hex> of a long one) and the
+    # job's own weight (NULL: SHARDQ["FAIRNESS"]["WEIGHTS"], else 1). NULL
+    # for a job without one, which is claimed and run exactly as before.
+    fair_key = models.TextField(null=True, blank=True)
+    fair_weight = models.IntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "shardq_job"
@@ -81,14 +87,35 @@ class Job(models.Model):
             # limited jobs beside one of every READY job, as before, made each
             # claim_jobs probe filter out every limited row of the shard: 11 ms
             # a claim at 20,000 of them, linear in the backlog.)
+            # The third column sets apart the unlimited jobs with a fair key
+            # (docs/fairness.md): claim_jobs' ordinary walk takes the range
+            # where it is false (every job without a fair key: the same walk
+            # as before), claim_tops' probe of the fair ones the range where
+            # it is true, and a limited job has it false always.
             models.Index(
                 F("shard"),
                 ExpressionWrapper(Q(limit_keys__isnull=True), output_field=models.BooleanField()),
+                ExpressionWrapper(
+                    Q(fair_key__isnull=False, limit_keys__isnull=True), output_field=models.BooleanField()
+                ),
                 F("priority").desc(),
                 F("run_after"),
                 F("id"),
                 condition=Q(status="READY"),
                 name="shardq_job_ready_idx",
+            ),
+            # The claim's walk over the fair keys with backlog on a shard (one
+            # probe per key: the next key after the last one), then each
+            # key's head in claim order (docs/fairness.md). Only unlimited
+            # READY jobs with a fair key are in it.
+            models.Index(
+                F("shard"),
+                F("fair_key"),
+                F("priority").desc(),
+                F("run_after"),
+                F("id"),
+                condition=Q(status="READY", fair_key__isnull=False, limit_keys__isnull=True),
+                name="shardq_job_fair_idx",
             ),
             # An idle fetcher finds when the next deferred job falls due.
             models.Index(fields=["run_after"], condition=Q(status="READY"), name="shardq_job_due_idx"),

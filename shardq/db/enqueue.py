@@ -58,6 +58,8 @@ _COPY_ORDER = (
     "enqueued_at",
     "limit_keys",
     "key_limited",
+    "fair_key",
+    "fair_weight",
 )
 JOB_COLUMNS = tuple(name.strip() for name in QUERIES["job_columns"].split(","))
 if JOB_COLUMNS != _COPY_ORDER:
@@ -185,7 +187,7 @@ def copy_jobs(
                     f"{_COPY_NULL if key is None else copy_text(key)}\t{middle}\t"
                     f"{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t{tail}"
                     f"{static_limits if 'limit_keys' not in row else limits_field(row)}\t"
-                    f"{'t' if row.get('key_limited') else 'f'}\n"
+                    f"{'t' if row.get('key_limited') else 'f'}\t{fair_fields(row, params)}\n"
                 )
                 on_job(index, job_id, enqueued_at)
                 flush_chunk(copy, lines)
@@ -210,6 +212,13 @@ def limits_field(row: dict[str, Any]) -> str:
     """A row's limit_keys (JSON text or None) as a COPY field."""
     keys = row.get("limit_keys")
     return _COPY_NULL if keys is None else copy_json(keys)
+
+
+def fair_fields(row: dict[str, Any], params: dict[str, Any]) -> str:
+    """A row's fair_key and fair_weight as two COPY fields (the row's own, else the task's)."""
+    key = row["fair_key"] if "fair_key" in row else params.get("fair_key")
+    weight = row["fair_weight"] if "fair_weight" in row else params.get("fair_weight")
+    return f"{_COPY_NULL if key is None else copy_text(key)}\t{_COPY_NULL if weight is None else weight}"
 
 
 def copy_text(value: str) -> str:
@@ -289,7 +298,8 @@ def copy_graph(
                     f"{row['key_hash']}\t{_COPY_NULL if key is None else copy_text(key)}\t"
                     f"{'t' if row['ordered'] else 'f'}\t{'WAITING' if row['waiting'] else 'READY'}\t0\t0\t0\t"
                     f"{row['max_attempts']}\t{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t"
-                    f"[]\t[]\t{stamp}\t{limits_field(row)}\t{'t' if row.get('key_limited') else 'f'}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
+                    f"[]\t[]\t{stamp}\t{limits_field(row)}\t{'t' if row.get('key_limited') else 'f'}\t"
+                    f"{fair_fields(row, row)}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
                 )
                 flush_chunk(copy, lines)
             flush_chunk(copy, lines, last=True)

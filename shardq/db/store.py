@@ -105,11 +105,18 @@ def claim_jobs_params(
     min_priority: int = ANY_PRIORITY,
     full_keys: list[tuple[str, str]] | None = None,
     key_rooms: "KeyRoomsRef | None" = None,
+    fair_after: list[str] | None = None,
+    full_fair_keys: list[str] | None = None,
 ) -> dict[str, Any]:
     """``claim_jobs``' own parameters beside ``claim_scope``'s (see
     WorkerStore.claim_jobs): the batch, the look-ahead, how many to start,
-    the priority floor, and the local queue's gates (full keys, rooms)."""
+    the priority floor, the local queue's gates (full keys, rooms), and
+    fairness's (docs/fairness.md): each shard's last fair key taken (in the
+    order of the shards; '' or missing: from the first) and the fair keys
+    buffered to their share."""
     return {
+        "fair_after": fair_after or [],
+        "full_fair_keys": full_fair_keys or [],
         "limit": limit,
         "min_priority": min_priority,
         "lookahead": lookahead,
@@ -707,6 +714,8 @@ class WorkerStore:
         full_keys: list[tuple[str, str]] | None = None,
         key_rooms: "KeyRoomsRef | None" = None,
         now: datetime | None = None,
+        fair_after: list[str] | None = None,
+        full_fair_keys: list[str] | None = None,
     ) -> list[Any]:
         """Claim a batch of the highest priority level due (rows by name:
         dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
@@ -717,10 +726,14 @@ class WorkerStore:
         are passed over. Of the first ``start``, a key_limited job is
         started only within its key's room (``key_rooms``; None: none).
         ``now``: the time leases and due times are read at (None: the
-        database's clock)."""
+        database's clock). Jobs with a fair key are taken key by key
+        (docs/fairness.md): on each shard, the keys after ``fair_after``'s
+        (one a shard, in ``shards``' order), passing over ``full_fair_keys``."""
         params = {
             **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, now),
-            **claim_jobs_params(limit, lookahead, start, min_priority, full_keys, key_rooms),
+            **claim_jobs_params(
+                limit, lookahead, start, min_priority, full_keys, key_rooms, fair_after, full_fair_keys
+            ),
         }
         # Binary results: timestamps and numbers decode without parsing text.
         if row_factory is None:

@@ -62,6 +62,9 @@ class ClaimedJob:
     # Limited by its own shard key (docs/limits.md): the local queue runs at
     # most the task's max_concurrency of the key at once.
     key_limited: bool = False
+    # Its fair key and own weight (docs/fairness.md; None: none, weight from settings).
+    fair_key: str | None = None
+    fair_weight: int | None = None
     # -- not columns: set in this worker --
     # Set by the start write: this worker id was appended to worker_ids.
     started_by: str | None = None
