@@ -20,6 +20,7 @@ from ..core.localqueue import LocalQueue, QueuedJob
 from .jobs import ClaimedJob
 
 if TYPE_CHECKING:
+    from ..fairness import FairBy, FairWeights
     from ..limits import KeyCaps
 
 # Jobs pop_more takes per round of its lock.
@@ -38,9 +39,21 @@ class Buffer:
     # Every QueuedJob pushed here carries its ClaimedJob as the payload, hence
     # the casts where a payload comes back.
 
-    def __init__(self, capacity: int, lanes: int | None = None, key_cap: "KeyCaps | None" = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        lanes: int | None = None,
+        key_cap: "KeyCaps | None" = None,
+        fair_weight: "FairWeights | None" = None,
+        fair_by_time: "FairBy | None" = None,
+    ) -> None:
         self.queue = LocalQueue(lanes or lane_count(os.cpu_count() or 1), capacity)
         self.capacity = capacity
+        # Fairness (docs/fairness.md): a fair key's weight from settings (a
+        # job's own fair_weight wins), and whether a task's share counts
+        # measured time. None: every fair job weighs 1 and counts starts.
+        self.fair_weight = fair_weight
+        self.fair_by_time = fair_by_time
         # task path -> its max_concurrency per shard key (None: not limited
         # here), for key_limited jobs (docs/limits.md, "Limits by the shard key").
         self.key_cap = key_cap
@@ -105,7 +118,7 @@ class Buffer:
                 # Started by its claim (it had room, see key_rooms): it runs
                 # now or goes back (a hand-back takes the start back), never
                 # waits started.
-                return QueuedJob(
+                gated = QueuedJob(
                     job.id,
                     job.queue_name,
                     job.priority,
@@ -117,9 +130,26 @@ class Buffer:
                     cap,
                     no_wait=job.started,
                 )
-        return QueuedJob(
+                if job.fair_key is not None:
+                    self._fair(gated, job)
+                return gated
+        queued = QueuedJob(
             job.id, job.queue_name, job.priority, job.run_after, job.shard, job.shard_key, job.ordered, job
         )
+        if job.fair_key is not None:
+            self._fair(queued, job)
+        return queued
+
+    def _fair(self, queued: QueuedJob, job: ClaimedJob) -> None:
+        """Set a fair job's key, weight and measure in the local queue."""
+        key = job.fair_key
+        queued.fair_key = key
+        if job.fair_weight is not None and job.fair_weight > 0:
+            queued.fair_weight = float(job.fair_weight)
+        elif self.fair_weight is not None and key is not None:
+            queued.fair_weight = self.fair_weight(key)
+        if self.fair_by_time is not None:
+            queued.fair_by_time = self.fair_by_time(job.task_path)
 
     @property
     def held_back(self) -> int:
@@ -130,6 +160,11 @@ class Buffer:
         """(task path, shard key) of each key_limited key with jobs waiting
         at its gate: the claim passes over their jobs until it opens."""
         return [_task_and_key(gate) for gate in self.queue.full_keys()]
+
+    def full_fair_keys(self, share: int) -> list[str]:
+        """Fair keys with ``share`` or more jobs buffered: the claim passes
+        over them until they run down (docs/fairness.md)."""
+        return self.queue.full_fair_keys(share)
 
     def key_rooms(self) -> "KeyRooms | None":
         """What the claim may start of key_limited jobs (claim_jobs'
@@ -227,7 +262,9 @@ class Buffer:
                 self._processing_by_shard[job.shard] = left
             else:
                 del self._processing_by_shard[job.shard]
-        self.queue.done(job.id)
+        # The clock pop() hands the local queue: a fair_by="time" job's run
+        # time is charged to its fair key.
+        self.queue.done(job.id, time.time() if job.fair_key is not None else None)
         if job.ordered or job.key_limited:
             # The key's next job may now be admitted to its lane.
             with self._ready:

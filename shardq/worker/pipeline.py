@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..conf import Config, get_config
 from ..core import pools
 from ..exceptions import ShardqConfigurationError
+from ..fairness import FairBy, FairWeights
 from ..limits import KeyCaps, queue_limits
 from ..tasks import resolve
 from .buffer import Buffer
@@ -164,9 +165,12 @@ class Pipeline:
         self.metrics = metrics  # None: metrics off
         # Claimed jobs that will not run here go back to READY through it.
         self.handback = handback
+        task_of = partial(resolve, extra_modules=config.task_modules)
         self.buffer = Buffer(
             config.concurrency + config.max_prefetch + OUTRANKING_ROOM,
-            key_cap=KeyCaps(partial(resolve, extra_modules=config.task_modules)),
+            key_cap=KeyCaps(task_of),
+            fair_weight=FairWeights(),
+            fair_by_time=FairBy(task_of),
         )
         # Outcomes refused under an earlier claim, for a recall (fetcher.py).
         self.remembered = RememberedOutcomes()
@@ -266,6 +270,17 @@ class Pipeline:
         if self.config.options.max_tasks is not None:
             wanted = min(wanted, self.tasks_left())
         return wanted, max(1, target // 4)
+
+    def fair_share(self) -> int:
+        """How many jobs of one fair key this worker buffers before its
+        claim passes over the key (docs/fairness.md): half the look-ahead
+        the demand aims at (at least 2), so another key's job always finds
+        room and a claim to bring it, and one key alone still keeps every
+        thread busy between claims."""
+        concurrency = self.config.concurrency
+        average = max(self.average_task_seconds, 1e-6)
+        lookahead = min(self.config.max_prefetch, max(concurrency, int(concurrency * LOOKAHEAD_SECONDS / average)))
+        return max(2, lookahead // 2)
 
     def idle_threads(self) -> int:
         """Threads with nothing to run and nothing waiting for them: a
