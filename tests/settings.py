@@ -14,6 +14,7 @@ SHARDQ = {
         "tests.taskapp.isolation_tasks",
         "tests.taskapp.runctl_tasks",
         "tests.taskapp.limit_tasks",
+        "tests.taskapp.fair_tasks",
     ],
 }
 # The run-control tests start workers with a low zombie limit.
