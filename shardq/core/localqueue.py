@@ -107,13 +107,12 @@ class QueuedJob:
     no_wait: bool = False
     # Fair share inside its queue (docs/fairness.md; shardq.core.fairlane):
     # its fair key (None: none, and nothing of fairness applies), its
-    # weight, whether its share counts measured run time, what its pop
-    # charged its key, and when it was popped (the caller's clock).
+    # weight, whether its share counts measured run time, and what its pop
+    # charged its key.
     fair_key: str | None = None
     fair_weight: float = 1.0
     fair_by_time: bool = False
     charged: float = 0.0
-    popped_at: float = 0.0
 
     @property
     def gated(self) -> bool:
@@ -376,7 +375,7 @@ class LocalQueue:
             with self._lanes_lock:
                 active = self._active
                 if self._fair_active:
-                    self._pop_fair(out, limit, min_priority, now)
+                    self._pop_fair(out, limit, min_priority)
                 while active and len(out) < limit:
                     if len(active) == 1:
                         index, lane = next(iter(active.items()))
@@ -414,20 +413,21 @@ class LocalQueue:
                         del by_shard[job.shard]
         return out
 
-    def done(self, job_id: int, now: float | None = None) -> None:
+    def done(self, job_id: int, ran_seconds: float | None = None) -> None:
         """The job finished (any outcome): forget it and release its key.
-        ``now`` (the clock of ``pop``'s): a fair_by="time" job's run time
-        is charged to its fair key (docs/fairness.md)."""
+        ``ran_seconds``: how long its task ran, charged to its fair key
+        when its share counts time (docs/fairness.md; None: not measured,
+        the estimate charged at its pop stands)."""
         with self._processing_lock:
             job = self._processing.pop(job_id, None)
         if job is None:
             raise KeyError(f"job {job_id} is not processing in this local queue")
-        if job.fair_by_time and job.fair_key is not None and now is not None:
+        if job.fair_by_time and job.fair_key is not None and ran_seconds is not None:
             # Lock 3 is released: lock 2 alone (never 1 after it).
             with self._lanes_lock:
                 fair = self._fair_lanes.get(self.lane_for(job.queue_name))
                 if fair is not None:
-                    fair.charge(job, now - job.popped_at)
+                    fair.charge(job, ran_seconds)
         key = job.key
         if key is not None and job.gated:
             # Lock 3 is released: taking 1 now keeps the lock order.
@@ -563,7 +563,7 @@ class LocalQueue:
         else:
             self._fair_buffered.pop(key, None)
 
-    def _pop_fair(self, out: list[QueuedJob], limit: int, min_priority: int | None, now: float) -> None:
+    def _pop_fair(self, out: list[QueuedJob], limit: int, min_priority: int | None) -> None:
         """``pop_many``'s loop while some lane has fair jobs (caller holds
         locks 1 and 2): the best head over the lanes as before, where a
         lane's head is its FairLane's choice between its flows and its
@@ -598,7 +598,6 @@ class LocalQueue:
             else:
                 assert fair is not None
                 job = fair.pop()
-                job.popped_at = now
                 if not fair:
                     del fair_active[best_index]
             out.append(job)

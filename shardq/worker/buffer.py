@@ -262,9 +262,8 @@ class Buffer:
                 self._processing_by_shard[job.shard] = left
             else:
                 del self._processing_by_shard[job.shard]
-        # The clock pop() hands the local queue: a fair_by="time" job's run
-        # time is charged to its fair key.
-        self.queue.done(job.id, time.time() if job.fair_key is not None else None)
+        # A fair_by="time" job's measured run time is charged to its fair key.
+        self.queue.done(job.id, job.ran_seconds)
         if job.ordered or job.key_limited:
             # The key's next job may now be admitted to its lane.
             with self._ready:

@@ -66,6 +66,9 @@ class ClaimedJob:
     fair_key: str | None = None
     fair_weight: int | None = None
     # -- not columns: set in this worker --
+    # How long its task ran here (the executor's measure; None: not run):
+    # charged to its fair key when its share counts time (docs/fairness.md).
+    ran_seconds: float | None = None
     # Set by the start write: this worker id was appended to worker_ids.
     started_by: str | None = None
     # The verdict of this job's start write (starter.py; None: not written:
