@@ -140,7 +140,10 @@ class LocalQueue:
         "_delayed",
         "_fair_active",
         "_fair_buffered",
+        "_fair_estimate",
         "_fair_lanes",
+        "_fair_timed",
+        "_fair_weight_of",
         "_held_back",
         "_holders",
         "_index_lock",
@@ -187,6 +190,11 @@ class LocalQueue:
         self._fair_lanes: dict[int, FairLane[QueuedJob]] = {}
         self._fair_active: dict[int, FairLane[QueuedJob]] = {}
         self._fair_buffered: dict[str, int] = {}
+        # Of the buffered fair keys: the last weight seen, those fair by
+        # time, and (any key seen) its run time estimate, for their shares.
+        self._fair_weight_of: dict[str, float] = {}
+        self._fair_timed: set[str] = set()
+        self._fair_estimate: dict[str, float] = {}
         self._index_lock = Lock()
         self._lanes_lock = Lock()
         self._processing_lock = Lock()
@@ -230,10 +238,42 @@ class LocalQueue:
         with self._index_lock:
             return {key: cap - len(self._holders[key]) for key, cap in self._caps.items() if key not in self._waiting}
 
-    def full_fair_keys(self, share: int) -> list[str]:
-        """The fair keys with at least ``share`` jobs buffered here (the
-        claim passes over them until they run down), a snapshot."""
-        return [key for key, n in list(self._fair_buffered.items()) if n >= share]
+    def full_fair_keys(self, room: int) -> dict[str, int]:
+        """The fair keys buffered to their share of ``room`` jobs -> that
+        share (the claim passes over them until they run down), a snapshot.
+
+        A key's share is ``room`` times its weight over the weights of the
+        keys buffered here; for a key fair by time, scaled by the mean run
+        time estimate of such keys over its own, so its share holds as much
+        work, not as many jobs, as another's: a key whose jobs run fast is
+        not left dry between claims while a slow one fills the room."""
+        counts = self._fair_buffered
+        if not counts:
+            return {}
+        weights = self._fair_weight_of
+        total = sum(weights.get(key, 1.0) for key in counts)
+        timed = {key: self._fair_estimate.get(key, 0.0) for key in counts if key in self._fair_timed}
+        known = [e for e in timed.values() if e > 0.0]
+        mean = sum(known) / len(known) if known else 0.0
+        full = {}
+        for key, n in list(counts.items()):
+            share = room * weights.get(key, 1.0) / total
+            estimate = timed.get(key, 0.0)
+            if estimate > 0.0:
+                share *= mean / estimate
+            share_jobs = max(1, int(share))
+            if n >= share_jobs:
+                full[key] = share_jobs
+        return full
+
+    @property
+    def has_fair(self) -> bool:
+        """Are jobs with a fair key buffered (a snapshot)?"""
+        return bool(self._fair_buffered)
+
+    def fair_backlog_of(self, key: str) -> int:
+        """Buffered jobs of one fair key (a snapshot)."""
+        return self._fair_buffered.get(key, 0)
 
     def fair_backlog(self) -> dict[str, int]:
         """Buffered jobs per fair key (a snapshot, for the operator's view)."""
@@ -271,7 +311,7 @@ class LocalQueue:
                 ids = self._by_shard[job.shard] = set()
             ids.add(job_id)
             if job.fair_key is not None:
-                self._count_fair(job.fair_key, 1)
+                self._count_fair(job.fair_key, 1, job)
             if not -_INF < job.run_after < _INF:
                 job.run_after = now  # see _INF
             if job.run_after > now:
@@ -316,7 +356,7 @@ class LocalQueue:
                     ids = by_shard[job.shard] = set()
                 ids.add(job_id)
                 if job.fair_key is not None:
-                    self._count_fair(job.fair_key, 1)
+                    self._count_fair(job.fair_key, 1, job)
                 if not -_INF < job.run_after < _INF:
                     job.run_after = now  # see _INF
                 if job.run_after > now:
@@ -423,6 +463,13 @@ class LocalQueue:
         if job is None:
             raise KeyError(f"job {job_id} is not processing in this local queue")
         if job.fair_by_time and job.fair_key is not None and ran_seconds is not None:
+            key = job.fair_key
+            estimate = self._fair_estimate.get(key)
+            if ran_seconds >= 0.0:
+                # A float store under the GIL: read as a snapshot by full_fair_keys.
+                self._fair_estimate[key] = ran_seconds if estimate is None else estimate + 0.2 * (ran_seconds - estimate)
+                if len(self._fair_estimate) > 65536:
+                    self._fair_estimate.clear()
             # Lock 3 is released: lock 2 alone (never 1 after it).
             with self._lanes_lock:
                 fair = self._fair_lanes.get(self.lane_for(job.queue_name))
@@ -470,6 +517,8 @@ class LocalQueue:
             self._waiting.clear()
             self._held_back = 0
             self._fair_buffered.clear()
+            self._fair_weight_of.clear()
+            self._fair_timed.clear()
             with self._lanes_lock:
                 for lane in self._lanes:
                     lane.clear()
@@ -556,12 +605,18 @@ class LocalQueue:
         fair.push(job)
         self._fair_active[index] = fair
 
-    def _count_fair(self, key: str, delta: int) -> None:
+    def _count_fair(self, key: str, delta: int, job: QueuedJob | None = None) -> None:
         left = self._fair_buffered.get(key, 0) + delta
+        if job is not None:
+            self._fair_weight_of[key] = job.fair_weight
+            if job.fair_by_time:
+                self._fair_timed.add(key)
         if left > 0:
             self._fair_buffered[key] = left
         else:
             self._fair_buffered.pop(key, None)
+            self._fair_weight_of.pop(key, None)
+            self._fair_timed.discard(key)
 
     def _pop_fair(self, out: list[QueuedJob], limit: int, min_priority: int | None) -> None:
         """``pop_many``'s loop while some lane has fair jobs (caller holds

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -54,6 +55,10 @@ class Buffer:
         # measured time. None: every fair job weighs 1 and counts starts.
         self.fair_weight = fair_weight
         self.fair_by_time = fair_by_time
+        # The fair keys the last claim passed over (buffered to their share)
+        # and the count under which one wakes the fetcher (watch_fair_keys).
+        self._fair_watch: dict[str, int] = {}
+        self.fair_room: Callable[[], None] | None = None
         # task path -> its max_concurrency per shard key (None: not limited
         # here), for key_limited jobs (docs/limits.md, "Limits by the shard key").
         self.key_cap = key_cap
@@ -161,10 +166,33 @@ class Buffer:
         at its gate: the claim passes over their jobs until it opens."""
         return [_task_and_key(gate) for gate in self.queue.full_keys()]
 
-    def full_fair_keys(self, share: int) -> list[str]:
-        """Fair keys with ``share`` or more jobs buffered: the claim passes
-        over them until they run down (docs/fairness.md)."""
-        return self.queue.full_fair_keys(share)
+    @property
+    def has_fair(self) -> bool:
+        """Are jobs with a fair key buffered here?"""
+        return self.queue.has_fair
+
+    def full_fair_keys(self, room: int) -> list[str]:
+        """Fair keys buffered to their share of ``room`` (LocalQueue's
+        full_fair_keys): the claim passes over them until they run down
+        (docs/fairness.md). They are watched from now: once one of them has
+        less than half its share left here, ``fair_room`` is called (the
+        fetcher claims again), so a key that runs fast (fair by time, or a
+        heavy weight) is refilled before it runs dry."""
+        full = self.queue.full_fair_keys(room)
+        self._fair_watch = {key: max(1, share // 2) for key, share in full.items()}
+        return list(full)
+
+    def _popped_fair(self, jobs: list[QueuedJob]) -> None:
+        """Wake the fetcher when a watched fair key ran below its low mark."""
+        watch = self._fair_watch
+        backlog = self.queue.fair_backlog_of
+        for queued in jobs:
+            key = queued.fair_key
+            if key is not None and key in watch and backlog(key) < watch[key]:
+                self._fair_watch = {}
+                if self.fair_room is not None:
+                    self.fair_room()
+                return
 
     def key_rooms(self) -> "KeyRooms | None":
         """What the claim may start of key_limited jobs (claim_jobs'
@@ -209,6 +237,8 @@ class Buffer:
             if queued is not None:
                 self._processing_by_shard[queued.shard] += 1
                 self._uncount(queued.priority)
+                if self._fair_watch:
+                    self._popped_fair([queued])
             return queued
 
     def pop(self, timeout: float) -> ClaimedJob | None:
@@ -247,6 +277,8 @@ class Buffer:
                     by_shard[queued.shard] += 1
                     self._uncount(queued.priority)
                     jobs.append(cast(ClaimedJob, queued.payload))
+                if self._fair_watch:
+                    self._popped_fair(popped)
             if len(popped) < want:
                 break
         return jobs

@@ -119,10 +119,9 @@ class Fetcher(Service):
         self._plain_unknown = True
         self._limited_took = False
         # Fairness (docs/fairness.md): each shard's last fair key taken (the
-        # next claim walks that shard's keys after it), and whether the last
-        # claim passed over keys buffered to their share.
+        # next claim walks that shard's keys after it). Keys the claim passes
+        # over wake the fetcher when they run low (Buffer.fair_room).
         self._fair_after: dict[int, str] = {}
-        self._fair_passed = False
 
     def interrupt(self) -> None:
         self._wake.set()
@@ -299,12 +298,6 @@ class Fetcher(Service):
         if self._deep:
             self._deep = False
             return None
-        if self._fair_passed:
-            # Keys passed over for their share come back once half of it
-            # ran: no NOTIFY marks that moment, a short sleep does.
-            pipeline = self.pipeline
-            share = pipeline.fair_share()
-            return min(self.poll_interval, share / 2 * pipeline.average_task_seconds / self.config.concurrency)
         # Idle: sleep until the poll, or until the next deferred job comes
         # within the look-ahead (no NOTIFY marks that moment).
         try:
@@ -339,8 +332,6 @@ class Fetcher(Service):
         fair_after = [self._fair_after.get(shard, "") for shard in order] if self._fair_after else None
         ordinary = min_priority == ANY_PRIORITY
         full_fair_keys = self.buffer.full_fair_keys(self.pipeline.fair_share()) if ordinary else []
-        if ordinary:
-            self._fair_passed = bool(full_fair_keys)
         try:
             rows = (store or self.store).claim_jobs(
                 self.worker_id,

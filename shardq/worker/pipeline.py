@@ -53,6 +53,8 @@ LOOKAHEAD_SECONDS = 0.05
 OUTRANKING_BATCH = 16
 OUTRANKING_ROOM = 64
 DEFAULT_PREFETCH = 512
+# With fair keys buffered, the look-ahead is at least this many jobs a thread.
+FAIR_LOOKAHEAD = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,6 +189,8 @@ class Pipeline:
         self._written: list[Callable[[], None]] = []
         # The fetcher sleeps on this between claims.
         self.fetch_wake = threading.Event()
+        # A fair key passed over by the claim ran low here: claim again.
+        self.buffer.fair_room = self.fetch_wake.set
         # Set by the fetcher when it waits for room (slot_freed wakes it).
         self.waiting_for_slots = False
         # The lowest priority of the ordinary claim in flight (None: none):
@@ -257,9 +261,7 @@ class Pipeline:
         another worker could run it).
         """
         concurrency = self.config.concurrency
-        average = max(self.average_task_seconds, 1e-6)
-        lookahead = int(concurrency * LOOKAHEAD_SECONDS / average)
-        target = concurrency + min(self.config.max_prefetch, max(concurrency, lookahead))
+        target = concurrency + self.lookahead_jobs()
         buffer = self.buffer
         # Jobs waiting at their key's gate (a limit by the shard key at its
         # cap) are not work for idle threads: left out, so the claim goes on
@@ -271,16 +273,28 @@ class Pipeline:
             wanted = min(wanted, self.tasks_left())
         return wanted, max(1, target // 4)
 
-    def fair_share(self) -> int:
-        """How many jobs of one fair key this worker buffers before its
-        claim passes over the key (docs/fairness.md): half the look-ahead
-        the demand aims at (at least 2), so another key's job always finds
-        room and a claim to bring it, and one key alone still keeps every
-        thread busy between claims."""
+    def lookahead_jobs(self) -> int:
+        """Jobs buffered beyond the running ones the demand aims at: enough
+        for LOOKAHEAD_SECONDS of the threads' work at the measured task time
+        (at least one a thread, at most the prefetch). With fair keys
+        buffered, at least FAIR_LOOKAHEAD a thread: the local queue can only
+        share out what it holds, and each key's share must outlast a claim
+        (docs/fairness.md)."""
         concurrency = self.config.concurrency
         average = max(self.average_task_seconds, 1e-6)
-        lookahead = min(self.config.max_prefetch, max(concurrency, int(concurrency * LOOKAHEAD_SECONDS / average)))
-        return max(2, lookahead // 2)
+        lookahead = max(concurrency, int(concurrency * LOOKAHEAD_SECONDS / average))
+        if self.buffer.has_fair:
+            lookahead = max(lookahead, FAIR_LOOKAHEAD * concurrency)
+        return min(self.config.max_prefetch, lookahead)
+
+    def fair_share(self) -> int:
+        """The buffered jobs the fair keys share here (docs/fairness.md):
+        the look-ahead, less the smallest batch worth a claim, so with every
+        key at its share there is still room to claim a new key's job at
+        once; each key's share of it goes by its weight
+        (Buffer.full_fair_keys)."""
+        lookahead = self.lookahead_jobs()
+        return max(1, lookahead - (self.config.concurrency + lookahead) // 4)
 
     def idle_threads(self) -> int:
         """Threads with nothing to run and nothing waiting for them: a
