@@ -463,11 +463,13 @@ class LocalQueue:
         if job is None:
             raise KeyError(f"job {job_id} is not processing in this local queue")
         if job.fair_by_time and job.fair_key is not None and ran_seconds is not None:
-            key = job.fair_key
-            estimate = self._fair_estimate.get(key)
+            fair_key = job.fair_key
+            estimate = self._fair_estimate.get(fair_key)
             if ran_seconds >= 0.0:
                 # A float store under the GIL: read as a snapshot by full_fair_keys.
-                self._fair_estimate[key] = ran_seconds if estimate is None else estimate + 0.2 * (ran_seconds - estimate)
+                self._fair_estimate[fair_key] = (
+                    ran_seconds if estimate is None else estimate + 0.2 * (ran_seconds - estimate)
+                )
                 if len(self._fair_estimate) > 65536:
                     self._fair_estimate.clear()
             # Lock 3 is released: lock 2 alone (never 1 after it).

@@ -164,7 +164,9 @@ class ShardTask(Task):
         if fair_key is not None:
             task = replace(task, fair_key_value=fair_key_text(key_to_str(fair_key, "using(fair_key=...)")))
         if fair_weight is not None:
-            task = replace(task, fair_weight=check_fair_weight(fair_weight, f"{self.module_path}: using(fair_weight=...)"))
+            task = replace(
+                task, fair_weight=check_fair_weight(fair_weight, f"{self.module_path}: using(fair_weight=...)")
+            )
         return task
 
 

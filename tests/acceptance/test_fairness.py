@@ -9,7 +9,6 @@ The bounds here are looser than the issue's figures where a loaded 2-core
 machine needs it; each test prints what it measured.
 """
 
-import os
 import time
 from pathlib import Path
 
@@ -176,7 +175,9 @@ def test_fair_by_time_shares_worker_time_between_a_slow_and_a_fast_tenant(worker
     end = min(max(at for event, _, at, _, part in rows if event == "start" and part == p) for p in "AB")
     since, until = first + 1.0, end
     a, b = worker_time(rows, "A", since, until), worker_time(rows, "B", since, until)
-    print(f"[fairness] fair by time: A {a:.2f}s, B {b:.2f}s of worker time in {until - since:.1f}s: A {a / (a + b):.0%}")
+    print(
+        f"[fairness] fair by time: A {a:.2f}s, B {b:.2f}s of worker time in {until - since:.1f}s: A {a / (a + b):.0%}"
+    )
     assert until - since >= 2.0, "too short a run with both backlogged"
     assert 0.45 <= a / (a + b) <= 0.55
 

@@ -72,9 +72,11 @@ def test_a_queue_default_fair_key_applies_to_the_tasks_that_have_that_argument()
         from shardq.fairness import queue_fair_keys
 
         assert queue_fair_keys() == {"reports": "tenant_id"}
-    with override_settings(SHARDQ={"QUEUES": {"reports": {"fair_key": 3}}}):
-        with pytest.raises(ImproperlyConfigured, match="fair_key"):
-            queue_fair_keys()
+    with (
+        override_settings(SHARDQ={"QUEUES": {"reports": {"fair_key": 3}}}),
+        pytest.raises(ImproperlyConfigured, match="fair_key"),
+    ):
+        queue_fair_keys()
 
 
 def _report(tenant_id, n=0):
@@ -107,9 +109,11 @@ def test_weights_come_from_settings_as_a_mapping_or_a_callable():
     with override_settings(SHARDQ={"FAIRNESS": {"WEIGHTS": lambda key: 2 if key == "big" else 1}}):
         weights = FairWeights(configured_weights())
         assert (weights("big"), weights("small")) == (2.0, 1.0)
-    with override_settings(SHARDQ={"FAIRNESS": {"WEIGHTS": {"acme": -1}}}):
-        with pytest.raises(ImproperlyConfigured, match="a weight is a positive number"):
-            configured_weights()
+    with (
+        override_settings(SHARDQ={"FAIRNESS": {"WEIGHTS": {"acme": -1}}}),
+        pytest.raises(ImproperlyConfigured, match="a weight is a positive number"),
+    ):
+        configured_weights()
 
 
 def backlog_on_shard_0(tenant: str, n: int) -> list[int]:
@@ -203,4 +207,3 @@ def test_the_fair_walk_probes_shardq_job_fair_idx_and_sorts_no_backlog():
     assert not any(n["Node Type"] == "Seq Scan" for n in scans), scans
     sorts = [n for n in nodes(plan) if n["Node Type"] in {"Sort", "Incremental Sort"}]
     assert not [s for s in sorts if any(n.get("Relation Name") == "shardq_job" for n in nodes(s))]
-
