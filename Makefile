@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium lint workflows limits-full
+.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium lint workflows limits-full fairness
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -80,6 +80,13 @@ workflows: $(STAMP)
 # (make test runs it over 6 s); -s shows each test's [limits] figures line.
 limits-full: $(STAMP)
 	SHARDQ_LIMITS_FULL=1 $(PY) -m pytest -q -s tests/acceptance/test_limits.py
+
+# Fair share inside a queue at the issue's sizes (issue 25, docs/fairness.md):
+# the acceptance scenarios in full, then bench/fairness.py (the cost drain and
+# the noisy neighbour with fairness on and off).
+fairness: $(STAMP)
+	SHARDQ_FAIRNESS_FULL=1 $(PY) -m pytest -q -s tests/acceptance/test_fairness.py
+	$(PY) bench/fairness.py --database shardq_fairness_bench
 
 # bench/run.py --help for its flags (--only, --rounds, --no-docs, ...); then a
 # 20k burst into an idle worker (bench/burst.py) and the worker's boot by stage

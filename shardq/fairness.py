@@ -174,3 +174,53 @@ class FairBy:
             self._by_time.clear()
         self._by_time[path] = by_time
         return by_time
+
+
+#: Fair keys shown by name per queue (shardq_status, the metrics); the rest are "other".
+TOP_KEYS = 5
+OTHER = "other"
+
+
+def fair_key_report(using: str = "default", top: int = TOP_KEYS) -> list[dict[str, Any]]:
+    """Per queue, its top fair keys (by jobs waiting, then starts over the
+    last minute) and the rest as "other": jobs waiting, oldest due wait
+    (seconds), share of starts and of worker time over the last minute. For
+    ``shardq_status`` (docs/fairness.md, "Operator's view")."""
+    from .db import operations
+
+    by_queue: dict[str, list[tuple]] = {}
+    for row in operations.run("status_fair_keys", using=using):
+        by_queue.setdefault(row[0], []).append(row[1:])
+    report = []
+    for queue, rows in sorted(by_queue.items()):
+        rows.sort(key=lambda r: (-r[1], -r[3], r[0]))
+        shown, rest = rows[:top], rows[top:]
+        if rest:
+            oldest = [r[2] for r in rest if r[2] is not None]
+            shown.append(
+                (
+                    OTHER,
+                    sum(r[1] for r in rest),
+                    max(oldest) if oldest else None,
+                    sum(r[3] for r in rest),
+                    sum(r[4] for r in rest),
+                )
+            )
+        starts = sum(r[3] for r in rows) or 1
+        seconds = sum(r[4] for r in rows) or 1.0
+        report.append(
+            {
+                "queue": queue,
+                "keys": [
+                    {
+                        "key": key,
+                        "backlog": backlog,
+                        "oldest_seconds": None if oldest is None else round(oldest, 1),
+                        "starts_share": round(n / starts, 3),
+                        "time_share": round(s / seconds, 3),
+                    }
+                    for key, backlog, oldest, n, s in shown
+                ],
+            }
+        )
+    return report

@@ -207,3 +207,36 @@ def test_the_fair_walk_probes_shardq_job_fair_idx_and_sorts_no_backlog():
     assert not any(n["Node Type"] == "Seq Scan" for n in scans), scans
     sorts = [n for n in nodes(plan) if n["Node Type"] in {"Sort", "Incremental Sort"}]
     assert not [s for s in sorts if any(n.get("Relation Name") == "shardq_job" for n in nodes(s))]
+
+
+def test_shardq_status_shows_each_queues_top_fair_keys_and_the_rest_as_other():
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    for i, tenant in enumerate(["big", "mid", "k1", "k2", "k3", "k4", "k5"]):
+        shardq.enqueue_many(t.tenant_job, [((tenant,), {}) for _ in range(20 - i)])
+    # One of "big"'s ran 2 s in the last minute; one of "mid"'s started just now.
+    sql(
+        "UPDATE shardq_job SET status = 'SUCCESSFUL', last_attempted_at = clock_timestamp() - interval '3 s',"
+        " finished_at = clock_timestamp() - interval '1 s' WHERE id = (SELECT min(id) FROM shardq_job WHERE fair_key = 'big')"
+    )
+    sql(
+        "UPDATE shardq_job SET status = 'RUNNING', last_attempted_at = clock_timestamp()"
+        " WHERE id = (SELECT min(id) FROM shardq_job WHERE fair_key = 'mid')"
+    )
+    out = io.StringIO()
+    call_command("shardq_status", "--json", stdout=out)
+
+    [queue] = json.loads(out.getvalue())["fair_keys"]
+    keys = {k["key"]: k for k in queue["keys"]}
+    assert queue["queue"] == "default"
+    assert list(keys) == ["big", "mid", "k1", "k2", "k3", "other"]
+    assert keys["big"]["backlog"] == 19 and keys["other"]["backlog"] == 15 + 14
+    assert keys["big"]["starts_share"] == 0.5 and keys["mid"]["starts_share"] == 0.5
+    assert keys["big"]["time_share"] > 0.9
+    assert keys["k1"]["oldest_seconds"] >= 0
+    text = io.StringIO()
+    call_command("shardq_status", stdout=text)
+    assert "fair keys of queue default: big 19 waiting" in text.getvalue()

@@ -978,3 +978,22 @@ SELECT queue_name, status, count(*) AS jobs,
            AS oldest_due_seconds
 FROM shardq_job WHERE status IN ('READY', 'CLAIMED', 'RUNNING', 'WAITING')
 GROUP BY 1, 2;
+
+-- name: status_fair_keys
+-- shardq_status's fair keys (docs/fairness.md), per queue and fair key: jobs waiting (READY or
+-- CLAIMED), seconds the oldest due one has waited since its run_after (NULL: none due), starts
+-- over the last minute (last_attempted_at within it) and their worker seconds so far (to
+-- finished_at, or now for a job still running). Jobs without a fair key are left out.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t)
+SELECT j.queue_name, j.fair_key,
+       count(*) FILTER (WHERE j.status IN ('READY', 'CLAIMED')) AS backlog,
+       (extract(epoch FROM now.t)
+        - extract(epoch FROM min(j.run_after) FILTER (WHERE j.status IN ('READY', 'CLAIMED') AND j.run_after <= now.t))
+       )::float8 AS oldest_seconds,
+       count(*) FILTER (WHERE j.last_attempted_at > now.t - interval '1 minute') AS starts,
+       COALESCE(sum(extract(epoch FROM LEAST(COALESCE(j.finished_at, now.t), now.t) - j.last_attempted_at))
+                FILTER (WHERE j.last_attempted_at > now.t - interval '1 minute'), 0)::float8 AS seconds
+FROM shardq_job AS j, now
+WHERE j.fair_key IS NOT NULL
+  AND (j.status IN ('READY', 'CLAIMED') OR j.last_attempted_at > now.t - interval '1 minute')
+GROUP BY j.queue_name, j.fair_key, now.t;
