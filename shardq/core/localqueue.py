@@ -247,16 +247,19 @@ class LocalQueue:
         time estimate of such keys over its own, so its share holds as much
         work, not as many jobs, as another's: a key whose jobs run fast is
         not left dry between claims while a slow one fills the room."""
-        counts = self._fair_buffered
-        if not counts:
+        if not self._fair_buffered:
             return {}
-        weights = self._fair_weight_of
+        # Lock 1: the counts change under it (a pop, a push, a lost shard).
+        with self._index_lock:
+            counts = dict(self._fair_buffered)
+            weights = dict(self._fair_weight_of)
+            timed_keys = set(self._fair_timed)
         total = sum(weights.get(key, 1.0) for key in counts)
-        timed = {key: self._fair_estimate.get(key, 0.0) for key in counts if key in self._fair_timed}
+        timed = {key: self._fair_estimate.get(key, 0.0) for key in counts if key in timed_keys}
         known = [e for e in timed.values() if e > 0.0]
         mean = sum(known) / len(known) if known else 0.0
         full = {}
-        for key, n in list(counts.items()):
+        for key, n in counts.items():
             share = room * weights.get(key, 1.0) / total
             estimate = timed.get(key, 0.0)
             if estimate > 0.0:
@@ -277,7 +280,8 @@ class LocalQueue:
 
     def fair_backlog(self) -> dict[str, int]:
         """Buffered jobs per fair key (a snapshot, for the operator's view)."""
-        return dict(self._fair_buffered)
+        with self._index_lock:
+            return dict(self._fair_buffered)
 
     @property
     def free(self) -> int:

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 # Jobs pop_more takes per round of its lock.
 POP_ROUND = 32
+# Full fair keys a claim passes over, at most (Buffer.full_fair_keys).
+MAX_FULL_FAIR_KEYS = 256
 
 
 @dataclass(slots=True)
@@ -180,6 +182,11 @@ class Buffer:
         heavy weight) is refilled before it runs dry."""
         full = self.queue.full_fair_keys(room)
         self._fair_watch = {key: max(1, share // 2) for key, share in full.items()}
+        if len(full) > MAX_FULL_FAIR_KEYS:
+            # The claim tests each key it walks against the list: the keys
+            # with the most jobs here first (the others may come once more).
+            backlog = self.queue.fair_backlog_of
+            return sorted(full, key=backlog, reverse=True)[:MAX_FULL_FAIR_KEYS]
         return list(full)
 
     def _popped_fair(self, jobs: list[QueuedJob]) -> None:

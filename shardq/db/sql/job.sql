@@ -369,12 +369,12 @@ shard = held.shard AND status = 'READY' AND fair_key IS NOT NULL AND limit_keys 
 -- take and fair_after), docs/fairness.md. A FIFO slice of the shard would be one noisy key's
 -- backlog; instead the walk goes key by key: the fair keys with backlog on the shard after
 -- :fair_after (the last key this worker took there: the keys take turns across claims), one probe
--- of shardq_job_fair_idx each (the next key after the last, a loose index scan), at most
--- held.take plus the full keys' count of them; the keys of :full_fair_keys (as many of their jobs
--- wait in the worker's memory as it buffers a key) are passed over; and of each key left, its
--- head in claim order, held.take shared out over the keys (rounded up), FOR UPDATE SKIP LOCKED.
-WITH RECURSIVE walk(key, n) AS (
-    SELECT first.key, 1 FROM (
+-- of shardq_job_fair_idx each (the next key after the last, a loose index scan), until held.take
+-- keys not in :full_fair_keys (as many of their jobs wait in the worker's memory as it buffers a
+-- key) were found, passing over the full ones; and of each key left, its head in claim order,
+-- held.take shared out over the keys (rounded up), FOR UPDATE SKIP LOCKED.
+WITH RECURSIVE walk(key, n, open) AS (
+    SELECT first.key, 1, (NOT (first.key = ANY(%(full_fair_keys)s::text[])))::int FROM (
         -- min(): the planner's one-row probe of the index (an ORDER BY .. LIMIT 1
         -- may be planned as a sort of the shard's fair jobs).
         -- OFFSET 0: probed once (a flattened subquery probed it twice).
@@ -383,9 +383,14 @@ WITH RECURSIVE walk(key, n) AS (
     ) AS first
     WHERE first.key IS NOT NULL
     UNION ALL
-    SELECT (SELECT min(fair_key) FROM shardq_job WHERE {{fair_ready*}} AND fair_key > walk.key), walk.n + 1
+    SELECT next.key, walk.n + 1, walk.open + (NOT (next.key = ANY(%(full_fair_keys)s::text[])))::int
     FROM walk
-    WHERE walk.key IS NOT NULL AND walk.n < held.take + cardinality(%(full_fair_keys)s::text[])
+    CROSS JOIN LATERAL (
+        SELECT (SELECT min(fair_key) FROM shardq_job WHERE {{fair_ready*}} AND fair_key > walk.key) AS key
+    ) AS next
+    -- held.take keys that are not full, passing over at most every full one.
+    WHERE next.key IS NOT NULL AND walk.open < held.take
+      AND walk.n < held.take + cardinality(%(full_fair_keys)s::text[])
 ), keys AS (
     SELECT key, count(*) OVER () AS keys FROM walk
     WHERE key IS NOT NULL AND NOT (key = ANY(%(full_fair_keys)s::text[]))
