@@ -229,3 +229,43 @@ class FairQueueMachine(RuleBasedStateMachine):
 
 TestFairQueueMachine = FairQueueMachine.TestCase
 TestFairQueueMachine.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
+
+
+def test_the_claims_read_of_full_keys_is_safe_while_threads_pop_and_push():
+    # A claim reads the counts while executor threads pop (the fetcher died
+    # of "dictionary changed size during iteration" once, in the cost bench).
+    import sys
+    import threading
+
+    queue = LocalQueue(2, 100_000)
+    queue.push_many([job(f"base{i}") for i in range(5000)], NOW)
+    stop = threading.Event()
+    errors = []
+    fresh = itertools.count()
+
+    def churn():
+        try:
+            while not stop.is_set():
+                queue.push_many([job(f"new{next(fresh)}") for _ in range(5)], NOW)
+                for popped in queue.pop_many(NOW, 5):
+                    queue.done(popped.id)
+        except Exception as exc:  # pragma: no cover - what the test looks for
+            errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: the race shows within a few reads
+    threads = [threading.Thread(target=churn) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(200):
+            queue.full_fair_keys(10)
+            queue.fair_backlog()
+    except RuntimeError as exc:
+        errors.append(exc)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        sys.setswitchinterval(interval)
+    assert errors == []
