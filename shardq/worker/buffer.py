@@ -49,6 +49,7 @@ class Buffer:
         key_cap: "KeyCaps | None" = None,
         fair_weight: "FairWeights | None" = None,
         fair_by_time: "FairBy | None" = None,
+        fair_room: Callable[[], None] | None = None,
     ) -> None:
         self.queue = LocalQueue(lanes or lane_count(os.cpu_count() or 1), capacity)
         self.capacity = capacity
@@ -60,7 +61,7 @@ class Buffer:
         # The fair keys the last claim passed over (buffered to their share)
         # and the count under which one wakes the fetcher (watch_fair_keys).
         self._fair_watch: dict[str, int] = {}
-        self.fair_room: Callable[[], None] | None = None
+        self.fair_room = fair_room
         # task path -> its max_concurrency per shard key (None: not limited
         # here), for key_limited jobs (docs/limits.md, "Limits by the shard key").
         self.key_cap = key_cap

@@ -167,12 +167,16 @@ class Pipeline:
         self.metrics = metrics  # None: metrics off
         # Claimed jobs that will not run here go back to READY through it.
         self.handback = handback
+        # The fetcher sleeps on this between claims.
+        self.fetch_wake = threading.Event()
         task_of = partial(resolve, extra_modules=config.task_modules)
         self.buffer = Buffer(
             config.concurrency + config.max_prefetch + OUTRANKING_ROOM,
             key_cap=KeyCaps(task_of),
             fair_weight=FairWeights(),
             fair_by_time=FairBy(task_of),
+            # A fair key passed over by the claim ran low here: claim again.
+            fair_room=self.fetch_wake.set,
         )
         # Outcomes refused under an earlier claim, for a recall (fetcher.py).
         self.remembered = RememberedOutcomes()
@@ -187,10 +191,6 @@ class Pipeline:
         )
         self._sinks: list[Sink] = []
         self._written: list[Callable[[], None]] = []
-        # The fetcher sleeps on this between claims.
-        self.fetch_wake = threading.Event()
-        # A fair key passed over by the claim ran low here: claim again.
-        self.buffer.fair_room = self.fetch_wake.set
         # Set by the fetcher when it waits for room (slot_freed wakes it).
         self.waiting_for_slots = False
         # The lowest priority of the ordinary claim in flight (None: none):
