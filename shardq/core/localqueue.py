@@ -264,7 +264,9 @@ class LocalQueue:
             estimate = timed.get(key, 0.0)
             if estimate > 0.0:
                 share *= mean / estimate
-            share_jobs = max(1, int(share))
+            # At least 2: a key with one job here is never full (with as many
+            # keys as jobs, none is, and the claim takes a FIFO slice).
+            share_jobs = max(2, int(share))
             if n >= share_jobs:
                 full[key] = share_jobs
         return full
