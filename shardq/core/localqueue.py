@@ -140,6 +140,7 @@ class LocalQueue:
         "_delayed",
         "_fair_active",
         "_fair_buffered",
+        "_fair_crowded",
         "_fair_estimate",
         "_fair_lanes",
         "_fair_timed",
@@ -190,6 +191,7 @@ class LocalQueue:
         self._fair_lanes: dict[int, FairLane[QueuedJob]] = {}
         self._fair_active: dict[int, FairLane[QueuedJob]] = {}
         self._fair_buffered: dict[str, int] = {}
+        self._fair_crowded = 0  # fair keys with two jobs or more buffered
         # Of the buffered fair keys: the last weight seen, those fair by
         # time, and (any key seen) its run time estimate, for their shares.
         self._fair_weight_of: dict[str, float] = {}
@@ -270,6 +272,12 @@ class LocalQueue:
             if n >= share_jobs:
                 full[key] = share_jobs
         return full
+
+    @property
+    def fair_crowded(self) -> bool:
+        """Has some fair key two jobs or more buffered (a snapshot)? With
+        none, the claim takes a FIFO slice of the fair jobs."""
+        return self._fair_crowded > 0
 
     @property
     def has_fair(self) -> bool:
@@ -525,6 +533,7 @@ class LocalQueue:
             self._waiting.clear()
             self._held_back = 0
             self._fair_buffered.clear()
+            self._fair_crowded = 0
             self._fair_weight_of.clear()
             self._fair_timed.clear()
             with self._lanes_lock:
@@ -614,7 +623,9 @@ class LocalQueue:
         self._fair_active[index] = fair
 
     def _count_fair(self, key: str, delta: int, job: QueuedJob | None = None) -> None:
-        left = self._fair_buffered.get(key, 0) + delta
+        before = self._fair_buffered.get(key, 0)
+        left = before + delta
+        self._fair_crowded += (left >= 2) - (before >= 2)
         if job is not None:
             self._fair_weight_of[key] = job.fair_weight
             if job.fair_by_time:

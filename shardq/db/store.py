@@ -107,14 +107,17 @@ def claim_jobs_params(
     key_rooms: "KeyRoomsRef | None" = None,
     fair_after: list[str] | None = None,
     full_fair_keys: list[str] | None = None,
+    fair_walk: bool = True,
 ) -> dict[str, Any]:
     """``claim_jobs``' own parameters beside ``claim_scope``'s (see
     WorkerStore.claim_jobs): the batch, the look-ahead, how many to start,
     the priority floor, the local queue's gates (full keys, rooms), and
     fairness's (docs/fairness.md): each shard's last fair key taken (in the
     order of the shards; '' or missing: from the first) and the fair keys
-    buffered to their share."""
+    buffered to their share; ``fair_walk`` False when no fair key has two
+    jobs buffered (the claim then takes a FIFO slice of the fair jobs)."""
     return {
+        "fair_walk": fair_walk,
         "fair_after": fair_after or [],
         "full_fair_keys": full_fair_keys or [],
         "limit": limit,
@@ -716,6 +719,7 @@ class WorkerStore:
         now: datetime | None = None,
         fair_after: list[str] | None = None,
         full_fair_keys: list[str] | None = None,
+        fair_walk: bool = True,
     ) -> list[Any]:
         """Claim a batch of the highest priority level due (rows by name:
         dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
@@ -732,7 +736,7 @@ class WorkerStore:
         params = {
             **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, now),
             **claim_jobs_params(
-                limit, lookahead, start, min_priority, full_keys, key_rooms, fair_after, full_fair_keys
+                limit, lookahead, start, min_priority, full_keys, key_rooms, fair_after, full_fair_keys, fair_walk
             ),
         }
         # Binary results: timestamps and numbers decode without parsing text.

@@ -170,6 +170,11 @@ class Buffer:
         return [_task_and_key(gate) for gate in self.queue.full_keys()]
 
     @property
+    def fair_crowded(self) -> bool:
+        """Has a fair key two jobs or more here (the claim goes key by key)?"""
+        return self.queue.fair_crowded
+
+    @property
     def has_fair(self) -> bool:
         """Are jobs with a fair key buffered here?"""
         return self.queue.has_fair

@@ -135,10 +135,10 @@ def test_once_a_key_is_full_the_claim_takes_each_keys_head_not_a_slice_of_the_fi
     noisy = backlog_on_shard_0("noisy", 50)
     [quiet] = backlog_on_shard_0("quiet", 1)
 
-    # No key full in the worker's memory: a FIFO slice (every key has room).
-    assert [j.id for j in claim(worker, 4)] == noisy[:4]
-    # A key full there (any): key by key.
-    jobs = claim(worker, 4, full_fair_keys=["elsewhere"])
+    # No key with two jobs in the worker's memory: a FIFO slice.
+    assert [j.id for j in claim(worker, 4, fair_walk=False)] == noisy[:4]
+    # Else key by key.
+    jobs = claim(worker, 4)
 
     assert quiet in {j.id for j in jobs}
     assert [j.id for j in jobs if j.fair_key == "noisy"] == noisy[4 : 4 + len(jobs) - 1]
@@ -151,7 +151,7 @@ def test_the_claim_passes_over_full_fair_keys_and_walks_the_keys_after_the_last_
     backlog_on_shard_0("c", 20)
 
     assert {j.fair_key for j in claim(worker, 6, full_fair_keys=["a", "b"])} == {"c"}
-    assert {j.fair_key for j in claim(worker, 1, fair_after=["a"], full_fair_keys=["x"])} == {"b"}
+    assert {j.fair_key for j in claim(worker, 1, fair_after=["a"])} == {"b"}
 
 
 def test_jobs_without_a_fair_key_are_claimed_as_before_beside_fair_ones():

@@ -269,3 +269,13 @@ def test_the_claims_read_of_full_keys_is_safe_while_threads_pop_and_push():
             thread.join()
         sys.setswitchinterval(interval)
     assert errors == []
+
+
+def test_a_key_is_crowded_from_its_second_buffered_job():
+    queue = LocalQueue(1, 100)
+    queue.push_many([job("a"), job("b")], NOW)
+    assert not queue.fair_crowded
+    queue.push(job("a"), NOW)
+    assert queue.fair_crowded
+    queue.pop_many(NOW, 2)
+    assert not queue.fair_crowded

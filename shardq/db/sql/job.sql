@@ -439,21 +439,22 @@ CROSS JOIN LATERAL (
         FOR UPDATE SKIP LOCKED
     ) AS plain
     UNION ALL
-    -- No fair key full in the worker's memory: every key has room, and the
-    -- shard's fair jobs come as a FIFO slice of their range (as cheap as the
-    -- plain walk; a key that fills up is passed over from the next claim).
+    -- No fair key with two jobs or more in the worker's memory (:fair_walk
+    -- false): as many keys as jobs, and the shard's fair jobs come as a FIFO
+    -- slice of their range (as cheap as the plain walk; a key that gathers
+    -- two jobs there makes the next claim go key by key).
     SELECT * FROM (
         SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses, last_attempted_at,
                {{job_problem}} AS problem
         FROM shardq_job
         WHERE shard = held.shard AND priority >= held.floor AND {{claim_walk*}} AND {{fair_column}} IS TRUE
-          AND {{claim_key_free}} AND cardinality(%(full_fair_keys)s::text[]) = 0
+          AND {{claim_key_free}} AND NOT %(fair_walk)s
         ORDER BY priority DESC, run_after, id
         LIMIT held.take
         FOR UPDATE SKIP LOCKED
     ) AS fair_slice
     UNION ALL
-    SELECT * FROM ({{claim_fair*}}) AS fair WHERE cardinality(%(full_fair_keys)s::text[]) > 0
+    SELECT * FROM ({{claim_fair*}}) AS fair WHERE %(fair_walk)s
 ) AS j
 LIMIT %(limit)s
 
