@@ -29,8 +29,11 @@ SHARD_COUNT = 64
 CHANNEL = "shardq"
 
 # shardq/db/sql's job columns but the id (the sequence gives it here),
-# limit_keys (NULL: no limit) and key_limited (false): the columns' defaults.
-COLUMNS = tuple(name for name in JOB_COLUMNS if name not in ("id", "limit_keys", "key_limited"))
+# limit_keys (NULL: no limit), key_limited (false) and the fair key and
+# weight (NULL: none): the columns' defaults.
+COLUMNS = tuple(
+    name for name in JOB_COLUMNS if name not in ("id", "limit_keys", "key_limited", "fair_key", "fair_weight")
+)
 
 
 def noop():
@@ -57,6 +60,8 @@ def insert_params(key_hash: int | None = None) -> dict:
         "shard_count": SHARD_COUNT,  # only when the cluster row is missing (the statement computes the shard)
         "limit_keys": None,
         "key_limited": False,
+        "fair_key": None,
+        "fair_weight": None,
         "key_hash": key_hash,
         "shard_key": None,
         "args": "[]",

@@ -3,6 +3,8 @@ these models are the one schema source and what the admin reads."""
 
 from django.db import models
 from django.db.models import ExpressionWrapper, F, Q
+from django.db.models.functions import Length
+from django.db.models.lookups import LessThanOrEqual
 from django.tasks import TaskResultStatus
 
 # Django's four statuses plus CLAIMED: taken into a worker's memory but not
@@ -150,6 +152,14 @@ class Job(models.Model):
             # WAITING jobs are counted (gauges, shardq_status) through this
             # one; they are in no index the claim walks.
             models.Index(fields=["shard"], condition=Q(status="WAITING"), name="shardq_job_waiting_idx"),
+        ]
+        # A fair key fits shardq_job_fair_idx (a btree entry holds at most
+        # 2,704 bytes): enqueue stores a key over 200 characters as its
+        # SHA-256, so only a row written by hand could hold a longer one.
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(LessThanOrEqual(Length("fair_key"), 600)), name="shardq_job_fair_key_length"
+            )
         ]
         # The admin's dead-letter actions, each behind its own permission.
         permissions = [
