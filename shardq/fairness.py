@@ -12,7 +12,7 @@ measured worker time. The shares themselves are kept by the claim
 """
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -185,16 +185,24 @@ def fair_key_report(using: str = "default", top: int = TOP_KEYS) -> list[dict[st
     """Per queue, its top fair keys (by jobs waiting, then starts over the
     last minute) and the rest as "other": jobs waiting, oldest due wait
     (seconds), share of starts and of worker time over the last minute. For
-    ``shardq_status`` (docs/fairness.md, "Operator's view")."""
+    ``shardq_status`` and the admin's dashboard (docs/fairness.md,
+    "Operator's view"); the metrics summarize the same rows
+    (``summarize_fair_keys``)."""
     from .db import operations
 
+    return summarize_fair_keys(operations.run("status_fair_keys", using=using), top)
+
+
+def summarize_fair_keys(rows: Iterable[Sequence[Any]], top: int = TOP_KEYS) -> list[dict[str, Any]]:
+    """``status_fair_keys`` rows (queue, key, backlog, oldest seconds,
+    starts, seconds) -> ``fair_key_report``'s shape."""
     by_queue: dict[str, list[tuple]] = {}
-    for row in operations.run("status_fair_keys", using=using):
-        by_queue.setdefault(row[0], []).append(row[1:])
+    for row in rows:
+        by_queue.setdefault(row[0], []).append(tuple(row[1:]))
     report = []
-    for queue, rows in sorted(by_queue.items()):
-        rows.sort(key=lambda r: (-r[1], -r[3], r[0]))
-        shown, rest = rows[:top], rows[top:]
+    for queue, keyed in sorted(by_queue.items()):
+        keyed.sort(key=lambda r: (-r[1], -r[3], r[0]))
+        shown, rest = keyed[:top], keyed[top:]
         if rest:
             oldest = [r[2] for r in rest if r[2] is not None]
             shown.append(
@@ -206,8 +214,8 @@ def fair_key_report(using: str = "default", top: int = TOP_KEYS) -> list[dict[st
                     sum(r[4] for r in rest),
                 )
             )
-        starts = sum(r[3] for r in rows) or 1
-        seconds = sum(r[4] for r in rows) or 1.0
+        starts = sum(r[3] for r in keyed) or 1
+        seconds = sum(r[4] for r in keyed) or 1.0
         report.append(
             {
                 "queue": queue,

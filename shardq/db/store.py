@@ -698,6 +698,11 @@ class WorkerStore:
         unowned = self.run("metrics_unowned_shards", {"ttl": ttl, "shard_count": shard_count}, fetch="one")
         return rows, int(unowned[0]) if unowned else 0
 
+    def fair_keys(self) -> list[TupleRow]:
+        """``status_fair_keys`` rows: per queue and fair key, its backlog and
+        last minute (docs/fairness.md; ``shardq.fairness.summarize_fair_keys``)."""
+        return self.run("status_fair_keys", {})
+
     # -- jobs -----------------------------------------------------------------
 
     def claim_jobs(

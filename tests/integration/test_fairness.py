@@ -3,6 +3,8 @@ the claim that takes a shard's fair jobs key by key (docs/fairness.md). The
 local queue's order is tests/unit/test_fair_queue.py's; the shares across
 real workers tests/acceptance/test_fairness.py's."""
 
+import re
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
@@ -13,7 +15,7 @@ import shardq
 from shardq import shard_task
 from shardq.db.queries import QUERIES
 from shardq.db.store import WorkerStore, claim_jobs_params, claim_scope
-from shardq.fairness import FairWeights, configured_weights
+from shardq.fairness import FairWeights, configured_weights, summarize_fair_keys
 from shardq.tasks import validate_shard_options
 from shardq.worker.jobs import ClaimedJob
 from tests.helpers import leased_shard_factory, sql
@@ -212,12 +214,7 @@ def test_the_fair_walk_probes_shardq_job_fair_idx_and_sorts_no_backlog():
     assert not [s for s in sorts if any(n.get("Relation Name") == "shardq_job" for n in nodes(s))]
 
 
-def test_shardq_status_shows_each_queues_top_fair_keys_and_the_rest_as_other():
-    import io
-    import json
-
-    from django.core.management import call_command
-
+def seven_tenants_one_of_whose_jobs_ran_2_s_and_one_just_started():
     for i, tenant in enumerate(["big", "mid", "k1", "k2", "k3", "k4", "k5"]):
         shardq.enqueue_many(t.tenant_job, [((tenant,), {}) for _ in range(20 - i)])
     # One of "big"'s ran 2 s in the last minute; one of "mid"'s started just now.
@@ -229,6 +226,15 @@ def test_shardq_status_shows_each_queues_top_fair_keys_and_the_rest_as_other():
         "UPDATE shardq_job SET status = 'RUNNING', last_attempted_at = clock_timestamp()"
         " WHERE id = (SELECT min(id) FROM shardq_job WHERE fair_key = 'mid')"
     )
+
+
+def test_shardq_status_shows_each_queues_top_fair_keys_and_the_rest_as_other():
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    seven_tenants_one_of_whose_jobs_ran_2_s_and_one_just_started()
     out = io.StringIO()
     call_command("shardq_status", "--json", stdout=out)
 
@@ -243,3 +249,90 @@ def test_shardq_status_shows_each_queues_top_fair_keys_and_the_rest_as_other():
     text = io.StringIO()
     call_command("shardq_status", stdout=text)
     assert "fair keys of queue default: big 19 waiting" in text.getvalue()
+
+
+def test_the_admin_dashboard_shows_each_queues_top_fair_keys_and_the_rest_as_other(admin_client):
+    from django.urls import reverse
+
+    seven_tenants_one_of_whose_jobs_ran_2_s_and_one_just_started()
+
+    page = admin_client.get(reverse("admin:shardq_dashboard_changelist")).content.decode()
+
+    rows = re.findall(r'<tr data-queue="default" data-key="([^"]+)">(.*?)</tr>', page, re.S)
+    assert [key for key, _ in rows] == ["big", "mid", "k1", "k2", "k3", "other"]
+    cells = dict(rows)
+    assert re.search(r'data-col="backlog">19<', cells["big"]) and re.search(r'data-col="backlog">29<', cells["other"])
+    assert 'data-col="starts" data-share="0.5">50 %' in cells["big"]
+    assert 'data-col="starts" data-share="0.5">50 %' in cells["mid"]
+    assert 'data-col="starts" data-share="0.0">0 %' in cells["k1"]
+
+
+def test_the_dashboard_says_so_when_no_job_has_a_fair_key(admin_client):
+    from django.urls import reverse
+
+    tasks.noop.enqueue()
+
+    page = admin_client.get(reverse("admin:shardq_dashboard_changelist")).content.decode()
+
+    assert 'id="no-fair-keys"' in page and 'id="fair-keys"' not in page
+
+
+def fair_gauges(registry):
+    from shardq.worker import metrics
+    from shardq.worker.gauges import Gauges
+
+    m = metrics.Metrics(registry, multiprocess=False)
+    store = WorkerStore(application_name="fair-gauges")
+    return m, Gauges(store, m, sample=lambda: (0, 0, 0), cluster_seconds=1, lease_ttl_seconds=10, shard_count=64)
+
+
+def test_the_metrics_holder_exports_each_queues_top_fair_keys_and_the_rest_as_other():
+    from prometheus_client import CollectorRegistry
+
+    seven_tenants_one_of_whose_jobs_ran_2_s_and_one_just_started()
+    registry = CollectorRegistry()
+    _, gauges = fair_gauges(registry)
+    try:
+        gauges.sample_cluster()
+
+        def value(name, key):
+            return registry.get_sample_value(name, {"queue": "default", "fair_key": key})
+
+        keys = {
+            s.labels["fair_key"]
+            for family in registry.collect()
+            if family.name == "shardq_fair_key_backlog"
+            for s in family.samples
+        }
+        assert keys == {"big", "mid", "k1", "k2", "k3", "other"}
+        assert value("shardq_fair_key_backlog", "big") == 19
+        assert value("shardq_fair_key_backlog", "other") == 15 + 14
+        assert value("shardq_fair_key_starts_share", "mid") == 0.5
+        assert value("shardq_fair_key_time_share", "big") > 0.9
+        assert value("shardq_fair_key_oldest_wait_seconds", "k1") >= 0
+
+        sql("DELETE FROM shardq_job WHERE fair_key = 'big'")  # big's backlog gone: out of the top, at 0
+        gauges.sample_cluster()
+        assert value("shardq_fair_key_backlog", "big") == 0
+        assert value("shardq_fair_key_backlog", "k4") == 15
+    finally:
+        gauges.store.close()
+
+
+def test_the_fair_key_label_names_a_bounded_number_of_keys_as_the_top_keys_change():
+    from prometheus_client import CollectorRegistry
+
+    from shardq.worker.metrics import MAX_FAIR_KEY_LABELS
+
+    m, gauges = fair_gauges(CollectorRegistry())
+    gauges.store.close()
+    # Each round a new key tops the queue (3,000 jobs waiting), the others as before.
+    for n in range(MAX_FAIR_KEY_LABELS + 50):
+        m.fair_sample(
+            summarize_fair_keys([("default", f"tenant-{n}", 3000, 1.0, 1, 1.0), ("default", "steady", 5, 1.0, 1, 1.0)])
+        )
+
+    names = {labels[1] for labels in m._fair_labels}
+    assert len(names) == MAX_FAIR_KEY_LABELS + 1  # the names, then "other"
+    assert "other" in names and f"tenant-{MAX_FAIR_KEY_LABELS + 49}" not in names
+    assert m.fair_backlog.labels("default", "other")._value.get() == 3000
