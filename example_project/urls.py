@@ -8,4 +8,7 @@ urlpatterns = [
     path("orders/", views.create_order),
     path("add/", views.enqueue_add),
     path("jobs/<str:job_id>/", views.job_status),
+    path("tenants/", views.tenants, name="tenants"),
+    path("tenants/noisy/", views.noisy_tenant, name="noisy-tenant"),
+    path("tenants/quiet/", views.quiet_tenant, name="quiet-tenant"),
 ]
