@@ -14,6 +14,17 @@
   while B ran, fairness on (A's and B's rows carry their fair keys) and
   off (no fair key: FIFO). Targets: B's p99 <= 100 ms, A >= 0.9x off.
 
+* **many**: scenario 3, many tenants. ``--tenants`` (1,000) backlogged
+  tenants of ``--per-tenant`` (20) no-op jobs each, written READY tenant
+  after tenant, drained by one worker (``--concurrency 4``, metrics on),
+  fairness on (each job's fair key its tenant) and off (none: FIFO, tenant
+  after tenant). Reported: each tenant's share of the first half of the
+  starts (while every tenant still has a backlog: equal is
+  ``--per-tenant`` / 2 each), its spread against equal (target: every
+  tenant within +-20 %), and the claim's statements (``claim_jobs`` round
+  trips, from the worker's ``shardq_claim_duration_seconds``) and time per
+  job, with the drain rate, on against off.
+
 Prints one JSON document and a line per case. ``make fairness`` runs it
 and the acceptance tests at full size (SHARDQ_FAIRNESS_FULL=1).
 """
@@ -151,7 +162,102 @@ def noisy(bench, jobs: int, seconds: float) -> dict:
     return {"on": on, "off": off, "a_ratio": on["a_rate"] / off["a_rate"]}
 
 
-CASES = ("cost", "noisy")
+def scrape(port: int) -> dict[str, float]:
+    """The worker's claim histogram: round trips and their seconds."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    found = {}
+    for line in text.splitlines():
+        for name in ("shardq_claim_duration_seconds_count", "shardq_claim_duration_seconds_sum"):
+            if line.startswith(name + " "):
+                found[name.rsplit("_", 1)[1]] = float(line.split()[1])
+    return found
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def many_run(bench, tenants: int, per: int, fair: bool) -> dict:
+    bench.reset()
+    n = tenants * per
+    bench.sql(
+        """
+        INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard,
+            key_hash, ordered, status, status_rank, fence, attempts, max_attempts,
+            args, kwargs, errors, worker_ids, enqueued_at, fair_key)
+        SELECT %(task)s::text, 'default', 'default', 0, t, h & 63, h, false, 'READY', 0, 0, 0, 1,
+               '[]'::jsonb, '{}'::jsonb, '[]'::jsonb, '[]'::jsonb, t,
+               CASE WHEN %(fair)s THEN 't' || ((g - 1) / %(per)s) END
+        FROM (SELECT (random() * 4294967295 - 2147483648)::bigint::int AS h, g, clock_timestamp() AS t
+              FROM generate_series(1, %(n)s) AS g) AS g
+        ORDER BY g
+        """,
+        {"task": NOOP, "n": n, "per": per, "fair": fair},
+    )
+    bench.sql("ANALYZE shardq_job")
+    port = free_port()
+    proc = bench.start_worker(
+        1, name=f"fairness-many-{'on' if fair else 'off'}", concurrency=4, flags=("--metrics-port", str(port))
+    )
+    try:
+        bench.wait_empty(timeout=max(300.0, n / 20), proc=proc)
+        claims = scrape(port)
+    finally:
+        bench.stop_worker(proc)
+    # The tenant of a job: its place in the insert (ids follow it), per jobs a tenant.
+    [(done, first, last)] = bench.sql(
+        "SELECT count(*), extract(epoch FROM min(last_attempted_at))::float8,"
+        " extract(epoch FROM max(finished_at))::float8 FROM shardq_job WHERE status = 'SUCCESSFUL'"
+    )
+    half = bench.sql(
+        """
+        WITH jobs AS (SELECT (id - min(id) OVER ()) / %(per)s AS tenant, last_attempted_at FROM shardq_job),
+             early AS (SELECT tenant FROM jobs ORDER BY last_attempted_at, tenant LIMIT %(half)s)
+        SELECT count(*) FROM generate_series(0, %(tenants)s - 1) AS t(tenant)
+        LEFT JOIN early USING (tenant) GROUP BY t.tenant
+        """,
+        {"per": per, "half": n // 2, "tenants": tenants},
+    )
+    equal = per / 2
+    shares = sorted(row[0] / equal for row in half)
+    within = sum(1 for x in shares if 0.8 <= x <= 1.2)
+    return {
+        "jobs": done,
+        "rate": done / (last - first),
+        "share_min": shares[0],
+        "share_p1": shares[len(shares) // 100],
+        "share_p99": shares[min(len(shares) - 1, 99 * len(shares) // 100)],
+        "share_max": shares[-1],
+        "tenants_within_20pct": within,
+        "tenants": tenants,
+        "claims": claims.get("count", 0.0),
+        "claims_per_job": claims.get("count", 0.0) / done,
+        "claim_ms_per_job": 1000 * claims.get("sum", 0.0) / done,
+    }
+
+
+def many(bench, tenants: int, per: int, rounds: int) -> dict:
+    runs: dict[str, list[dict]] = {"on": [], "off": []}
+    for i in range(rounds):
+        for side in ("off", "on") if i % 2 == 0 else ("on", "off"):
+            runs[side].append(many_run(bench, tenants, per, side == "on"))
+            bench.step(f"fairness: many {side}")
+    return {
+        "runs": runs,
+        "rate_ratio": statistics.median(
+            on["rate"] / off["rate"] for on, off in zip(runs["on"], runs["off"], strict=True)
+        ),
+    }
+
+
+CASES = ("cost", "noisy", "many")
 
 
 def main() -> None:
@@ -160,6 +266,8 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=20000)
     p.add_argument("--noisy", type=int, default=50000, help="tenant A's backlog for the noisy case")
     p.add_argument("--seconds", type=float, default=30.0, help="how long B enqueues in the noisy case")
+    p.add_argument("--tenants", type=int, default=1000, help="backlogged tenants in the many case")
+    p.add_argument("--per-tenant", type=int, default=20, help="jobs a tenant in the many case")
     p.add_argument("--database", default="shardq_bench")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     args = p.parse_args()
@@ -185,6 +293,8 @@ def main() -> None:
             raw["cost"] = cost(bench, args.rounds, args.jobs)
         if "noisy" in cases:
             raw["noisy"] = noisy(bench, args.noisy, args.seconds)
+        if "many" in cases:
+            raw["many"] = many(bench, args.tenants, args.per_tenant, args.rounds)
     finally:
         bench.reset()
         bench.conn.close()
@@ -205,6 +315,17 @@ def main() -> None:
                 f"max {s['b_max_ms']:.0f} ms; A {s['a_rate']:.0f} jobs/s"
             )
         print(f"noisy neighbour: A's throughput with fairness {r['a_ratio']:.2f}x without")
+    if "many" in raw:
+        for side in ("on", "off"):
+            for s in raw["many"]["runs"][side]:
+                print(
+                    f"many tenants, fairness {side}: {s['tenants_within_20pct']}/{s['tenants']} tenants within "
+                    f"+-20 % of equal in the first half of the starts (share min {s['share_min']:.2f}, "
+                    f"p1 {s['share_p1']:.2f}, p99 {s['share_p99']:.2f}, max {s['share_max']:.2f} of equal); "
+                    f"{s['rate']:.0f} jobs/s; {s['claims_per_job']:.3f} claims a job, "
+                    f"{s['claim_ms_per_job']:.3f} ms of claim a job"
+                )
+        print(f"many tenants: drain rate with fairness {raw['many']['rate_ratio']:.2f}x without")
 
 
 if __name__ == "__main__":
