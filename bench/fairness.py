@@ -220,7 +220,7 @@ def many_run(bench, tenants: int, per: int, fair: bool) -> dict:
         """
         WITH jobs AS (SELECT (id - min(id) OVER ()) / %(per)s AS tenant, last_attempted_at FROM shardq_job),
              early AS (SELECT tenant FROM jobs ORDER BY last_attempted_at, tenant LIMIT %(half)s)
-        SELECT count(*) FROM generate_series(0, %(tenants)s - 1) AS t(tenant)
+        SELECT count(early.tenant) FROM generate_series(0, %(tenants)s - 1) AS t(tenant)
         LEFT JOIN early USING (tenant) GROUP BY t.tenant
         """,
         {"per": per, "half": n // 2, "tenants": tenants},
