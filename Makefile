@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium pgbouncer lint workflows limits-full durable acceptance-full
+.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium pgbouncer lint workflows limits-full durable acceptance-full fairness
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -109,6 +109,12 @@ limits-full: $(STAMP)
 acceptance-full: $(STAMP)
 	SHARDQ_FULL_ACCEPTANCE=1 $(PY) -m pytest -q tests/integration/test_priority_order.py \
 		tests/acceptance/test_worker.py::test_two_workers_run_ledger_jobs_once_each_and_split_shards_32_32
+# Fair share inside a queue at the issue's sizes (issue 25, docs/fairness.md):
+# the acceptance scenarios in full, then bench/fairness.py (the cost drain and
+# the noisy neighbour with fairness on and off).
+fairness: $(STAMP)
+	SHARDQ_FAIRNESS_FULL=1 $(PY) -m pytest -q -s tests/acceptance/test_fairness.py
+	$(PY) bench/fairness.py --database shardq_fairness_bench
 
 # bench/run.py --help for its flags (--only, --rounds, --no-docs, ...); then a
 # 20k burst into an idle worker (bench/burst.py) and the worker's boot by stage

@@ -29,9 +29,13 @@ SHARD_COUNT = 64
 CHANNEL = "shardq"
 
 # shardq/db/sql's job columns but the id (the sequence gives it here),
-# limit_keys (NULL: no limit), key_limited (false) and traceparent (NULL:
-# untraced): the columns' defaults.
-COLUMNS = tuple(name for name in JOB_COLUMNS if name not in ("id", "limit_keys", "key_limited", "traceparent"))
+# limit_keys (NULL: no limit), key_limited (false), traceparent (NULL:
+# untraced) and the fair key and weight (NULL: none): the columns' defaults.
+COLUMNS = tuple(
+    name
+    for name in JOB_COLUMNS
+    if name not in ("id", "limit_keys", "key_limited", "traceparent", "fair_key", "fair_weight")
+)
 
 
 def noop():
@@ -59,6 +63,8 @@ def insert_params(key_hash: int | None = None) -> dict:
         "limit_keys": None,
         "key_limited": False,
         "traceparent": None,
+        "fair_key": None,
+        "fair_weight": None,
         "key_hash": key_hash,
         "shard_key": None,
         "args": "[]",

@@ -66,11 +66,12 @@ def queue_limits() -> dict[str, LimitSpec]:
                 f'{where} must be a dict like {{"max_concurrency": 20, "rate_limit": "50/s"}} (or {{}}), '
                 f"not {options!r}."
             )
-        unknown = set(options) - {"max_concurrency", "rate_limit"}
+        # fair_key is read by shardq/fairness.py (docs/fairness.md).
+        unknown = set(options) - {"max_concurrency", "rate_limit", "fair_key"}
         if unknown:
             raise ImproperlyConfigured(
                 f"{where} has unknown option(s) {', '.join(sorted(map(repr, unknown)))}: "
-                "a queue takes max_concurrency and rate_limit."
+                "a queue takes max_concurrency, rate_limit and fair_key."
             )
         try:
             cap = options.get("max_concurrency")

@@ -3,6 +3,8 @@ these models are the one schema source and what the admin reads."""
 
 from django.db import models
 from django.db.models import ExpressionWrapper, F, Q
+from django.db.models.functions import Length
+from django.db.models.lookups import LessThanOrEqual
 from django.tasks import TaskResultStatus
 
 # Django's four statuses plus CLAIMED: taken into a worker's memory but not
@@ -82,6 +84,12 @@ class Job(models.Model):
     # progress): it is handed back, not failed, until
     # SHARDQ["UNKNOWN_TASK_TIMEOUT"] has passed (shardq/worker/handback.py).
     unknown_task_since = models.DateTimeField(null=True, blank=True)
+    # Fair share inside a queue (docs/fairness.md): the key whose share the
+    # job counts against (its text, or #sha256:<hex> of a long one) and the
+    # job's own weight (NULL: SHARDQ["FAIRNESS"]["WEIGHTS"], else 1). NULL
+    # for a job without one, which is claimed and run exactly as before.
+    fair_key = models.TextField(null=True, blank=True)
+    fair_weight = models.IntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "shardq_job"
@@ -96,14 +104,35 @@ class Job(models.Model):
             # limited jobs beside one of every READY job, as before, made each
             # claim_jobs probe filter out every limited row of the shard: 11 ms
             # a claim at 20,000 of them, linear in the backlog.)
+            # The third column sets apart the unlimited jobs with a fair key
+            # (docs/fairness.md): claim_jobs' ordinary walk takes the range
+            # where it is false (every job without a fair key: the same walk
+            # as before), claim_tops' probe of the fair ones the range where
+            # it is true, and a limited job has it false always.
             models.Index(
                 F("shard"),
                 ExpressionWrapper(Q(limit_keys__isnull=True), output_field=models.BooleanField()),
+                ExpressionWrapper(
+                    Q(fair_key__isnull=False, limit_keys__isnull=True), output_field=models.BooleanField()
+                ),
                 F("priority").desc(),
                 F("run_after"),
                 F("id"),
                 condition=Q(status="READY"),
                 name="shardq_job_ready_idx",
+            ),
+            # The claim's walk over the fair keys with backlog on a shard (one
+            # probe per key: the next key after the last one), then each
+            # key's head in claim order (docs/fairness.md). Only unlimited
+            # READY jobs with a fair key are in it.
+            models.Index(
+                F("shard"),
+                F("fair_key"),
+                F("priority").desc(),
+                F("run_after"),
+                F("id"),
+                condition=Q(status="READY", fair_key__isnull=False, limit_keys__isnull=True),
+                name="shardq_job_fair_idx",
             ),
             # An idle fetcher finds when the next deferred job falls due.
             models.Index(fields=["run_after"], condition=Q(status="READY"), name="shardq_job_due_idx"),
@@ -143,6 +172,14 @@ class Job(models.Model):
             models.Index(
                 fields=["shard", "run_after"], condition=Q(status="SUSPENDED"), name="shardq_job_suspended_idx"
             ),
+        ]
+        # A fair key fits shardq_job_fair_idx (a btree entry holds at most
+        # 2,704 bytes): enqueue stores a key over 200 characters as its
+        # SHA-256, so only a row written by hand could hold a longer one.
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(LessThanOrEqual(Length("fair_key"), 600)), name="shardq_job_fair_key_length"
+            )
         ]
         # The admin's dead-letter actions, each behind its own permission.
         permissions = [

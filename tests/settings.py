@@ -24,6 +24,7 @@ SHARDQ = {
         "tests.taskapp.testing_tasks",
         "tests.taskapp.audit_tasks",
         "tests.taskapp.tracing_tasks",
+        "tests.taskapp.fair_tasks",
     ],
 }
 # The run-control tests start workers with a low zombie limit.

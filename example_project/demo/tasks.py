@@ -1,3 +1,5 @@
+import time
+
 from django.tasks import TaskContext, task
 
 from shardq import Workflow, advance, exponential, shard_task
@@ -72,3 +74,13 @@ def order_workflow(order: Order) -> Workflow:
     ship = wf.add(ship_order, order_id=order.pk, after=[pack])
     wf.add(close_order, order_id=order.pk, after=[ship, mail], on_parent_failure="run")
     return wf
+
+
+# Fair share inside a queue (docs/fairness.md): each tenant's reports take
+# turns on the workers' threads, so a tenant that enqueues thousands at once
+# (the demo's "noisy tenant" button, /tenants/) delays another's by about
+# one report, not by its whole backlog.
+@shard_task(fair_key="tenant")
+def build_report(tenant: str, n: int, seconds: float = 0.02) -> int:
+    time.sleep(seconds)  # the report's work
+    return n

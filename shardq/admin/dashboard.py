@@ -13,6 +13,7 @@ from django.utils.dateformat import format as format_date
 from .. import charts
 from ..conf import get_config
 from ..db import operations
+from ..fairness import fair_key_report
 from ..models import Dashboard
 from .common import (
     ReadOnlyMixin,
@@ -143,6 +144,16 @@ def dashboard_data(minutes: int) -> dict:
     }
 
 
+def fair_keys_data() -> list[dict]:
+    """Each queue's top fair keys (docs/fairness.md): ``shardq_status``'s
+    figures, with the oldest wait as text."""
+    report = fair_key_report()
+    for queue in report:
+        for key in queue["keys"]:
+            key["oldest_text"] = human_seconds(key["oldest_seconds"])
+    return report
+
+
 def shard_charts(shards: list[dict]) -> list[dict]:
     """READY depth and p99 pickup latency by shard, hot shards in red."""
     labels = [str(r["shard"]) for r in shards]
@@ -267,6 +278,7 @@ class DashboardAdmin(ReadOnlyMixin, admin.ModelAdmin):  # not a list: no ShardqM
             **self.admin_site.each_context(request),
             **dashboard_data(minutes),
             "timeseries": timeseries_data(),
+            "fair_keys": fair_keys_data(),
             "chart_minutes": CHART_MINUTES,
             "title": "shardq dashboard",
             "opts": self.opts,

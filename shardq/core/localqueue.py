@@ -59,6 +59,7 @@ from itertools import count
 from threading import Lock
 from typing import TypedDict
 
+from .fairlane import FairLane
 from .hashing import fnv1a_32
 from .heap import Entry, FastestIndexedQueue, make_indexed_queue
 from .skiplist import DelayedIndex, make_delayed_index
@@ -104,6 +105,14 @@ class QueuedJob:
     # wait at its key's gate: a job its claim started already (RUNNING, the
     # attempt counted), which must run now or go back.
     no_wait: bool = False
+    # Fair share inside its queue (docs/fairness.md; shardq.core.fairlane):
+    # its fair key (None: none, and nothing of fairness applies), its
+    # weight, whether its share counts measured run time, and what its pop
+    # charged its key.
+    fair_key: str | None = None
+    fair_weight: float = 1.0
+    fair_by_time: bool = False
+    charged: float = 0.0
 
     @property
     def gated(self) -> bool:
@@ -129,6 +138,13 @@ class LocalQueue:
         "_caps",
         "_capacity",
         "_delayed",
+        "_fair_active",
+        "_fair_buffered",
+        "_fair_crowded",
+        "_fair_estimate",
+        "_fair_lanes",
+        "_fair_timed",
+        "_fair_weight_of",
         "_held_back",
         "_holders",
         "_index_lock",
@@ -168,6 +184,19 @@ class LocalQueue:
         # capped key with holders -> its cap (the last admitted job's): see rooms.
         self._caps: dict[str, int] = {}
         self._processing: dict[int, QueuedJob] = {}  # job id -> job
+        # Fairness (docs/fairness.md): each lane's flows, made when its
+        # first fair job comes (lane index -> FairLane), the lanes whose
+        # flows have jobs, and buffered jobs per fair key (the claim passes
+        # over a key with its share buffered: full_fair_keys).
+        self._fair_lanes: dict[int, FairLane[QueuedJob]] = {}
+        self._fair_active: dict[int, FairLane[QueuedJob]] = {}
+        self._fair_buffered: dict[str, int] = {}
+        self._fair_crowded = 0  # fair keys with two jobs or more buffered
+        # Of the buffered fair keys: the last weight seen, those fair by
+        # time, and (any key seen) its run time estimate, for their shares.
+        self._fair_weight_of: dict[str, float] = {}
+        self._fair_timed: set[str] = set()
+        self._fair_estimate: dict[str, float] = {}
         self._index_lock = Lock()
         self._lanes_lock = Lock()
         self._processing_lock = Lock()
@@ -211,6 +240,59 @@ class LocalQueue:
         with self._index_lock:
             return {key: cap - len(self._holders[key]) for key, cap in self._caps.items() if key not in self._waiting}
 
+    def full_fair_keys(self, room: int) -> dict[str, int]:
+        """The fair keys buffered to their share of ``room`` jobs -> that
+        share (the claim passes over them until they run down), a snapshot.
+
+        A key's share is ``room`` times its weight over the weights of the
+        keys buffered here; for a key fair by time, scaled by the mean run
+        time estimate of such keys over its own, so its share holds as much
+        work, not as many jobs, as another's: a key whose jobs run fast is
+        not left dry between claims while a slow one fills the room."""
+        if not self._fair_buffered:
+            return {}
+        # Lock 1: the counts change under it (a pop, a push, a lost shard).
+        with self._index_lock:
+            counts = dict(self._fair_buffered)
+            weights = dict(self._fair_weight_of)
+            timed_keys = set(self._fair_timed)
+        total = sum(weights.get(key, 1.0) for key in counts)
+        timed = {key: self._fair_estimate.get(key, 0.0) for key in counts if key in timed_keys}
+        known = [e for e in timed.values() if e > 0.0]
+        mean = sum(known) / len(known) if known else 0.0
+        full = {}
+        for key, n in counts.items():
+            share = room * weights.get(key, 1.0) / total
+            estimate = timed.get(key, 0.0)
+            if estimate > 0.0:
+                share *= mean / estimate
+            # At least 2: a key with one job here is never full (with as many
+            # keys as jobs, none is, and the claim takes a FIFO slice).
+            share_jobs = max(2, int(share))
+            if n >= share_jobs:
+                full[key] = share_jobs
+        return full
+
+    @property
+    def fair_crowded(self) -> bool:
+        """Has some fair key two jobs or more buffered (a snapshot)? With
+        none, the claim takes a FIFO slice of the fair jobs."""
+        return self._fair_crowded > 0
+
+    @property
+    def has_fair(self) -> bool:
+        """Are jobs with a fair key buffered (a snapshot)?"""
+        return bool(self._fair_buffered)
+
+    def fair_backlog_of(self, key: str) -> int:
+        """Buffered jobs of one fair key (a snapshot)."""
+        return self._fair_buffered.get(key, 0)
+
+    def fair_backlog(self) -> dict[str, int]:
+        """Buffered jobs per fair key (a snapshot, for the operator's view)."""
+        with self._index_lock:
+            return dict(self._fair_buffered)
+
     @property
     def free(self) -> int:
         """``capacity - buffered - processing``: how many jobs to fetch."""
@@ -242,6 +324,8 @@ class LocalQueue:
             if ids is None:
                 ids = self._by_shard[job.shard] = set()
             ids.add(job_id)
+            if job.fair_key is not None:
+                self._count_fair(job.fair_key, 1, job)
             if not -_INF < job.run_after < _INF:
                 job.run_after = now  # see _INF
             if job.run_after > now:
@@ -285,6 +369,8 @@ class LocalQueue:
                 if ids is None:
                     ids = by_shard[job.shard] = set()
                 ids.add(job_id)
+                if job.fair_key is not None:
+                    self._count_fair(job.fair_key, 1, job)
                 if not -_INF < job.run_after < _INF:
                     job.run_after = now  # see _INF
                 if job.run_after > now:
@@ -310,6 +396,9 @@ class LocalQueue:
                 index = lane_of.get(job.queue_name)
                 if index is None:
                     index = self.lane_for(job.queue_name)
+                if job.fair_key is not None:
+                    self._to_fair_lane(index, job)
+                    continue
                 lane = lanes[index]
                 lane.push(job.id, job.priority, job.run_after, job)
                 active[index] = lane
@@ -339,6 +428,8 @@ class LocalQueue:
                     self._promote(delayed.pop_due(now))
             with self._lanes_lock:
                 active = self._active
+                if self._fair_active:
+                    self._pop_fair(out, limit, min_priority)
                 while active and len(out) < limit:
                     if len(active) == 1:
                         index, lane = next(iter(active.items()))
@@ -367,6 +458,8 @@ class LocalQueue:
                 buffered, by_shard = self._jobs, self._by_shard
                 for job in out:
                     job_id = job.id
+                    if job.fair_key is not None:
+                        self._count_fair(job.fair_key, -1)
                     del buffered[job_id]
                     ids = by_shard[job.shard]
                     ids.discard(job_id)
@@ -374,12 +467,30 @@ class LocalQueue:
                         del by_shard[job.shard]
         return out
 
-    def done(self, job_id: int) -> None:
-        """The job finished (any outcome): forget it and release its key."""
+    def done(self, job_id: int, ran_seconds: float | None = None) -> None:
+        """The job finished (any outcome): forget it and release its key.
+        ``ran_seconds``: how long its task ran, charged to its fair key
+        when its share counts time (docs/fairness.md; None: not measured,
+        the estimate charged at its pop stands)."""
         with self._processing_lock:
             job = self._processing.pop(job_id, None)
         if job is None:
             raise KeyError(f"job {job_id} is not processing in this local queue")
+        if job.fair_by_time and job.fair_key is not None and ran_seconds is not None:
+            fair_key = job.fair_key
+            estimate = self._fair_estimate.get(fair_key)
+            if ran_seconds >= 0.0:
+                # A float store under the GIL: read as a snapshot by full_fair_keys.
+                self._fair_estimate[fair_key] = (
+                    ran_seconds if estimate is None else estimate + 0.2 * (ran_seconds - estimate)
+                )
+                if len(self._fair_estimate) > 65536:
+                    self._fair_estimate.clear()
+            # Lock 3 is released: lock 2 alone (never 1 after it).
+            with self._lanes_lock:
+                fair = self._fair_lanes.get(self.lane_for(job.queue_name))
+                if fair is not None:
+                    fair.charge(job, ran_seconds)
         key = job.key
         if key is not None and job.gated:
             # Lock 3 is released: taking 1 now keeps the lock order.
@@ -401,6 +512,8 @@ class LocalQueue:
             out = []
             for job_id in sorted(ids):
                 job = jobs.pop(job_id)
+                if job.fair_key is not None:
+                    self._count_fair(job.fair_key, -1)
                 self._unlink(job)
                 out.append(job)
             return out
@@ -419,10 +532,17 @@ class LocalQueue:
             self._delayed.clear()
             self._waiting.clear()
             self._held_back = 0
+            self._fair_buffered.clear()
+            self._fair_crowded = 0
+            self._fair_weight_of.clear()
+            self._fair_timed.clear()
             with self._lanes_lock:
                 for lane in self._lanes:
                     lane.clear()
                 self._active.clear()
+                for fair in self._fair_lanes.values():
+                    fair.clear()
+                self._fair_active.clear()
             with self._processing_lock:
                 processing = self._processing
                 # Only keys held by a processing job stay held, by those jobs.
@@ -441,6 +561,8 @@ class LocalQueue:
         with self._index_lock:
             with self._lanes_lock:
                 lanes = [len(lane) for lane in self._lanes]
+                for index, fair in self._fair_active.items():
+                    lanes[index] += len(fair)
             return {
                 "buffered": len(self._jobs),
                 "delayed": len(self._delayed),
@@ -455,6 +577,9 @@ class LocalQueue:
         if index is None:
             index = self.lane_for(job.queue_name)
         with self._lanes_lock:
+            if job.fair_key is not None:
+                self._to_fair_lane(index, job)
+                return
             lane = self._lanes[index]
             lane.push(job.id, job.priority, job.run_after, job)
             self._active[index] = lane
@@ -489,8 +614,72 @@ class LocalQueue:
             self._held_back += 1
         return True
 
+    def _to_fair_lane(self, index: int, job: QueuedJob) -> None:
+        """A fair job into its lane's flows (caller holds lock 2)."""
+        fair = self._fair_lanes.get(index)
+        if fair is None:
+            fair = self._fair_lanes[index] = FairLane(self._seq)
+        fair.push(job)
+        self._fair_active[index] = fair
+
+    def _count_fair(self, key: str, delta: int, job: QueuedJob | None = None) -> None:
+        before = self._fair_buffered.get(key, 0)
+        left = before + delta
+        self._fair_crowded += (left >= 2) - (before >= 2)
+        if job is not None:
+            self._fair_weight_of[key] = job.fair_weight
+            if job.fair_by_time:
+                self._fair_timed.add(key)
+        if left > 0:
+            self._fair_buffered[key] = left
+        else:
+            self._fair_buffered.pop(key, None)
+            self._fair_weight_of.pop(key, None)
+            self._fair_timed.discard(key)
+
+    def _pop_fair(self, out: list[QueuedJob], limit: int, min_priority: int | None) -> None:
+        """``pop_many``'s loop while some lane has fair jobs (caller holds
+        locks 1 and 2): the best head over the lanes as before, where a
+        lane's head is its FairLane's choice between its flows and its
+        unkeyed jobs (shardq.core.fairlane)."""
+        active, fair_active = self._active, self._fair_active
+        while (active or fair_active) and len(out) < limit:
+            best: Entry[int, QueuedJob] | None = None
+            best_index, best_plain = -1, True
+            for index in active.keys() | fair_active.keys():
+                fair = fair_active.get(index)
+                if fair is None:
+                    head = active[index].peek()
+                    assert head is not None
+                    plain = True
+                else:
+                    choice = fair.choose(active.get(index))
+                    assert choice is not None
+                    head, plain = choice
+                if best is None or head < best:
+                    best, best_index, best_plain = head, index, plain
+            assert best is not None
+            if min_priority is not None and -best[0] < min_priority:
+                return
+            fair = fair_active.get(best_index)
+            if best_plain:
+                lane = active[best_index]
+                job = lane.pop()
+                if not lane:
+                    del active[best_index]
+                if fair is not None:
+                    fair.served_plain()
+            else:
+                assert fair is not None
+                job = fair.pop()
+                if not fair:
+                    del fair_active[best_index]
+            out.append(job)
+
     def _forget(self, job: QueuedJob) -> None:
         """Take a job just indexed by a push out of the index again."""
+        if job.fair_key is not None:
+            self._count_fair(job.fair_key, -1)
         del self._jobs[job.id]
         ids = self._by_shard[job.shard]
         ids.discard(job.id)
@@ -547,10 +736,17 @@ class LocalQueue:
                 return
         index = self.lane_for(job.queue_name)
         with self._lanes_lock:
-            lane = self._lanes[index]
-            lane.remove(job_id)
-            if not lane:
-                self._active.pop(index, None)
+            if job.fair_key is not None:
+                fair = self._fair_lanes.get(index)
+                if fair is not None:
+                    fair.remove(job)
+                    if not fair:
+                        self._fair_active.pop(index, None)
+            else:
+                lane = self._lanes[index]
+                lane.remove(job_id)
+                if not lane:
+                    self._active.pop(index, None)
         if gated:
             assert key is not None
             self._release_key(key, job_id)

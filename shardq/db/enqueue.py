@@ -60,6 +60,8 @@ _COPY_ORDER = (
     "limit_keys",
     "key_limited",
     "traceparent",
+    "fair_key",
+    "fair_weight",
 )
 JOB_COLUMNS = tuple(name.strip() for name in QUERIES["job_columns"].split(","))
 if JOB_COLUMNS != _COPY_ORDER:
@@ -194,7 +196,7 @@ def copy_jobs(
                     f"{_COPY_NULL if key is None else copy_text(key)}\t{middle}\t"
                     f"{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t{tail}"
                     f"{static_limits if 'limit_keys' not in row else limits_field(row)}\t"
-                    f"{'t' if row.get('key_limited') else 'f'}\t{traceparent}\n"
+                    f"{'t' if row.get('key_limited') else 'f'}\t{traceparent}\t{fair_fields(row, params)}\n"
                 )
                 on_job(index, job_id, enqueued_at)
                 flush_chunk(copy, lines)
@@ -225,6 +227,13 @@ def traceparent_field(row: dict[str, Any]) -> str:
     """A row's traceparent (or None) as a COPY field."""
     value = row.get("traceparent")
     return _COPY_NULL if value is None else copy_text(value)
+
+
+def fair_fields(row: dict[str, Any], params: dict[str, Any]) -> str:
+    """A row's fair_key and fair_weight as two COPY fields (the row's own, else the task's)."""
+    key = row["fair_key"] if "fair_key" in row else params.get("fair_key")
+    weight = row["fair_weight"] if "fair_weight" in row else params.get("fair_weight")
+    return f"{_COPY_NULL if key is None else copy_text(key)}\t{_COPY_NULL if weight is None else weight}"
 
 
 def copy_text(value: str) -> str:
@@ -304,7 +313,8 @@ def copy_graph(
                     f"{row['key_hash']}\t{_COPY_NULL if key is None else copy_text(key)}\t"
                     f"{'t' if row['ordered'] else 'f'}\t{'WAITING' if row['waiting'] else 'READY'}\t0\t0\t0\t"
                     f"{row['max_attempts']}\t{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t"
-                    f"[]\t[]\t{stamp}\t{limits_field(row)}\t{'t' if row.get('key_limited') else 'f'}\t{traceparent_field(row)}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
+                    f"[]\t[]\t{stamp}\t{limits_field(row)}\t{'t' if row.get('key_limited') else 'f'}\t"
+                    f"{traceparent_field(row)}\t{fair_fields(row, row)}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
                 )
                 flush_chunk(copy, lines)
             flush_chunk(copy, lines, last=True)

@@ -106,11 +106,21 @@ def claim_jobs_params(
     min_priority: int = ANY_PRIORITY,
     full_keys: list[tuple[str, str]] | None = None,
     key_rooms: "KeyRoomsRef | None" = None,
+    fair_after: list[str] | None = None,
+    full_fair_keys: list[str] | None = None,
+    fair_walk: bool = True,
 ) -> dict[str, Any]:
     """``claim_jobs``' own parameters beside ``claim_scope``'s (see
     WorkerStore.claim_jobs): the batch, the look-ahead, how many to start,
-    the priority floor, and the local queue's gates (full keys, rooms)."""
+    the priority floor, the local queue's gates (full keys, rooms), and
+    fairness's (docs/fairness.md): each shard's last fair key taken (in the
+    order of the shards; '' or missing: from the first) and the fair keys
+    buffered to their share; ``fair_walk`` False when no fair key has two
+    jobs buffered (the claim then takes a FIFO slice of the fair jobs)."""
     return {
+        "fair_walk": fair_walk,
+        "fair_after": fair_after or [],
+        "full_fair_keys": full_fair_keys or [],
         "limit": limit,
         "min_priority": min_priority,
         "lookahead": lookahead,
@@ -735,6 +745,11 @@ class WorkerStore:
         unowned = self.run("metrics_unowned_shards", {"ttl": ttl, "shard_count": shard_count}, fetch="one")
         return rows, int(unowned[0]) if unowned else 0
 
+    def fair_keys(self) -> list[TupleRow]:
+        """``status_fair_keys`` rows: per queue and fair key, its backlog and
+        last minute (docs/fairness.md; ``shardq.fairness.summarize_fair_keys``)."""
+        return self.run("status_fair_keys", {})
+
     # -- jobs -----------------------------------------------------------------
 
     def claim_jobs(
@@ -754,6 +769,9 @@ class WorkerStore:
         full_keys: list[tuple[str, str]] | None = None,
         key_rooms: "KeyRoomsRef | None" = None,
         now: datetime | None = None,
+        fair_after: list[str] | None = None,
+        full_fair_keys: list[str] | None = None,
+        fair_walk: bool = True,
     ) -> list[Any]:
         """Claim a batch of the highest priority level due (rows by name:
         dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
@@ -764,10 +782,14 @@ class WorkerStore:
         are passed over. Of the first ``start``, a key_limited job is
         started only within its key's room (``key_rooms``; None: none).
         ``now``: the time leases and due times are read at (None: the
-        database's clock)."""
+        database's clock). Jobs with a fair key are taken key by key
+        (docs/fairness.md): on each shard, the keys after ``fair_after``'s
+        (one a shard, in ``shards``' order), passing over ``full_fair_keys``."""
         params = {
             **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, now),
-            **claim_jobs_params(limit, lookahead, start, min_priority, full_keys, key_rooms),
+            **claim_jobs_params(
+                limit, lookahead, start, min_priority, full_keys, key_rooms, fair_after, full_fair_keys, fair_walk
+            ),
         }
         # Binary results: timestamps and numbers decode without parsing text.
         if row_factory is None:

@@ -10,6 +10,8 @@ from django.tasks.exceptions import InvalidTask
 from ..conf import Config
 from ..core.hashing import salted_key_hash, shard_key_hash
 from ..core.limits import LimitSpec
+from ..fairness import call_fair_key
+from ..fairness import queue_fair_keys as queue_fair_keys_setting
 from ..limits import call_limits, static_keys
 from ..tasks import ShardTask, bind_arguments, check_text, compute_shard_key
 from .arguments import dump_arguments, dump_keyword_arguments
@@ -19,10 +21,19 @@ class JobRows:
     """Builds the rows of one backend's jobs (``alias``: the backend's, stored
     in the row; ``queue_limits``: SHARDQ["QUEUES"]' limits)."""
 
-    def __init__(self, alias: str, config: Config, queue_limits: dict[str, LimitSpec]) -> None:
+    def __init__(
+        self,
+        alias: str,
+        config: Config,
+        queue_limits: dict[str, LimitSpec],
+        queue_fair_keys: dict[str, str] | None = None,
+    ) -> None:
         self.alias = alias
         self.config = config
         self.queue_limits = queue_limits
+        # SHARDQ["QUEUES"][name]["fair_key"]: the argument a queue's jobs
+        # are shared by, for tasks with no fair_key of their own.
+        self.queue_fair_keys = queue_fair_keys if queue_fair_keys is not None else queue_fair_keys_setting()
 
     def job_row(self, task, args, kwargs) -> dict:
         """Validate one call and build its row (raises InvalidTask, stores nothing)."""
@@ -63,6 +74,10 @@ class JobRows:
             # one partitioned by the shard key is kept by the key's owner.
             keys, row["key_limited"] = call_limits(task, args, kwargs, key, self.queue_limits)
             row["limit_keys"] = None if keys is None else json.dumps(keys)
+        if self.queue_fair_keys or getattr(task, "fair_key", None) is not None:
+            # A fair key per call (an argument's value); a fixed one
+            # (.using(fair_key=...)) is the task's, in task_params.
+            row["fair_key"] = call_fair_key(task, args, kwargs, self.queue_fair_keys)
         return row
 
     def task_params(self, task) -> dict:
@@ -89,4 +104,8 @@ class JobRows:
             "key_limited": False,
             # The enqueue span's W3C context (shardq/tracing.py), set per call.
             "traceparent": None,
+            # docs/fairness.md: a key set with .using(fair_key=...) (job_row
+            # sets a key computed per call) and the job's own weight.
+            "fair_key": getattr(task, "fair_key_value", None),
+            "fair_weight": getattr(task, "fair_weight", None),
         }

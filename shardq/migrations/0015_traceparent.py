@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('shardq', '0013_durable'),
+        ('shardq', '0014_fairness'),
     ]
 
     operations = [

@@ -1,6 +1,7 @@
 """``@shard_task`` and its Task subclass: the options a task carries (keys,
 retries, order, uniqueness, salting, redaction marks), validated at definition."""
 
+import hashlib
 import inspect
 import math
 import random
@@ -104,6 +105,17 @@ class ShardTask(Task):
     # reads the failure in context.parent_results). Set with .using(after=...).
     after: tuple[str, ...] = ()
     on_parent_failure: str = "cancel"
+    # Fair share inside a queue (docs/fairness.md): fair_key (an argument
+    # name or a callable over (args, kwargs)) names whose share a job counts
+    # against; the worker shares its threads between the keys with backlog,
+    # in proportion to their weights (fair_weight on the job, else
+    # SHARDQ["FAIRNESS"]["WEIGHTS"], else 1), counting starts ("count") or
+    # measured worker time ("time"). .using(fair_key=value) sets one call's
+    # key (fair_key_value).
+    fair_key: str | Callable[[tuple, dict], Any] | None = None
+    fair_key_value: str | None = None
+    fair_weight: int | None = None
+    fair_by: str = "count"
 
     @property
     def timeout_seconds(self) -> float | None:
@@ -122,7 +134,17 @@ class ShardTask(Task):
             return self.unique_for.total_seconds()
         return float(self.unique_for)
 
-    def using(self, *, shard_key=None, timeout=None, after=None, on_parent_failure=None, **changes):
+    def using(
+        self,
+        *,
+        shard_key=None,
+        timeout=None,
+        after=None,
+        on_parent_failure=None,
+        fair_key=None,
+        fair_weight=None,
+        **changes,
+    ):
         if isinstance(changes.get("run_after"), timedelta):
             # A delay from now (Django's own Task.using takes a datetime only).
             changes["run_after"] = timezone.now() + changes["run_after"]
@@ -139,6 +161,12 @@ class ShardTask(Task):
             from ..workflows import check_on_parent_failure
 
             task = replace(task, on_parent_failure=check_on_parent_failure(on_parent_failure))
+        if fair_key is not None:
+            task = replace(task, fair_key_value=fair_key_text(key_to_str(fair_key, "using(fair_key=...)")))
+        if fair_weight is not None:
+            task = replace(
+                task, fair_weight=check_fair_weight(fair_weight, f"{self.module_path}: using(fair_weight=...)")
+            )
         return task
 
 
@@ -162,6 +190,9 @@ def shard_task(
     max_concurrency=None,
     rate_limit=None,
     limit_by=None,
+    fair_key=None,
+    fair_weight=None,
+    fair_by="count",
 ):
     """Decorate a module-level function as a shardq task (see ``ShardTask``)."""
     if isinstance(sensitive, (list, set, frozenset)):
@@ -187,6 +218,9 @@ def shard_task(
             max_concurrency=max_concurrency,
             rate_limit=rate_limit,
             limit_by=limit_by,
+            fair_key=fair_key,
+            fair_weight=fair_weight,
+            fair_by=fair_by,
         )
 
     if function is not None:
@@ -212,6 +246,7 @@ def validate_shard_options(task: Task) -> None:
     _check_sensitive(task)
     _check_salt(task)
     _check_limits(task)
+    _check_fairness(task)
     if task.on_worker_lost not in ("retry", "fail"):
         raise InvalidTask(
             f"{name}: on_worker_lost must be 'retry' (run again, at-least-once) or 'fail' "
@@ -283,6 +318,51 @@ def _check_limits(task: "ShardTask") -> None:
             f"{name}: limit_by must be the name of an argument or a callable over (args, kwargs), "
             f"not {task.limit_by!r}."
         )
+
+
+def _check_fairness(task: "ShardTask") -> None:
+    """fair_key, fair_weight and fair_by (docs/fairness.md)."""
+    name = task.module_path
+    if isinstance(task.fair_key, str):
+        _check_argument_name(task, "fair_key", task.fair_key)
+    elif task.fair_key is not None and not callable(task.fair_key):
+        raise InvalidTask(
+            f"{name}: fair_key must be the name of an argument or a callable over (args, kwargs), "
+            f"not {task.fair_key!r}."
+        )
+    if task.fair_weight is not None:
+        check_fair_weight(task.fair_weight, f"{name}: fair_weight")
+    if task.fair_by not in FAIR_BY:
+        raise InvalidTask(
+            f"{name}: fair_by must be 'count' (shares of starts) or 'time' (shares of measured worker "
+            f"time), not {task.fair_by!r}."
+        )
+
+
+#: What a fair share counts: starts, or measured worker time.
+FAIR_BY = ("count", "time")
+#: A job's fair weight is a whole number in this range (the column is an integer).
+FAIR_WEIGHT_MAX = 10000
+#: Fair keys longer than this are stored as their SHA-256, as limit keys are.
+FAIR_KEY_MAX_CHARS = 200
+
+
+def check_fair_weight(value: object, what: str) -> int:
+    """A job's fair weight: a whole number from 1 to FAIR_WEIGHT_MAX (raises InvalidTask)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= FAIR_WEIGHT_MAX:
+        raise InvalidTask(
+            f"{what} must be a whole number from 1 to {FAIR_WEIGHT_MAX} (a key's share is its weight "
+            f"over the sum of the weights of the keys with backlog), not {value!r}."
+        )
+    return value
+
+
+def fair_key_text(text: str) -> str:
+    """A fair key as stored: its text, or ``#sha256:<hex>`` of it when longer
+    than FAIR_KEY_MAX_CHARS (as a limit key is written)."""
+    if len(text) > FAIR_KEY_MAX_CHARS:
+        return "#sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    return text
 
 
 def _check_argument_name(task: "ShardTask", option: str, value: str) -> None:

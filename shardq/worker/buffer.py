@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -20,10 +21,13 @@ from ..core.localqueue import LocalQueue, QueuedJob
 from .jobs import ClaimedJob
 
 if TYPE_CHECKING:
+    from ..fairness import FairBy, FairWeights
     from ..limits import KeyCaps
 
 # Jobs pop_more takes per round of its lock.
 POP_ROUND = 32
+# Full fair keys a claim passes over, at most (Buffer.full_fair_keys).
+MAX_FULL_FAIR_KEYS = 256
 
 
 @dataclass(slots=True)
@@ -38,9 +42,26 @@ class Buffer:
     # Every QueuedJob pushed here carries its ClaimedJob as the payload, hence
     # the casts where a payload comes back.
 
-    def __init__(self, capacity: int, lanes: int | None = None, key_cap: "KeyCaps | None" = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        lanes: int | None = None,
+        key_cap: "KeyCaps | None" = None,
+        fair_weight: "FairWeights | None" = None,
+        fair_by_time: "FairBy | None" = None,
+        fair_room: Callable[[], None] | None = None,
+    ) -> None:
         self.queue = LocalQueue(lanes or lane_count(os.cpu_count() or 1), capacity)
         self.capacity = capacity
+        # Fairness (docs/fairness.md): a fair key's weight from settings (a
+        # job's own fair_weight wins), and whether a task's share counts
+        # measured time. None: every fair job weighs 1 and counts starts.
+        self.fair_weight = fair_weight
+        self.fair_by_time = fair_by_time
+        # The fair keys the last claim passed over (buffered to their share)
+        # and the count under which one wakes the fetcher (watch_fair_keys).
+        self._fair_watch: dict[str, int] = {}
+        self.fair_room = fair_room
         # task path -> its max_concurrency per shard key (None: not limited
         # here), for key_limited jobs (docs/limits.md, "Limits by the shard key").
         self.key_cap = key_cap
@@ -105,7 +126,7 @@ class Buffer:
                 # Started by its claim (it had room, see key_rooms): it runs
                 # now or goes back (a hand-back takes the start back), never
                 # waits started.
-                return QueuedJob(
+                gated = QueuedJob(
                     job.id,
                     job.queue_name,
                     job.priority,
@@ -117,9 +138,26 @@ class Buffer:
                     cap,
                     no_wait=job.started,
                 )
-        return QueuedJob(
+                if job.fair_key is not None:
+                    self._fair(gated, job)
+                return gated
+        queued = QueuedJob(
             job.id, job.queue_name, job.priority, job.run_after, job.shard, job.shard_key, job.ordered, job
         )
+        if job.fair_key is not None:
+            self._fair(queued, job)
+        return queued
+
+    def _fair(self, queued: QueuedJob, job: ClaimedJob) -> None:
+        """Set a fair job's key, weight and measure in the local queue."""
+        key = job.fair_key
+        queued.fair_key = key
+        if job.fair_weight is not None and job.fair_weight > 0:
+            queued.fair_weight = float(job.fair_weight)
+        elif self.fair_weight is not None and key is not None:
+            queued.fair_weight = self.fair_weight(key)
+        if self.fair_by_time is not None:
+            queued.fair_by_time = self.fair_by_time(job.task_path)
 
     @property
     def held_back(self) -> int:
@@ -130,6 +168,44 @@ class Buffer:
         """(task path, shard key) of each key_limited key with jobs waiting
         at its gate: the claim passes over their jobs until it opens."""
         return [_task_and_key(gate) for gate in self.queue.full_keys()]
+
+    @property
+    def fair_crowded(self) -> bool:
+        """Has a fair key two jobs or more here (the claim goes key by key)?"""
+        return self.queue.fair_crowded
+
+    @property
+    def has_fair(self) -> bool:
+        """Are jobs with a fair key buffered here?"""
+        return self.queue.has_fair
+
+    def full_fair_keys(self, room: int) -> list[str]:
+        """Fair keys buffered to their share of ``room`` (LocalQueue's
+        full_fair_keys): the claim passes over them until they run down
+        (docs/fairness.md). They are watched from now: once one of them has
+        less than half its share left here, ``fair_room`` is called (the
+        fetcher claims again), so a key that runs fast (fair by time, or a
+        heavy weight) is refilled before it runs dry."""
+        full = self.queue.full_fair_keys(room)
+        self._fair_watch = {key: max(1, share // 2) for key, share in full.items()}
+        if len(full) > MAX_FULL_FAIR_KEYS:
+            # The claim tests each key it walks against the list: the keys
+            # with the most jobs here first (the others may come once more).
+            backlog = self.queue.fair_backlog_of
+            return sorted(full, key=backlog, reverse=True)[:MAX_FULL_FAIR_KEYS]
+        return list(full)
+
+    def _popped_fair(self, jobs: list[QueuedJob]) -> None:
+        """Wake the fetcher when a watched fair key ran below its low mark."""
+        watch = self._fair_watch
+        backlog = self.queue.fair_backlog_of
+        for queued in jobs:
+            key = queued.fair_key
+            if key is not None and key in watch and backlog(key) < watch[key]:
+                self._fair_watch = {}
+                if self.fair_room is not None:
+                    self.fair_room()
+                return
 
     def key_rooms(self) -> "KeyRooms | None":
         """What the claim may start of key_limited jobs (claim_jobs'
@@ -174,6 +250,8 @@ class Buffer:
             if queued is not None:
                 self._processing_by_shard[queued.shard] += 1
                 self._uncount(queued.priority)
+                if self._fair_watch:
+                    self._popped_fair([queued])
             return queued
 
     def pop(self, timeout: float) -> ClaimedJob | None:
@@ -212,6 +290,8 @@ class Buffer:
                     by_shard[queued.shard] += 1
                     self._uncount(queued.priority)
                     jobs.append(cast(ClaimedJob, queued.payload))
+                if self._fair_watch:
+                    self._popped_fair(popped)
             if len(popped) < want:
                 break
         return jobs
@@ -227,7 +307,8 @@ class Buffer:
                 self._processing_by_shard[job.shard] = left
             else:
                 del self._processing_by_shard[job.shard]
-        self.queue.done(job.id)
+        # A fair_by="time" job's measured run time is charged to its fair key.
+        self.queue.done(job.id, job.ran_seconds)
         if job.ordered or job.key_limited:
             # The key's next job may now be admitted to its lane.
             with self._ready:

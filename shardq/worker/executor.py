@@ -669,6 +669,7 @@ class Executor:
         # connection may be unusable); otherwise at most once a second, since
         # the check costs more than a no-op task.
         now = time.monotonic()
+        job.ran_seconds = now - began
         if self.metrics is not None:
             self.metrics.job_ran(job, now - began)
         self.pipeline.task_ran(now - began)

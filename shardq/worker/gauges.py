@@ -11,7 +11,8 @@ time, whatever the pools: the one whose metrics connection holds a session
 advisory lock (``metrics_lock``). PostgreSQL grants it to one session; a
 worker that dies or loses its connection loses it with the session, and the
 next worker to ask — every metrics-enabled worker asks once a heartbeat —
-takes over. The holder runs two statements a heartbeat; the others export
+takes over. The holder runs three statements a heartbeat (the third: each
+queue's top fair keys, docs/fairness.md); the others export
 zeros (a worker that held the lock zeroes what it had set), so ``sum`` and
 ``max`` over all workers both give the holder's value.
 """
@@ -22,6 +23,7 @@ from collections.abc import Callable
 
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected
+from ..fairness import summarize_fair_keys
 from .metrics import Metrics
 from .service import Service
 
@@ -80,6 +82,7 @@ class Gauges(Service):
             if self.holder:
                 rows, unowned = self.store.cluster_metrics(self.lease_ttl_seconds, self.shard_count)
                 self.metrics.cluster_sample(rows, unowned)
+                self.metrics.fair_sample(summarize_fair_keys(self.store.fair_keys()))
                 return
         except (DatabaseUnavailable, StatementRejected) as exc:
             # The session (and with it the lock) may be gone: export nothing
@@ -87,3 +90,4 @@ class Gauges(Service):
             logger.warning("cluster metrics not computed: %s", exc)
             self.holder = False
         self.metrics.cluster_sample(None)
+        self.metrics.fair_sample(None)

@@ -64,7 +64,13 @@ class ClaimedJob:
     key_limited: bool = False
     # The W3C traceparent of the span that enqueued it (shardq/tracing.py).
     traceparent: str | None = None
+    # Its fair key and own weight (docs/fairness.md; None: none, weight from settings).
+    fair_key: str | None = None
+    fair_weight: int | None = None
     # -- not columns: set in this worker --
+    # How long its task ran here (the executor's measure; None: not run):
+    # charged to its fair key when its share counts time (docs/fairness.md).
+    ran_seconds: float | None = None
     # Set by the start write: this worker id was appended to worker_ids.
     started_by: str | None = None
     # The verdict of this job's start write (starter.py; None: not written:

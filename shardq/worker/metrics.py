@@ -18,7 +18,9 @@ Where each family is counted:
 - everything else in the worker process that did the work.
 
 Labels are ``queue``, ``task``, ``outcome`` (and ``state`` for the cluster
-gauge of jobs): never an id, a key or an argument. Their values are bounded
+gauge of jobs): never an id, a key or an argument, except ``fair_key`` on the
+fair key gauges (each queue's top ``shardq.fairness.TOP_KEYS`` and "other",
+at most ``MAX_FAIR_KEY_LABELS`` names a process). Their values are bounded
 (``LabelGuard``): a queue is named only if ``TASKS`` configures it, a task
 only if it is a defined task, and past ``MAX_LABEL_VALUES`` distinct names
 in a process the rest are counted under ``"other"``.
@@ -48,6 +50,10 @@ _enable_lock = threading.Lock()
 #: this only bites when TASKS allows any queue name (an empty QUEUES list).
 MAX_LABEL_VALUES = 200
 OTHER = "other"
+#: Distinct fair keys a process names in the fair key gauges (each round
+#: shows each queue's top few; as they change, past this many the new ones
+#: count under OTHER).
+MAX_FAIR_KEY_LABELS = 100
 #: Raw (queue, task) pairs remembered with their children; past this a pair
 #: is looked up each time (an attacker's stream of names costs no memory).
 MAX_CACHED_PAIRS = 10_000
@@ -255,6 +261,41 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self._cluster_labels: set[tuple[str, ...]] = set()
+        # Each queue's top fair keys (docs/fairness.md): cluster gauges too,
+        # labelled by queue and fair_key, the key one of the report's top
+        # (shardq.fairness.TOP_KEYS) or "other", and at most
+        # MAX_FAIR_KEY_LABELS distinct keys a process (past them, "other").
+        fair = ("queue", "fair_key")
+        self.fair_backlog = Gauge(
+            "shardq_fair_key_backlog",
+            "Jobs waiting (READY or CLAIMED) of a queue's top fair keys, the rest as other (cluster gauge).",
+            fair,
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.fair_oldest = Gauge(
+            "shardq_fair_key_oldest_wait_seconds",
+            "How long the oldest due waiting job of a top fair key has waited (cluster gauge).",
+            fair,
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.fair_starts = Gauge(
+            "shardq_fair_key_starts_share",
+            "A top fair key's share (0-1) of its queue's fair starts over the last minute (cluster gauge).",
+            fair,
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.fair_time = Gauge(
+            "shardq_fair_key_time_share",
+            "A top fair key's share (0-1) of its queue's fair worker time over the last minute (cluster gauge).",
+            fair,
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self._fair_names: set[str] = set()
+        self._fair_labels: set[tuple[str, str]] = set()
         # Per-job events wait here until ``flush()`` (the gauges thread, once
         # a second): an executor thread appends one tuple to a deque (atomic,
         # no lock) and touches no prometheus_client object, whose every
@@ -388,6 +429,39 @@ class Metrics:
         self._cluster_labels |= seen
         self.shards_unowned.set(unowned if rows is not None else 0)
         self.cluster_holder.set(1 if rows is not None else 0)
+
+    def fair_sample(self, report: Iterable[Mapping[str, Any]] | None) -> None:
+        """The fair key gauges from ``shardq.fairness.summarize_fair_keys``'s
+        report, or all zero (None: not the metrics lock's holder). A key
+        past MAX_FAIR_KEY_LABELS distinct names is added to "other"; a label
+        set not in this report goes to zero (never removed, as cluster_sample)."""
+        values: dict[tuple[str, str], list[float]] = {}
+        for entry in report or ():
+            queue = self.guard.queue(entry["queue"])
+            for key in entry["keys"]:
+                name = key["key"]
+                if name != OTHER and name not in self._fair_names:
+                    if len(self._fair_names) < MAX_FAIR_KEY_LABELS:
+                        self._fair_names.add(name)
+                    else:
+                        name = OTHER
+                old = values.get((queue, name))
+                oldest = key["oldest_seconds"] or 0.0
+                if old is None:
+                    values[(queue, name)] = [key["backlog"], oldest, key["starts_share"], key["time_share"]]
+                else:
+                    old[0] += key["backlog"]
+                    old[1] = max(old[1], oldest)
+                    old[2] += key["starts_share"]
+                    old[3] += key["time_share"]
+        for labels in self._fair_labels - values.keys():
+            values[labels] = [0.0, 0.0, 0.0, 0.0]
+        for labels, (backlog, oldest, starts, time_share) in values.items():
+            self.fair_backlog.labels(*labels).set(backlog)
+            self.fair_oldest.labels(*labels).set(oldest)
+            self.fair_starts.labels(*labels).set(starts)
+            self.fair_time.labels(*labels).set(time_share)
+        self._fair_labels |= values.keys()
 
 
 def enable(*, multiprocess: bool = False, registry: Any = None) -> Metrics:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..conf import Config, get_config
 from ..core import pools
 from ..exceptions import ShardqConfigurationError
+from ..fairness import FairBy, FairWeights
 from ..limits import KeyCaps, queue_limits
 from ..tasks import resolve
 from .buffer import Buffer
@@ -53,6 +54,8 @@ LOOKAHEAD_SECONDS = 0.05
 OUTRANKING_BATCH = 16
 OUTRANKING_ROOM = 64
 DEFAULT_PREFETCH = 512
+# With fair keys buffered, the look-ahead is at least this many jobs a thread.
+FAIR_LOOKAHEAD = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,9 +168,16 @@ class Pipeline:
         self.metrics = metrics  # None: metrics off
         # Claimed jobs that will not run here go back to READY through it.
         self.handback = handback
+        # The fetcher sleeps on this between claims.
+        self.fetch_wake = threading.Event()
+        task_of = partial(resolve, extra_modules=config.task_modules)
         self.buffer = Buffer(
             config.concurrency + config.max_prefetch + OUTRANKING_ROOM,
-            key_cap=KeyCaps(partial(resolve, extra_modules=config.task_modules)),
+            key_cap=KeyCaps(task_of),
+            fair_weight=FairWeights(),
+            fair_by_time=FairBy(task_of),
+            # A fair key passed over by the claim ran low here: claim again.
+            fair_room=self.fetch_wake.set,
         )
         # Outcomes refused under an earlier claim, for a recall (fetcher.py).
         self.remembered = RememberedOutcomes()
@@ -183,8 +193,6 @@ class Pipeline:
         self._sinks: list[Sink] = []
         self._written: list[Callable[[], None]] = []
         self._suspended: list[Callable[[], None]] = []
-        # The fetcher sleeps on this between claims.
-        self.fetch_wake = threading.Event()
         # Set by the fetcher when it waits for room (slot_freed wakes it).
         self.waiting_for_slots = False
         # The lowest priority of the ordinary claim in flight (None: none):
@@ -267,9 +275,7 @@ class Pipeline:
         another worker could run it).
         """
         concurrency = self.config.concurrency
-        average = max(self.average_task_seconds, 1e-6)
-        lookahead = int(concurrency * LOOKAHEAD_SECONDS / average)
-        target = concurrency + min(self.config.max_prefetch, max(concurrency, lookahead))
+        target = concurrency + self.lookahead_jobs()
         buffer = self.buffer
         # Jobs waiting at their key's gate (a limit by the shard key at its
         # cap) are not work for idle threads: left out, so the claim goes on
@@ -280,6 +286,29 @@ class Pipeline:
         if self.config.options.max_tasks is not None:
             wanted = min(wanted, self.tasks_left())
         return wanted, max(1, target // 4)
+
+    def lookahead_jobs(self) -> int:
+        """Jobs buffered beyond the running ones the demand aims at: enough
+        for LOOKAHEAD_SECONDS of the threads' work at the measured task time
+        (at least one a thread, at most the prefetch). With fair keys
+        buffered, at least FAIR_LOOKAHEAD a thread: the local queue can only
+        share out what it holds, and each key's share must outlast a claim
+        (docs/fairness.md)."""
+        concurrency = self.config.concurrency
+        average = max(self.average_task_seconds, 1e-6)
+        lookahead = max(concurrency, int(concurrency * LOOKAHEAD_SECONDS / average))
+        if self.buffer.has_fair:
+            lookahead = max(lookahead, FAIR_LOOKAHEAD * concurrency)
+        return min(self.config.max_prefetch, lookahead)
+
+    def fair_share(self) -> int:
+        """The buffered jobs the fair keys share here (docs/fairness.md):
+        the look-ahead, less the smallest batch worth a claim, so with every
+        key at its share there is still room to claim a new key's job at
+        once; each key's share of it goes by its weight
+        (Buffer.full_fair_keys)."""
+        lookahead = self.lookahead_jobs()
+        return max(1, lookahead - (self.config.concurrency + lookahead) // 4)
 
     def idle_threads(self) -> int:
         """Threads with nothing to run and nothing waiting for them: a

@@ -6,7 +6,7 @@
 -- this list (shardq/db/enqueue.py writes COPY rows in this order and checks it at import).
 id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key, ordered, status,
     status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at, limit_keys,
-    key_limited, traceparent
+    key_limited, traceparent, fair_key, fair_weight
 
 -- name: insert_job
 -- Insert one READY job on the caller's connection; when :notify, NOTIFY its shard and priority,
@@ -17,7 +17,7 @@ WITH job AS (
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb,
-        %(key_limited)s, %(traceparent)s)
+        %(key_limited)s, %(traceparent)s, %(fair_key)s, %(fair_weight)s)
     RETURNING id, shard, priority, enqueued_at, run_after
 )
 SELECT id, enqueued_at, run_after,
@@ -57,7 +57,7 @@ WITH live AS MATERIALIZED (
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb,
-        %(key_limited)s, %(traceparent)s
+        %(key_limited)s, %(traceparent)s, %(fair_key)s, %(fair_weight)s
     FROM new_job JOIN claim ON claim.job_id = new_job.id
     RETURNING id, shard, priority, enqueued_at, run_after
 )
@@ -147,7 +147,9 @@ job.id, job.task_path, job.queue_name, job.priority,
     -- Limited by its own shard key: the local queue holds it to the cap.
     job.key_limited,
     -- The enqueuing span's W3C trace context (shardq/tracing.py); NULL: untraced.
-    CASE WHEN picked.problem IS NULL THEN job.traceparent END AS traceparent
+    CASE WHEN picked.problem IS NULL THEN job.traceparent END AS traceparent,
+    -- Its fair key and own weight (docs/fairness.md; NULL: none).
+    job.fair_key, job.fair_weight
 
 -- name: claim_held
 -- claim_jobs' first step (a CTE body): the shards of :shards this worker holds in pool :pool under a
@@ -196,14 +198,26 @@ status = 'READY'
 -- before, took priority-0 jobs of one shard while another shard's
 -- priority-20 jobs waited in the table; the local queue can only order
 -- what was claimed.
-SELECT held.shard, held.claim_version, held.ord, held.shared, held.family, top.priority
+-- Two probes a shard: its jobs without a fair key and its fair ones (each a range of
+-- shardq_job_ready_idx, fair_column false and true); the better of the two. A shard with no fair
+-- job pays one probe of an empty range.
+SELECT held.shard, held.claim_version, held.ord, held.shared, held.family, top.priority,
+       COALESCE((%(fair_after)s::text[])[held.ord], '') AS fair_after
 FROM held
 CROSS JOIN LATERAL (
-    SELECT priority FROM shardq_job
-    WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}}
-    ORDER BY priority DESC, run_after, id
-    LIMIT 1
+    SELECT max(t.priority) AS priority FROM (
+        (SELECT priority FROM shardq_job
+         WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}} AND {{fair_column}} IS FALSE
+         ORDER BY priority DESC, run_after, id
+         LIMIT 1)
+        UNION ALL
+        (SELECT priority FROM shardq_job
+         WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}} AND {{fair_column}} IS TRUE
+         ORDER BY priority DESC, run_after, id
+         LIMIT 1)
+    ) AS t
 ) AS top
+WHERE top.priority IS NOT NULL
 
 -- name: job_problem
 -- What makes a job row unreadable for the worker, naming the column and its value (NULL: nothing):
@@ -346,6 +360,61 @@ CASE WHEN ordered AND (held.shared OR held.family IS NOT NULL) THEN NOT EXISTS (
                    ELSE e.fence <> held.claim_version END)
     ELSE true END
 
+-- name: fair_column
+-- shardq_job_ready_idx's third column (an expression over an unqualified shardq_job row): an
+-- unlimited job with a fair key (docs/fairness.md). Walks write "{{fair_column}} IS FALSE" (every
+-- job without a fair key, and every limited one) or "IS TRUE": the equality on that column.
+fair_key IS NOT NULL AND limit_keys IS NULL
+
+-- name: fair_ready
+-- shardq_job_fair_idx's predicate with its shard (a WHERE fragment over shardq_job for a shard of
+-- ``held``, included bare): the shard's unlimited READY jobs with a fair key.
+shard = held.shard AND status = 'READY' AND fair_key IS NOT NULL AND limit_keys IS NULL
+
+-- name: claim_fair
+-- claim_candidates' walk of a shard's fair jobs (a subquery body over ``held``: its shard, floor,
+-- take and fair_after), docs/fairness.md. A FIFO slice of the shard would be one noisy key's
+-- backlog; instead the walk goes key by key: the fair keys with backlog on the shard after
+-- :fair_after (the last key this worker took there: the keys take turns across claims), one probe
+-- of shardq_job_fair_idx each (the next key after the last, a loose index scan), until held.take
+-- keys not in :full_fair_keys (as many of their jobs wait in the worker's memory as it buffers a
+-- key) were found, passing over the full ones; and of each key left, its head in claim order,
+-- held.take shared out over the keys (rounded up), FOR UPDATE SKIP LOCKED.
+WITH RECURSIVE walk(key, n, open) AS (
+    SELECT first.key, 1, (NOT (first.key = ANY(%(full_fair_keys)s::text[])))::int FROM (
+        -- min(): the planner's one-row probe of the index (an ORDER BY .. LIMIT 1
+        -- may be planned as a sort of the shard's fair jobs).
+        -- OFFSET 0: probed once (a flattened subquery probed it twice).
+        SELECT (SELECT min(fair_key) FROM shardq_job WHERE {{fair_ready*}} AND fair_key > held.fair_after) AS key
+        OFFSET 0
+    ) AS first
+    WHERE first.key IS NOT NULL
+    UNION ALL
+    SELECT next.key, walk.n + 1, walk.open + (NOT (next.key = ANY(%(full_fair_keys)s::text[])))::int
+    FROM walk
+    CROSS JOIN LATERAL (
+        SELECT (SELECT min(fair_key) FROM shardq_job WHERE {{fair_ready*}} AND fair_key > walk.key) AS key
+    ) AS next
+    -- held.take keys that are not full, passing over at most every full one.
+    WHERE next.key IS NOT NULL AND walk.open < held.take
+      AND walk.n < held.take + cardinality(%(full_fair_keys)s::text[])
+), keys AS (
+    SELECT key, count(*) OVER () AS keys FROM walk
+    WHERE key IS NOT NULL AND NOT (key = ANY(%(full_fair_keys)s::text[]))
+)
+SELECT head.* FROM keys
+CROSS JOIN LATERAL (
+    SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses, last_attempted_at,
+           {{job_problem}} AS problem
+    FROM shardq_job
+    WHERE {{fair_ready*}} AND fair_key = keys.key AND priority >= held.floor AND {{claim_walk*}}
+      AND {{claim_key_free}}
+    ORDER BY priority DESC, run_after, id
+    LIMIT (held.take + keys.keys - 1) / keys.keys
+    FOR UPDATE SKIP LOCKED
+) AS head
+LIMIT held.take
+
 -- name: claim_candidates
 -- claim_jobs' fourth step (a CTE body over tops and runner_up): the jobs to take, locked (SKIP
 -- LOCKED), level by level: only jobs of the runner-up's priority or more, so every job taken
@@ -356,20 +425,43 @@ CASE WHEN ordered AND (held.shared OR held.family IS NOT NULL) THEN NOT EXISTS (
 -- shards at the floor follow in the fetcher's rotating order,
 -- :per_shard each. The next level comes with the next claim (the
 -- fetcher goes again at once after a short answer).
+-- Each shard's jobs without a fair key come by the walk above; its fair ones by claim_fair (after
+-- them in the shard's turn, as many again at most).
 SELECT j.id, j.problem, j.priority, j.run_after, j.ordered, j.key_limited, j.task_path, j.shard_key,
        j.worker_losses, j.last_attempted_at, held.claim_version
-FROM (SELECT tops.*, runner_up.second, runner_up.floor FROM tops, runner_up
+FROM (SELECT tops.*, runner_up.second, runner_up.floor,
+             CASE WHEN tops.priority > runner_up.second THEN %(limit)s ELSE %(per_shard)s END AS take
+      FROM tops, runner_up
       WHERE tops.priority >= runner_up.floor
       ORDER BY tops.priority > runner_up.floor DESC, tops.ord) AS held
 CROSS JOIN LATERAL (
-    SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses, last_attempted_at,
-           {{job_problem}} AS problem
-    FROM shardq_job
-    WHERE shard = held.shard AND priority >= held.floor AND {{claim_walk*}}
-      AND {{claim_key_free}}
-    ORDER BY priority DESC, run_after, id
-    LIMIT CASE WHEN held.priority > held.second THEN %(limit)s ELSE %(per_shard)s END
-    FOR UPDATE SKIP LOCKED
+    SELECT * FROM (
+        SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses, last_attempted_at,
+               {{job_problem}} AS problem
+        FROM shardq_job
+        WHERE shard = held.shard AND priority >= held.floor AND {{claim_walk*}} AND {{fair_column}} IS FALSE
+          AND {{claim_key_free}}
+        ORDER BY priority DESC, run_after, id
+        LIMIT held.take
+        FOR UPDATE SKIP LOCKED
+    ) AS plain
+    UNION ALL
+    -- No fair key with two jobs or more in the worker's memory (:fair_walk
+    -- false): as many keys as jobs, and the shard's fair jobs come as a FIFO
+    -- slice of their range (as cheap as the plain walk; a key that gathers
+    -- two jobs there makes the next claim go key by key).
+    SELECT * FROM (
+        SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses, last_attempted_at,
+               {{job_problem}} AS problem
+        FROM shardq_job
+        WHERE shard = held.shard AND priority >= held.floor AND {{claim_walk*}} AND {{fair_column}} IS TRUE
+          AND {{claim_key_free}} AND NOT %(fair_walk)s
+        ORDER BY priority DESC, run_after, id
+        LIMIT held.take
+        FOR UPDATE SKIP LOCKED
+    ) AS fair_slice
+    UNION ALL
+    SELECT * FROM ({{claim_fair*}}) AS fair WHERE %(fair_walk)s
 ) AS j
 LIMIT %(limit)s
 
@@ -985,3 +1077,22 @@ HAVING count(*) > 0
 UNION ALL
 SELECT 'WAITING on nothing', count(*)::int, (array_agg(id ORDER BY id))[1:10] FROM orphaned
 HAVING count(*) > 0;
+
+-- name: status_fair_keys
+-- shardq_status's fair keys (docs/fairness.md), per queue and fair key: jobs waiting (READY or
+-- CLAIMED), seconds the oldest due one has waited since its run_after (NULL: none due), starts
+-- over the last minute (last_attempted_at within it) and their worker seconds so far (to
+-- finished_at, or now for a job still running). Jobs without a fair key are left out.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t)
+SELECT j.queue_name, j.fair_key,
+       count(*) FILTER (WHERE j.status IN ('READY', 'CLAIMED')) AS backlog,
+       (extract(epoch FROM now.t)
+        - extract(epoch FROM min(j.run_after) FILTER (WHERE j.status IN ('READY', 'CLAIMED') AND j.run_after <= now.t))
+       )::float8 AS oldest_seconds,
+       count(*) FILTER (WHERE j.last_attempted_at > now.t - interval '1 minute') AS starts,
+       COALESCE(sum(extract(epoch FROM LEAST(COALESCE(j.finished_at, now.t), now.t) - j.last_attempted_at))
+                FILTER (WHERE j.last_attempted_at > now.t - interval '1 minute'), 0)::float8 AS seconds
+FROM shardq_job AS j, now
+WHERE j.fair_key IS NOT NULL
+  AND (j.status IN ('READY', 'CLAIMED') OR j.last_attempted_at > now.t - interval '1 minute')
+GROUP BY j.queue_name, j.fair_key, now.t;

@@ -24,7 +24,7 @@ CROSS JOIN LATERAL (
     -- (limit_keys IS NULL) IS FALSE: written so, it is the equality on
     -- shardq_job_ready_idx's second column that keeps this walk to the
     -- shard's limited jobs (limit_keys IS NOT NULL would filter every row).
-    WHERE shard = h.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE
+    WHERE shard = h.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE AND {{fair_column}} IS FALSE
       -- Due now, no look-ahead: a rate token is spent when the job is claimed.
       AND run_after <= {{now}}
       AND NOT (limit_keys ?| %(full)s::text[])
@@ -61,7 +61,7 @@ WITH held AS MATERIALIZED (
                {{job_problem}} AS problem
         FROM shardq_job
         -- (limit_keys IS NULL) IS FALSE: shardq_job_ready_idx's limited range (as claim_limited_candidates).
-        WHERE shard = held.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE
+        WHERE shard = held.shard AND status = 'READY' AND (limit_keys IS NULL) IS FALSE AND {{fair_column}} IS FALSE
           AND run_after <= {{now}}
           AND limit_keys <@ %(keys_json)s::jsonb
           AND {{served_jobs*}}
@@ -206,6 +206,7 @@ WITH waiting AS (
     -- Shard by shard: each a range of shardq_job_ready_idx's limited jobs.
     FROM (SELECT DISTINCT shard FROM shardq_shard) AS sh
     JOIN shardq_job AS j ON j.shard = sh.shard AND j.status = 'READY' AND (j.limit_keys IS NULL) IS FALSE
+        AND (j.fair_key IS NOT NULL AND j.limit_keys IS NULL) IS FALSE
     CROSS JOIN LATERAL jsonb_array_elements_text(j.limit_keys) AS k(key)
     GROUP BY k.key
 ), by_key AS MATERIALIZED (

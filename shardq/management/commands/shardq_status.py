@@ -16,6 +16,7 @@ from django.core.management.base import BaseCommand
 from ...conf import get_config
 from ...core import pools
 from ...db import operations
+from ...fairness import fair_key_report
 from ...limits import limit_report
 from ..flags import printable
 
@@ -134,6 +135,8 @@ class Command(BaseCommand):
             }
             for task_path, count, no_timeout, next_wake in operations.run("status_suspended")
         ]
+        # Fair share inside a queue (docs/fairness.md): the top fair keys of each queue.
+        fair_keys = fair_key_report()
         # The pools that have a live worker; with none, the pool a worker with
         # no flags would join (its shards are all unowned: nothing runs).
         pools_shown = [p for p in every_pool if p["workers"]] or [p for p in every_pool if p["pool"] == pools.ALL]
@@ -160,6 +163,7 @@ class Command(BaseCommand):
                         "suspended": suspended,
                         # Unfinished jobs no worker will ever run, by reason.
                         "silent_rows": silent,
+                        "fair_keys": fair_keys,
                     },
                     indent=2,
                     allow_nan=False,
@@ -224,6 +228,16 @@ class Command(BaseCommand):
             if lim["holders"]:
                 parts.append("held by " + ", ".join(f"{printable(w)} {n}" for w, n in sorted(lim["holders"].items())))
             self.stdout.write(" ".join(parts))
+        for queue in fair_keys:
+            self.stdout.write(
+                f"fair keys of queue {printable(queue['queue'])}: "
+                + "; ".join(
+                    f"{printable(k['key'])} {k['backlog']} waiting"
+                    + (f" (oldest {_seconds_text(k['oldest_seconds'])})" if k["oldest_seconds"] is not None else "")
+                    + f", {k['starts_share']:.0%} of starts and {k['time_share']:.0%} of worker time in the last minute"
+                    for k in queue["keys"]
+                )
+            )
         self.stdout.write("jobs: " + (", ".join(f"{printable(k)} {v}" for k, v in jobs.items()) or "none"))
         for entry in suspended:
             wake = f"next wakes {entry['next_wake']}" if entry["next_wake"] else "none wakes by time"

@@ -8,6 +8,10 @@ order's transaction), waits for the queue to drain and prints who did what.
 Then it runs one order through the order workflow (``demo.tasks.order_workflow``:
 charge, then pack and receipt side by side, then ship, then close) and prints
 when each step started and finished, with the link to its graph in the admin.
+Then two tenants share a queue (docs/fairness.md): it presses the page
+/tenants/'s "noisy tenant" button (2,000 reports at once), then the quiet
+tenant's (20 reports), and prints how long the quiet tenant's waited while
+the noisy backlog still waits.
 Then it creates (or resets) the superuser ``admin``, prints the admin's URL
 and that login, and keeps serving until Ctrl-C or SIGTERM; with
 ``DEMO_EXIT=1`` in the environment (CI) it stops at once instead. Either way
@@ -37,6 +41,8 @@ DEMO_TASKS = ("example_project.demo.tasks.send_receipt",)
 WORKFLOW_TASKS = tuple(
     f"example_project.demo.tasks.{name}" for name in ("charge_card", "pack_items", "ship_order", "close_order")
 )
+# The two tenants' reports (/tenants/).
+TENANT_TASKS = ("example_project.demo.tasks.build_report",)
 
 
 def free_port(preferred: int = 8000) -> int:
@@ -157,6 +163,7 @@ class Command(BaseCommand):
                 drain_seconds = time.monotonic() - t0
             self._report(console, Table, n, post_seconds, drain_seconds)
             self._run_workflow(console, port, workers)
+            self._run_tenants(console, port, workers)
             if os.environ.get("DEMO_EXIT"):
                 console.print("DEMO_EXIT is set: stopping now")
             else:
@@ -193,6 +200,7 @@ class Command(BaseCommand):
         console.rule("[bold]the admin")
         console.print(f"admin: http://127.0.0.1:{port}/admin/shardq/dashboard/")
         console.print(f"login: admin / {password}")
+        console.print(f"two tenants, one queue (the noisy tenant button): http://127.0.0.1:{port}/tenants/")
         console.print("serving the admin, gunicorn and the workers until Ctrl-C (logs in .demo/)")
         while not stop.wait(0.5):
             for proc in started:
@@ -208,7 +216,9 @@ class Command(BaseCommand):
                 "DELETE FROM shardq_edge WHERE child IN (SELECT id FROM shardq_job WHERE task_path = ANY(%s))",
                 [list(WORKFLOW_TASKS)],
             )
-            cursor.execute("DELETE FROM shardq_job WHERE task_path = ANY(%s)", [list(DEMO_TASKS + WORKFLOW_TASKS)])
+            cursor.execute(
+                "DELETE FROM shardq_job WHERE task_path = ANY(%s)", [list(DEMO_TASKS + WORKFLOW_TASKS + TENANT_TASKS)]
+            )
         Order.objects.all().delete()
 
     def _wait_http(self, port, web):
@@ -280,6 +290,39 @@ class Command(BaseCommand):
         console.print(
             f"order {order.pk}: status {order.status!r} (rank {order.status_rank}); each step began after its "
             f"parents finished. Graph: http://127.0.0.1:{port}/admin/shardq/job/{ids[-1]}/workflow/"
+        )
+
+    def _run_tenants(self, console, port, workers) -> None:
+        """The /tenants/ page's buttons, pressed as a browser would: the noisy
+        tenant's 2,000 reports, then the quiet tenant's 20; the quiet ones
+        run at once past the noisy backlog (docs/fairness.md)."""
+        import requests
+
+        from example_project.demo import views
+
+        base = f"http://127.0.0.1:{port}/tenants/"
+        with requests.Session() as browser:
+            browser.get(base, timeout=30)
+            for button in ("noisy/", "quiet/"):
+                answer = browser.post(
+                    base + button, data={"csrfmiddlewaretoken": browser.cookies["csrftoken"]}, timeout=60
+                )
+                if answer.status_code != 200:
+                    raise CommandError(f"POST /tenants/{button} answered {answer.status_code}: {answer.text[:200]}")
+            deadline = time.monotonic() + 60
+            while True:
+                figures = {t["tenant"]: t for t in browser.get(base + "?format=json", timeout=30).json()["tenants"]}
+                quiet, noisy = figures[views.QUIET], figures[views.NOISY]
+                if quiet["waiting"] == 0 and quiet["started"] >= views.QUIET_REPORTS:
+                    break
+                if time.monotonic() > deadline or workers.poll() is not None:
+                    raise CommandError(f"the quiet tenant's reports did not run: {quiet}")
+                time.sleep(0.1)
+        console.rule("two tenants, one queue")
+        console.print(
+            f"noisy tenant {views.NOISY}: {views.NOISY_REPORTS} reports enqueued, {noisy['waiting']} still waiting; "
+            f"quiet tenant {views.QUIET}: {views.QUIET_REPORTS} reports enqueued after them, all run, pickup "
+            f"p50 {quiet['pickup_p50_ms']} ms, p99 {quiet['pickup_p99_ms']} ms (fair by tenant: no wait behind the backlog)"
         )
 
     def _finished(self) -> int:
