@@ -260,7 +260,7 @@ class DurableRun:
                 "iterate takes a QuerySet (walked by keyset on `by`) or a function fn(cursor) -> "
                 f"(items, next_cursor); got {type(source).__name__}"
             )
-        if connections[self.using].in_atomic_block:
+        if self._in_transaction():
             raise RuntimeError(
                 "iterate runs each batch in a transaction of its own (its writes commit with the "
                 "cursor): call it outside transaction.atomic()"
@@ -356,10 +356,14 @@ class DurableRun:
             raise ValueError("sleep_until takes an aware datetime (django.utils.timezone.now() + ...)")
         self._sleep(self._auto_name("sleep"), until=when)
 
+    def _in_transaction(self) -> bool:
+        """Is the task inside a transaction of its own (or a batch)?"""
+        return connections[self.using].in_atomic_block
+
     def _outside_transactions(self, call: str) -> None:
         # A suspension ends the attempt: a transaction around it (a batch of
         # iterate, the task's own atomic) would roll its record back.
-        if connections[self.using].in_atomic_block:
+        if self._in_transaction():
             raise RuntimeError(
                 f"{call} suspends the job: call it outside transaction.atomic() and outside iterate's batches"
             )

@@ -22,3 +22,13 @@ class Receipt(models.Model):
     order = models.OneToOneField(Order, on_delete=models.CASCADE)
     worker = models.CharField(max_length=64)
     sent_at = models.DateTimeField(auto_now_add=True)
+
+
+class OrderAudit(models.Model):
+    """Written by the ``backfill_audits`` durable task, one per order: the
+    unique order proves each batch committed once, through any ``kill -9``."""
+
+    order = models.OneToOneField(Order, on_delete=models.CASCADE)
+    job_id = models.BigIntegerField()
+    total_cents = models.IntegerField()
+    audited_at = models.DateTimeField(auto_now_add=True)

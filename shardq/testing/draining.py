@@ -52,9 +52,11 @@ from django.utils import timezone
 from ..conf import get_config
 from ..db import store
 from ..db import testing as testing_store
+from ..durable import Record
 from ..exceptions import ResultTooLarge, ShardqError, UnknownTask
 from ..tasks import Backoff, ShardTask, resolve
 from ..worker.executor import ShardqTaskContext, sanitize_text, unstorable_json_text
+from .durable import DrainedRun
 
 logger = logging.getLogger("shardq.testing")
 
@@ -289,6 +291,11 @@ class _Drain:
         self.config = get_config()
         self.report = DrainReport()
         self._shards_ensured = False
+        # Durable jobs' records (step outputs, cursors) by job id, kept for
+        # their later attempts in this drain (shardq/testing/durable.py), and
+        # the last run's, kept unless its transaction failed.
+        self._durable_records: dict[int, dict[str, Record]] = {}
+        self._last_run: DrainedRun | None = None
         # Set when an outcome written was a workflow parent's.
         self._parent_finished = False
 
@@ -354,9 +361,12 @@ class _Drain:
             try:
                 value = self._call(task, row, result)
             except BaseException:
-                self._settle(connection, savepoint, callbacks_from, rolled_back=_in_failed_transaction(connection))
+                failed = _in_failed_transaction(connection)
+                self._settle(connection, savepoint, callbacks_from, rolled_back=failed)
+                self._keep_durable_records(kept=not failed)
                 raise
             self._settle(connection, savepoint, callbacks_from, rolled_back=False)
+            self._keep_durable_records(kept=True)
             value_json = self._encode(value)
         except BaseException as error:
             # Handled inside the except block, as the worker does, so
@@ -405,18 +415,37 @@ class _Drain:
             raise TypeError(f"job {row['id']}'s arguments in the table are not a JSON list and object")
         if task.takes_context:
             self._ensure_shards()
+            # Durable calls for sync tasks, as a worker gives them.
+            self._last_run = None
+            if not iscoroutinefunction(task.func):
+                kept = dict(self._durable_records.get(row["id"], {}))
+                self._last_run = DrainedRun(job_id=row["id"], using=self.using, kept=kept)
             context = ShardqTaskContext(
                 task_result=result,
                 fence=row["fence"],
                 shard=row["shard"],
                 rank=row["status_rank"] + 1,
+                durable=self._last_run,
             )
             args = [context, *args]
         if iscoroutinefunction(task.func):
             # The coroutine runs on an event loop of asgiref's; its ORM calls
             # (sync_to_async) come back to this thread, so to the test's connection.
             return async_to_sync(task.func)(*args, **kwargs)
-        return task.func(*args, **kwargs)
+        try:
+            return task.func(*args, **kwargs)
+        finally:
+            if self._last_run is not None:
+                # A walk left open (the task raised or returned in it): its batch rolls back.
+                self._last_run.close()
+
+    def _keep_durable_records(self, *, kept: bool) -> None:
+        """The last run's durable records stay for the job's next attempt,
+        unless its transaction failed (its savepoint, and its batches' writes,
+        rolled back)."""
+        run, self._last_run = self._last_run, None
+        if run is not None and kept:
+            self._durable_records[run.job_id] = run.records()
 
     def _ensure_shards(self) -> None:
         # shardq.fenced / complete_in_transaction check the job's fence

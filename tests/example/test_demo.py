@@ -11,7 +11,7 @@ import sys
 import pytest
 import requests
 
-from tests.helpers import wait_until
+from tests.helpers import sql, wait_until
 from tests.workers import POOL_TAG, ROOT, alive, database_url, kill_tree, tagged
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.process]
@@ -115,3 +115,35 @@ def test_demo_exit_stops_after_the_summary(transactional_db, tmp_path):
         r"noisy tenant globex: 2000 reports enqueued, (\d+) still waiting; quiet tenant acme: 20 reports", flat
     )
     assert tenants and int(tenants[1]) > 1000, flat
+    # The durable backfill: its worker process was kill -9ed mid-walk, the
+    # next owner resumed it, and each order has exactly one audit.
+    assert re.search(r"kill -9 of worker pid \d+ after \d+ batches", text), text
+    done = re.search(r"backfill SUCCESSFUL: (\d+) batches; (\d+) audits for (\d+) orders", text)
+    assert done and done[2] == done[3] == "21", text
+
+
+def test_a_ctrl_c_while_the_backfill_walks_hands_it_back_with_its_cursor(transactional_db, tmp_path):
+    from example_project.demo.models import OrderAudit
+
+    # Slow batches and no kill: the Ctrl-C lands between batches.
+    proc, out = start_demo(tmp_path, DEMO_BACKFILL_PAUSE="3", DEMO_BACKFILL_KILL_AT="1000")
+    try:
+        wait_until(lambda: "auditing 21 orders" in out.read_text(), timeout=240, interval=0.2, message=out.read_text)
+        wait_until(lambda: OrderAudit.objects.exists(), timeout=60, message="a first batch")
+
+        os.killpg(proc.pid, signal.SIGINT)
+
+        assert exit_code(proc, out, timeout=90) == 0, out.read_text()
+    finally:
+        stop_demo(proc, tmp_path)
+    text = out.read_text()
+    assert "Ctrl-C: stopping the workers" in text and "everything it started is stopped" in text, text
+    [(job_id, status, attempts)] = sql(
+        "SELECT id, status, attempts FROM shardq_job WHERE task_path = 'example_project.demo.tasks.backfill_audits'"
+    )
+    [(batches,)] = sql("SELECT batches FROM shardq_job_step WHERE job_id = %s AND kind = 'iterate'", [job_id])
+    # Handed back at a boundary: READY, no attempt used, its cursor kept, and
+    # exactly the committed batches' audits (3 orders a batch).
+    assert (status, attempts) == ("READY", 0), text
+    assert 1 <= batches < 7 and OrderAudit.objects.count() == 3 * batches
+    assert f"backfill job {job_id} left READY after {batches} batches" in text, text

@@ -151,3 +151,20 @@ def one_at_a_time(context: TaskContext, wait: bool) -> str:
     if wait:
         return context.wait_for("go")
     return "ran"
+
+
+@shard_task(takes_context=True, max_attempts=2)
+def flaky_backfill(context: TaskContext, tenant: int, size: int, fail_after: int) -> dict:
+    """A step, then the tenant's items in batches of ``size``, one ledger row
+    per item; the first attempt raises after batch ``fail_after``."""
+    job = int(context.task_result.id)
+    plan = context.step("plan", ran, job, "plan", {"items": Item.objects.filter(tenant=tenant).count()})
+    batches = 0
+    for batch in context.iterate(Item.objects.filter(tenant=tenant), by="pk", size=size):
+        batches += 1
+        ItemLedger.objects.bulk_create(
+            ItemLedger(item_id=item.pk, job_id=job, fence=0, batch=batches) for item in batch
+        )
+        if not context.task_result.errors and batches == fail_after:
+            raise RuntimeError(f"fails after batch {batches}, on purpose")
+    return {"items": plan["items"], "batches_this_run": batches}

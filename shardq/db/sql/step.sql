@@ -139,10 +139,11 @@ RETURNING job.id, CASE WHEN %(notify)s THEN pg_notify(%(channel)s, job.shard || 
 -- The waker: suspended jobs of these shards whose time has come (a sleep's end, a wait's
 -- timeout) go back to READY, keeping run_after (their due time: pickup latency counts from it),
 -- status_rank + 1; through shardq_job_suspended_idx, at most :batch, SKIP LOCKED. Returns id and
--- shard of each.
+-- shard of each. The time is read once (a subquery): clock_timestamp() is volatile, and compared
+-- row by row it is no index condition, so every suspended job was read (bench/durable.py).
 WITH due AS MATERIALIZED (
     SELECT j.id FROM shardq_job AS j
-    WHERE j.shard = ANY(%(shards)s::int[]) AND j.status = 'SUSPENDED' AND j.run_after <= {{now}}
+    WHERE j.shard = ANY(%(shards)s::int[]) AND j.status = 'SUSPENDED' AND j.run_after <= (SELECT {{now}})
     ORDER BY j.shard, j.run_after
     LIMIT %(batch)s
     FOR UPDATE OF j SKIP LOCKED
@@ -154,10 +155,17 @@ RETURNING job.id, job.shard;
 
 -- name: seconds_until_wake
 -- Seconds until the next suspended job of these shards falls due (NULL: none; a wait with no
--- timeout, suspended until 9999-12-01, is left out).
-SELECT extract(epoch FROM min(run_after) - {{now}})::float8
-FROM shardq_job
-WHERE shard = ANY(%(shards)s::int[]) AND status = 'SUSPENDED' AND run_after < '9999-12-01 00:00:00+00';
+-- timeout, suspended until 9999-12-01, is left out). The first entry of each shard in
+-- shardq_job_suspended_idx: a min() over shard = ANY(...) read every suspended job's entry
+-- (100,000 of them: a third of a second, every second, beside a drain; bench/durable.py).
+SELECT extract(epoch FROM min(next.run_after) - {{now}})::float8
+FROM unnest(%(shards)s::int[]) AS s(shard)
+CROSS JOIN LATERAL (
+    SELECT j.run_after FROM shardq_job AS j
+    WHERE j.shard = s.shard AND j.status = 'SUSPENDED' AND j.run_after < '9999-12-01 00:00:00+00'
+    ORDER BY j.run_after
+    LIMIT 1
+) AS next;
 
 -- name: admin_job_steps
 -- The admin's job page: what job :id recorded, oldest first, each output cut to :chars characters

@@ -12,6 +12,13 @@ Then two tenants share a queue (docs/fairness.md): it presses the page
 /tenants/'s "noisy tenant" button (2,000 reports at once), then the quiet
 tenant's (20 reports), and prints how long the quiet tenant's waited while
 the noisy backlog still waits.
+Then a durable backfill (``demo.tasks.backfill_audits``, docs/durable.md)
+walks every order in about ten batches, each writing one audit per order with
+its cursor in one transaction; the demo ``kill -9``s the worker process
+running it mid-walk, and the next owner resumes after the last committed
+batch: one audit per order, none twice. A Ctrl-C while it walks stops the
+workers by SIGTERM, which hand the backfill back READY at its next batch
+(cursor kept, no attempt used); the demo prints where it stopped.
 Then it creates (or resets) the superuser ``admin``, prints the admin's URL
 and that login, and keeps serving until Ctrl-C or SIGTERM; with
 ``DEMO_EXIT=1`` in the environment (CI) it stops at once instead. Either way
@@ -37,6 +44,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 
 DEMO_TASKS = ("example_project.demo.tasks.send_receipt",)
+BACKFILL_TASK = "example_project.demo.tasks.backfill_audits"
 # The order workflow's steps (send_receipt is one of them too).
 WORKFLOW_TASKS = tuple(
     f"example_project.demo.tasks.{name}" for name in ("charge_card", "pack_items", "ship_order", "close_order")
@@ -90,6 +98,7 @@ class Command(BaseCommand):
         log_dir = root / ".demo"
         log_dir.mkdir(exist_ok=True)
         started: list[subprocess.Popen] = []
+        backfill = None
         try:
             # Each child writes to its own copy of the log's descriptor.
             with open(log_dir / "gunicorn.log", "w") as log:
@@ -115,23 +124,16 @@ class Command(BaseCommand):
                     start_new_session=True,
                 )
             started.append(web)
-            with open(log_dir / "workers.log", "w") as log:
-                workers = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "manage.py",
-                        "shardq_worker",
-                        "--processes",
-                        str(options["processes"]),
-                        "--concurrency",
-                        str(options["concurrency"]),
-                    ],
-                    cwd=root,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+            self._worker_command = [
+                sys.executable,
+                "manage.py",
+                "shardq_worker",
+                "--processes",
+                str(options["processes"]),
+                "--concurrency",
+                str(options["concurrency"]),
+            ]
+            workers = self._start_workers(root, env, log_dir, "w")
             started.append(workers)
             console.print(
                 f"gunicorn on http://127.0.0.1:{port}/ (pid {web.pid}); "
@@ -164,10 +166,21 @@ class Command(BaseCommand):
             self._report(console, Table, n, post_seconds, drain_seconds)
             self._run_workflow(console, port, workers)
             self._run_tenants(console, port, workers)
-            if os.environ.get("DEMO_EXIT"):
-                console.print("DEMO_EXIT is set: stopping now")
+            backfill = self._start_backfill(console)
+            # Ctrl-C or SIGTERM while it walks (handlers of the demo's own:
+            # a shell may have started it with SIGINT ignored).
+            interrupted = threading.Event()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, lambda *_: interrupted.set())
+            try:
+                self._kill_backfill_owner_and_wait(console, backfill, started, (root, env, log_dir), interrupted)
+            except KeyboardInterrupt:
+                console.print("Ctrl-C: stopping the workers (SIGTERM)")
             else:
-                self._serve_admin(console, port, started)
+                if os.environ.get("DEMO_EXIT"):
+                    console.print("DEMO_EXIT is set: stopping now")
+                else:
+                    self._serve_admin(console, port, started)
         finally:
             for proc in reversed(started):
                 if proc.poll() is None:
@@ -177,6 +190,8 @@ class Command(BaseCommand):
                     proc.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
+            if backfill is not None:
+                self._print_backfill_left(console, backfill)
             from shardq import embedded
 
             if embedded.started_here():  # a server this demo only joined keeps running
@@ -217,7 +232,8 @@ class Command(BaseCommand):
                 [list(WORKFLOW_TASKS)],
             )
             cursor.execute(
-                "DELETE FROM shardq_job WHERE task_path = ANY(%s)", [list(DEMO_TASKS + WORKFLOW_TASKS + TENANT_TASKS)]
+                "DELETE FROM shardq_job WHERE task_path = ANY(%s)",
+                [list(DEMO_TASKS + WORKFLOW_TASKS + TENANT_TASKS + (BACKFILL_TASK,))],
             )
         Order.objects.all().delete()
 
@@ -324,6 +340,106 @@ class Command(BaseCommand):
             f"quiet tenant {views.QUIET}: {views.QUIET_REPORTS} reports enqueued after them, all run, pickup "
             f"p50 {quiet['pickup_p50_ms']} ms, p99 {quiet['pickup_p99_ms']} ms (fair by tenant: no wait behind the backlog)"
         )
+
+    def _start_backfill(self, console):
+        from example_project.demo.models import Order
+        from example_project.demo.tasks import backfill_audits
+
+        orders = Order.objects.count()
+        size = max(1, -(-orders // 10))  # about ten batches
+        pause = float(os.environ.get("DEMO_BACKFILL_PAUSE", "0.5"))
+        backfill = backfill_audits.enqueue(size=size, pause=pause)
+        console.rule(f"durable backfill (job {backfill.id})")
+        console.print(f"  auditing {orders} orders in batches of {size}, {pause} s a batch")
+        return backfill
+
+    def _backfill_state(self, backfill) -> tuple[str, int, int | None, int]:
+        """(status, batches committed, total, audits written) of the backfill."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT j.status, coalesce(s.batches, 0), s.total, (SELECT count(*) FROM demo_orderaudit) "
+                "FROM shardq_job j LEFT JOIN shardq_job_step s ON s.job_id = j.id AND s.kind = 'iterate' "
+                "WHERE j.id = %s",
+                [int(backfill.id)],
+            )
+            return cursor.fetchone()
+
+    def _start_workers(self, root, env, log_dir, mode: str) -> subprocess.Popen:
+        with open(log_dir / "workers.log", mode) as log:
+            return subprocess.Popen(
+                self._worker_command,
+                cwd=root,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def _kill_backfill_owner_and_wait(
+        self, console, backfill, started: list[subprocess.Popen], where, interrupted: threading.Event
+    ) -> None:
+        """``kill -9`` the worker process running the backfill once it has
+        committed two batches, then wait for it to finish elsewhere. With
+        ``--processes 1`` the killed process is the worker itself (there is
+        no supervisor to restart it): the demo starts a new one, as a
+        process manager would."""
+        from example_project.demo.models import Order
+
+        workers = started[-1]
+
+        kill_at = int(os.environ.get("DEMO_BACKFILL_KILL_AT", "2"))
+        deadline = time.monotonic() + 120
+        while True:
+            status, batches, total, _ = self._backfill_state(backfill)
+            if batches >= kill_at or status in ("SUCCESSFUL", "FAILED"):
+                break
+            if time.monotonic() > deadline or workers.poll() is not None:
+                raise CommandError(f"the backfill did not commit {kill_at} batches ({status}, {batches}); see .demo/")
+            if interrupted.wait(0.05):
+                raise KeyboardInterrupt
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT w.pid FROM shardq_job j JOIN shardq_worker w ON w.id::text = j.worker_ids->>-1 "
+                "WHERE j.id = %s AND j.status = 'RUNNING'",
+                [int(backfill.id)],
+            )
+            row = cursor.fetchone()
+        if row:
+            os.kill(row[0], signal.SIGKILL)
+            console.print(
+                f"  kill -9 of worker pid {row[0]} after {batches} batches of {total} orders; the shard's next "
+                "owner resumes the walk once the dead one's lease ends (LEASE_TTL)"
+            )
+            if row[0] == workers.pid:
+                workers.wait()
+                workers = self._start_workers(*where, "a")
+                started[-1] = workers
+        deadline = time.monotonic() + 180
+        while True:
+            status, batches, total, audits = self._backfill_state(backfill)
+            if status in ("SUCCESSFUL", "FAILED"):
+                break
+            if time.monotonic() > deadline or workers.poll() is not None:
+                raise CommandError(f"the backfill did not finish ({status}, batch {batches}); see .demo/")
+            if interrupted.wait(0.1):
+                raise KeyboardInterrupt
+        orders = Order.objects.count()
+        console.print(
+            f"  backfill {status}: {batches} batches; {audits} audits for {orders} orders "
+            f"(each exactly once: {audits == orders})"
+        )
+
+    def _print_backfill_left(self, console, backfill) -> None:
+        """After the workers stopped: where an unfinished backfill stands."""
+        try:
+            status, batches, _total, audits = self._backfill_state(backfill)
+        except Exception:  # the database is going away with the demo: nothing to print
+            return
+        if status not in ("SUCCESSFUL", "FAILED"):
+            console.print(
+                f"backfill job {backfill.id} left {status} after {batches} batches ({audits} audits "
+                "committed, cursor kept): `manage.py shardq_worker` resumes it after its last committed batch"
+            )
 
     def _finished(self) -> int:
         with connection.cursor() as cursor:
