@@ -131,6 +131,32 @@ def pytest_runtest_makereport(item, call):
     if started and report.passed:
         report.outcome = "failed"
         report.longrepr = f"{item.nodeid} started a process but is not marked `process`: {started}"
+    pool = getattr(item, "funcargs", {}).get("workers")
+    if report.failed and pool is not None:
+        # A process test that fails in CI shows what its workers logged,
+        # and where each live one's threads are (SIGUSR1: the worker's
+        # stack dump): the traceback alone cannot say why a worker did not stop.
+        import os
+        import signal
+        import time
+
+        dumped = False
+        for proc in pool.procs:
+            if proc.poll() is None:
+                for pid in [proc.pid, *pool.children(proc)]:
+                    try:
+                        os.kill(pid, signal.SIGUSR1)
+                        dumped = True
+                    except ProcessLookupError:
+                        pass
+        if dumped:
+            time.sleep(1.0)
+        for proc in pool.procs:
+            try:
+                tail = pool.log(proc)[-6000:]
+            except OSError as exc:
+                tail = f"(log unreadable: {exc})"
+            report.sections.append((f"worker pid {proc.pid} log (last 6000 characters)", tail))
     return report
 
 

@@ -8,6 +8,7 @@ start, shard changes, signals, failed jobs and stop. A project that
 configures ``LOGGING`` for ``shardq`` or for the root logger is left alone.
 """
 
+import io
 import logging
 import os
 import sys
@@ -27,6 +28,19 @@ def ensure_output() -> None:
     logger.addHandler(handler)
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
+
+
+def dump_stacks_on(signum: int) -> None:
+    """``kill -USR1 <pid>`` prints every thread's stack to stderr (Python's
+    faulthandler, in C: it works while Python code is stuck), and the worker
+    carries on. An operator asks a worker that does not stop, or does not
+    claim, where it is; without this SIGUSR1's default action kills it."""
+    import faulthandler
+
+    try:
+        faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        pass  # no usable stderr (a closed or redirected stream): the default action stays
 
 
 def tidy_django_task_log() -> None:

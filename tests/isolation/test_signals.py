@@ -189,3 +189,24 @@ def test_when_the_grace_runs_out_the_log_names_the_jobs_that_end_worker_lost_and
     assert scalar("SELECT count(*) FROM shardq_worker WHERE state <> 'STOPPED'") == 0
     wait_until(lambda: workers.orphans() == [], timeout=10, message="the children to exit")
     assert not alive(proc.pid)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_sigusr1_prints_every_threads_stack_and_the_worker_carries_on(workers, processes):
+    """An operator asks a worker that will not stop where it is: ``kill -USR1``
+    prints each thread's stack (to stderr, under Django's default logging)
+    and the worker keeps running; SIGTERM then still stops it cleanly."""
+    proc, _running = start_running(workers, processes, sleep=0.5, jobs=2, env=DEFAULT_LOGGING)
+    targets = [proc.pid, *(workers.children(proc) if processes > 1 else [])]
+    for pid in targets:
+        os.kill(pid, signal.SIGUSR1)
+    wait_until(
+        lambda: workers.log(proc).count("Current thread") + workers.log(proc).count("Thread 0x") >= len(targets),
+        timeout=30,
+        message=lambda: f"a stack dump from each of {targets}: {workers.log(proc)[-2000:]}",
+    )
+    for pid in targets:
+        assert alive(pid), f"pid {pid} died on SIGUSR1: {workers.log(proc)[-2000:]}"
+    wait_until(lambda: scalar("SELECT count(*) FROM shardq_job WHERE status = 'SUCCESSFUL'") == 2, timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, workers.log(proc)[-3000:]

@@ -3,6 +3,7 @@
 import errno
 import logging
 import os
+import signal
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -92,6 +93,7 @@ class Command(BaseCommand):
 
         shutdown.install()
         logs.ensure_output()
+        logs.dump_stacks_on(signal.SIGUSR1)
         logs.tidy_django_task_log()
         alias = options["backend"]
         config = shardq_backend_config(alias)
