@@ -66,6 +66,37 @@ def time_at_least(profile, level: int) -> tuple[float, float]:
     return covered, profile[-1][0] - profile[0][0]
 
 
+def longest_below(profile, level: int, until: float) -> float:
+    """The longest stretch with fewer than ``level`` running, from the first
+    start to ``until`` (the last start: from then on the backlog is gone)."""
+    longest, since = 0.0, None
+    for at, running in profile:
+        if at > until:
+            break
+        if running < level and since is None:
+            since = at
+        elif running >= level and since is not None:
+            longest, since = max(longest, at - since), None
+    if since is not None:
+        longest = max(longest, until - since)
+    return longest
+
+
+def longest_gap(times: list[float]) -> float:
+    return max((b - a for a, b in itertools.pairwise(sorted(times))), default=0.0)
+
+
+# The lower bounds (the limit is reached, not only never exceeded) at the
+# issue's figures under `make limits-full`; in CI, on a machine whose load
+# is not ours, the share of time at the limit measures the machine as much
+# as the limiter. There the tests catch what a limiter that holds slots or
+# tokens back looks like, a stall: seconds with a backlog and a free slot
+# or token, and half the work missing. (An excess is never tolerated.)
+MIN_SHARE = 0.8 if FULL else 0.5
+MIN_RATE_SHARE = 0.95 if FULL else 0.5
+STALL_SECONDS = 2.0
+
+
 def start_three(workers, ledger: Path, **env):
     procs = [
         workers.start(
@@ -115,7 +146,10 @@ def test_max_concurrency_3_holds_across_three_workers_and_keeps_3_running(worker
     # worker (the stall this once had: its claims found no more jobs of the
     # limit, so nothing gave its free slots back) shows here as seconds of
     # 1 or 2 running.
-    assert covered >= 0.8 * span, f"3 running only {covered:.2f}s of {span:.2f}s"
+    assert covered >= MIN_SHARE * span, f"3 running only {covered:.2f}s of {span:.2f}s"
+    last_start = max(r[2] for r in rows if r[0] == "start")
+    stall = longest_below(profile, 3, last_start)
+    assert stall <= STALL_SECONDS, f"fewer than 3 running for {stall:.2f}s in a row while jobs waited"
     # Slots go back once nothing waits for them.
     owned = "SELECT count(*) FROM shardq_limit_slot WHERE worker_id IS NOT NULL AND expires_at > clock_timestamp()"
     wait_until(lambda: scalar(owned) == 0, timeout=10, message="slots given back")
@@ -139,7 +173,10 @@ def test_rate_limit_20_a_second_holds_in_every_window_and_over_the_run(workers, 
         f"(expected {expected:.0f}), worst 1-s window {worst}"
     )
     assert worst <= rate + burst, f"{worst} starts in one second (limit {rate} + burst {burst})"
-    assert abs(len(in_run) - expected) <= 0.05 * expected, f"{len(in_run)} starts in {RATE_SECONDS}s"
+    assert len(in_run) >= MIN_RATE_SHARE * expected, f"{len(in_run)} starts in {RATE_SECONDS}s"
+    assert len(in_run) <= 1.05 * expected + burst, f"{len(in_run)} starts in {RATE_SECONDS}s"
+    gap = longest_gap(in_run)
+    assert gap <= STALL_SECONDS, f"no start for {gap:.2f}s while jobs waited"
 
 
 def test_limit_by_runs_two_of_each_partition_and_never_three_of_one(workers, tmp_path):
