@@ -188,9 +188,12 @@ class Drainer:
     it when a thread begins the job, never ahead) and a noop() call; ack the
     batch with one fenced ``complete_jobs``.
 
-    ``start_ahead`` is the limit of the worker before issue 24: the claim
-    writes every claimed job's start, none of its own (jobs read RUNNING
-    before anything runs them)."""
+    ``start_ahead`` is the limit of the worker before issue 24: every
+    claimed job's start written at once, ahead of its call (jobs read
+    RUNNING before anything runs them). The claim no longer has a start
+    variant, so this loop writes the batch's starts in one ``start_jobs``
+    right after the claim: one statement per batch more than the old
+    claim that started its jobs itself."""
 
     def __init__(self, url: str, worker: str, shards: list[int], batch: int = 256, start_ahead: bool = False):
         self.start_ahead = start_ahead
@@ -210,11 +213,7 @@ class Drainer:
             {
                 # A worker serving every queue.
                 **claim_scope(self.worker, self.shards, pools.ALL, None, None, None, per_shard),
-                # start_ahead: every claimed job is started by the claim.
-                **claim_jobs_params(
-                    self.batch if limit is None else limit,
-                    start=(self.batch if limit is None else limit) if self.start_ahead else 0,
-                ),
+                **claim_jobs_params(self.batch if limit is None else limit),
             },
             prepare=True,
             binary=True,
@@ -228,8 +227,26 @@ class Drainer:
     def run_batch(self, rows: list[tuple]) -> None:
         ids, acks = [], []
         start = QUERIES["start_jobs"]
+        ranks: dict[int, int] = {}
+        if self.start_ahead:
+            # Every start of the batch at once, ahead of the calls.
+            ranks = {
+                started[0]: started[2]
+                for started in self.conn.execute(
+                    start,
+                    {
+                        "worker": self.worker,
+                        "ids": [row[0] for row in rows],
+                        "fences": [row[12] for row in rows],
+                        "ranks": [row[13] for row in rows],
+                        "now": None,
+                    },
+                    prepare=True,
+                    binary=True,
+                ).fetchall()
+            }
         for row in rows:
-            rank = row[13]
+            rank = ranks.get(row[0], row[13])
             if not self.start_ahead:
                 # The start, as the job begins: one statement a job (one thread).
                 rank = self.conn.execute(

@@ -242,10 +242,6 @@ class KeyCaps:
         self._caps[path] = cap
         return cap
 
-    def known(self) -> dict[str, int]:
-        """The caps looked up so far (task path -> cap), a copy."""
-        return {path: cap for path, cap in list(self._caps.items()) if cap}
-
 
 def configured_queue_limits() -> dict[str, LimitSpec]:
     """``queue_limits()``, for ready(): a bad setting stops the process at start."""

@@ -64,7 +64,7 @@ from .hashing import fnv1a_32
 from .heap import Entry, FastestIndexedQueue, make_indexed_queue
 from .skiplist import DelayedIndex, make_delayed_index
 
-__all__ = ["DuplicateJob", "GateClosed", "LocalQueue", "QueueFull", "QueueSnapshot", "QueuedJob"]
+__all__ = ["DuplicateJob", "LocalQueue", "QueueFull", "QueueSnapshot", "QueuedJob"]
 
 
 class QueueFull(Exception):
@@ -73,10 +73,6 @@ class QueueFull(Exception):
 
 class DuplicateJob(ValueError):
     """A job with this id is already buffered or processing here."""
-
-
-class GateClosed(Exception):
-    """A ``no_wait`` job whose key's gate is full: it would have to wait."""
 
 
 # A run_after that is no finite number (a row written by hand: the claim
@@ -101,10 +97,6 @@ class QueuedJob:
     payload: object = None
     # Holders its key may have at once (0: not capped); ordered allows one.
     cap: int = 0
-    # Refused (push: GateClosed; push_many: returned) rather than made to
-    # wait at its key's gate: a job its claim started already (RUNNING, the
-    # attempt counted), which must run now or go back.
-    no_wait: bool = False
     # Fair share inside its queue (docs/fairness.md; shardq.core.fairlane):
     # its fair key (None: none, and nothing of fairness applies), its
     # weight, whether its share counts measured run time, and what its pop
@@ -135,7 +127,6 @@ class LocalQueue:
     __slots__ = (
         "_active",
         "_by_shard",
-        "_caps",
         "_capacity",
         "_delayed",
         "_fair_active",
@@ -181,8 +172,6 @@ class LocalQueue:
         self._waiting: dict[str, OrderedDict[int, QueuedJob]] = {}
         # Capped (not ordered) jobs waiting at their key's gate: see held_back.
         self._held_back = 0
-        # capped key with holders -> its cap (the last admitted job's): see rooms.
-        self._caps: dict[str, int] = {}
         self._processing: dict[int, QueuedJob] = {}  # job id -> job
         # Fairness (docs/fairness.md): each lane's flows, made when its
         # first fair job comes (lane index -> FairLane), the lanes whose
@@ -232,13 +221,6 @@ class LocalQueue:
         over their jobs until the gate opens), a snapshot."""
         with self._index_lock:
             return [key for key, waiting in self._waiting.items() if next(iter(waiting.values())).cap]
-
-    def rooms(self) -> dict[str, int]:
-        """Each capped key with holders and no job waiting -> how many more
-        of its jobs the gate admits now (a snapshot; a key not named has
-        no holders, so its whole cap)."""
-        with self._index_lock:
-            return {key: cap - len(self._holders[key]) for key, cap in self._caps.items() if key not in self._waiting}
 
     def full_fair_keys(self, room: int) -> dict[str, int]:
         """The fair keys buffered to their share of ``room`` jobs -> that
@@ -331,17 +313,15 @@ class LocalQueue:
             if job.run_after > now:
                 self._delayed.add(job_id, job.run_after, job)
             elif job.gated:
-                if not self._admit_gated(job):
-                    self._forget(job)
-                    raise GateClosed(f"job {job_id} would wait at its key's gate")
+                self._admit_gated(job)
             else:
                 self._to_lane(job)
 
     def push_many(self, jobs: list[QueuedJob], now: float) -> list[QueuedJob]:
         """``push`` each of ``jobs`` in order, with one round of the locks for
         the batch (a claim's hundreds of jobs took three lock rounds each);
-        returns the jobs ``push`` would have refused (DuplicateJob, QueueFull
-        or GateClosed), in order.
+        returns the jobs ``push`` would have refused (DuplicateJob or
+        QueueFull), in order.
 
         Processing is read once, under lock 3 nested in lock 1: it only
         grows inside lock 1, so what it holds can only shrink meanwhile and
@@ -379,9 +359,7 @@ class LocalQueue:
                     if to_lanes:
                         self._to_lanes(to_lanes)
                         to_lanes = []
-                    if not self._admit_gated(job):
-                        self._forget(job)
-                        refused.append(job)
+                    self._admit_gated(job)
                 else:
                     to_lanes.append(job)
             if to_lanes:
@@ -548,7 +526,6 @@ class LocalQueue:
                 # Only keys held by a processing job stay held, by those jobs.
                 holders = {key: ids & processing.keys() for key, ids in self._holders.items()}
                 self._holders = {key: ids for key, ids in holders.items() if ids}
-                self._caps = {key: cap for key, cap in self._caps.items() if key in self._holders}
             return out
 
     def next_due(self) -> float | None:
@@ -584,35 +561,26 @@ class LocalQueue:
             lane.push(job.id, job.priority, job.run_after, job)
             self._active[index] = lane
 
-    def _admit_gated(self, job: QueuedJob, may_refuse: bool = True) -> bool:
-        """Admit a gated job to its lane, or make it wait; False (and nothing
-        done) for a ``no_wait`` job that would wait, when ``may_refuse`` (at
-        a push: a delayed job's promotion cannot refuse, it waits)."""
+    def _admit_gated(self, job: QueuedJob) -> None:
+        """Admit a gated job to its lane, or make it wait at its key's gate."""
         key = job.key
         assert key is not None  # only gated jobs come here
         holders = self._holders.get(key)
         if holders is None:
             self._holders[key] = {job.id}
-            if not job.ordered:
-                self._caps[key] = job.cap
             self._to_lane(job)
-            return True
+            return
         waiting = self._waiting.get(key)
         if waiting is None and len(holders) < _allowed(job):
             holders.add(job.id)
-            if not job.ordered:
-                self._caps[key] = job.cap
             self._to_lane(job)
-            return True
-        if job.no_wait and may_refuse:
-            return False
+            return
         # Behind the key's holders, and behind any job already waiting (FIFO).
         if waiting is None:
             waiting = self._waiting[key] = OrderedDict()
         waiting[job.id] = job
         if not job.ordered:
             self._held_back += 1
-        return True
 
     def _to_fair_lane(self, index: int, job: QueuedJob) -> None:
         """A fair job into its lane's flows (caller holds lock 2)."""
@@ -676,20 +644,10 @@ class LocalQueue:
                     del fair_active[best_index]
             out.append(job)
 
-    def _forget(self, job: QueuedJob) -> None:
-        """Take a job just indexed by a push out of the index again."""
-        if job.fair_key is not None:
-            self._count_fair(job.fair_key, -1)
-        del self._jobs[job.id]
-        ids = self._by_shard[job.shard]
-        ids.discard(job.id)
-        if not ids:
-            del self._by_shard[job.shard]
-
     def _promote(self, due: list[QueuedJob]) -> None:
         for job in due:
             if job.gated:
-                self._admit_gated(job, may_refuse=False)
+                self._admit_gated(job)
             else:
                 self._to_lane(job)
 
@@ -708,14 +666,12 @@ class LocalQueue:
             del waiting[nxt.id]
             if not nxt.ordered:
                 self._held_back -= 1
-                self._caps[key] = nxt.cap
             holders.add(nxt.id)
             self._to_lane(nxt)
         if waiting is not None and not waiting:
             del self._waiting[key]
         if not holders:
             del self._holders[key]
-            self._caps.pop(key, None)
 
     def _unlink(self, job: QueuedJob) -> None:
         """Take a buffered job (already out of _jobs/_by_shard) out of its place."""

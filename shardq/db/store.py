@@ -89,30 +89,18 @@ def claim_scope(
     }
 
 
-class KeyRoomsRef(Protocol):
-    """The local queue's per-key gates as the claim reads them (``KeyRooms``
-    in the worker): task path -> cap, and (task path, shard key, room) of busy keys."""
-
-    @property
-    def caps(self) -> Mapping[str, int]: ...
-    @property
-    def rooms(self) -> Sequence[tuple[str, str, int]]: ...
-
-
 def claim_jobs_params(
     limit: int,
     lookahead: float = 0.0,
-    start: int = 0,
     min_priority: int = ANY_PRIORITY,
     full_keys: list[tuple[str, str]] | None = None,
-    key_rooms: "KeyRoomsRef | None" = None,
     fair_after: list[str] | None = None,
     full_fair_keys: list[str] | None = None,
     fair_walk: bool = True,
 ) -> dict[str, Any]:
     """``claim_jobs``' own parameters beside ``claim_scope``'s (see
-    WorkerStore.claim_jobs): the batch, the look-ahead, how many to start,
-    the priority floor, the local queue's gates (full keys, rooms), and
+    WorkerStore.claim_jobs): the batch, the look-ahead, the priority floor,
+    the local queue's full gates, and
     fairness's (docs/fairness.md): each shard's last fair key taken (in the
     order of the shards; '' or missing: from the first) and the fair keys
     buffered to their share; ``fair_walk`` False when no fair key has two
@@ -124,14 +112,8 @@ def claim_jobs_params(
         "limit": limit,
         "min_priority": min_priority,
         "lookahead": lookahead,
-        "start": start,
         "full_tasks": [task for task, _ in full_keys or ()],
         "full_keys": [key for _, key in full_keys or ()],
-        "cap_tasks": list(key_rooms.caps) if key_rooms else [],
-        "caps": list(key_rooms.caps.values()) if key_rooms else [],
-        "room_tasks": [task for task, _, _ in key_rooms.rooms] if key_rooms else [],
-        "room_keys": [key for _, key, _ in key_rooms.rooms] if key_rooms else [],
-        "rooms": [room for _, _, room in key_rooms.rooms] if key_rooms else [],
     }
 
 
@@ -761,13 +743,11 @@ class WorkerStore:
         limit: int,
         lookahead: float = 0.0,
         row_factory: "type[DataclassInstance] | None" = None,
-        start: int = 0,
         exclude_queues: list[str] | None = None,
         backend: str | None = None,
         pool: str = pools.ALL,
         min_priority: int = ANY_PRIORITY,
         full_keys: list[tuple[str, str]] | None = None,
-        key_rooms: "KeyRoomsRef | None" = None,
         now: datetime | None = None,
         fair_after: list[str] | None = None,
         full_fair_keys: list[str] | None = None,
@@ -775,21 +755,18 @@ class WorkerStore:
     ) -> list[Any]:
         """Claim a batch of the highest priority level due (rows by name:
         dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
-        quarantined, not claimed; one with ``started`` true was started by
-        the claim, see sql/job.sql). Only jobs of priority ``min_priority``
+        quarantined, not claimed; every other one is CLAIMED, never started:
+        its thread's start write starts it, see sql/job.sql). Only jobs of priority ``min_priority``
         or more are taken; key_limited jobs of ``full_keys`` ((task path,
         shard key) pairs whose gate in the local queue has jobs waiting)
-        are passed over. Of the first ``start``, a key_limited job is
-        started only within its key's room (``key_rooms``; None: none).
+        are passed over.
         ``now``: the time leases and due times are read at (None: the
         database's clock). Jobs with a fair key are taken key by key
         (docs/fairness.md): on each shard, the keys after ``fair_after``'s
         (one a shard, in ``shards``' order), passing over ``full_fair_keys``."""
         params = {
             **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, now),
-            **claim_jobs_params(
-                limit, lookahead, start, min_priority, full_keys, key_rooms, fair_after, full_fair_keys, fair_walk
-            ),
+            **claim_jobs_params(limit, lookahead, min_priority, full_keys, fair_after, full_fair_keys, fair_walk),
         }
         # Binary results: timestamps and numbers decode without parsing text.
         if row_factory is None:
@@ -838,13 +815,13 @@ class WorkerStore:
         per_shard: int,
         rooms: dict[str, int],
         limit: int,
-        start: int,
         row_factory: "type[DataclassInstance]",
         now: datetime | None = None,
     ) -> list[Any]:
         """The limited claim of jobs whose every limit has room in the
         slots this worker owns (``rooms``: key -> jobs it may still claim):
-        one statement, no transaction of its own (``claim_limited_owned``)."""
+        one statement, no transaction of its own (``claim_limited_owned``).
+        Its jobs are CLAIMED, started by their threads."""
         keys = list(rooms)
         params = {
             **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, now),
@@ -852,7 +829,6 @@ class WorkerStore:
             "keys": keys,
             "rooms": list(rooms.values()),
             "limit": limit,
-            "start": start,
         }
         return self.guarded(
             "claim_limited_owned",

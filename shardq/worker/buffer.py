@@ -13,7 +13,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from ..core.hashing import lane_count
@@ -28,14 +27,6 @@ if TYPE_CHECKING:
 POP_ROUND = 32
 # Full fair keys a claim passes over, at most (Buffer.full_fair_keys).
 MAX_FULL_FAIR_KEYS = 256
-
-
-@dataclass(slots=True)
-class KeyRooms:
-    """Buffer.key_rooms: task path -> cap, and (task path, shard key, room) of busy keys."""
-
-    caps: dict[str, int]
-    rooms: list[tuple[str, str, int]]
 
 
 class Buffer:
@@ -123,9 +114,6 @@ class Buffer:
         if job.key_limited and not job.ordered and job.shard_key is not None and key_cap is not None:
             cap = key_cap(job.task_path)
             if cap:
-                # Started by its claim (it had room, see key_rooms): it runs
-                # now or goes back (a hand-back takes the start back), never
-                # waits started.
                 gated = QueuedJob(
                     job.id,
                     job.queue_name,
@@ -136,7 +124,6 @@ class Buffer:
                     False,
                     job,
                     cap,
-                    no_wait=job.started,
                 )
                 if job.fair_key is not None:
                     self._fair(gated, job)
@@ -206,20 +193,6 @@ class Buffer:
                 if self.fair_room is not None:
                     self.fair_room()
                 return
-
-    def key_rooms(self) -> "KeyRooms | None":
-        """What the claim may start of key_limited jobs (claim_jobs'
-        ``key_room``): each task's cap as this worker knows it (a task not
-        seen here yet: none started, its jobs wait for the starter), and the
-        room left of each key with jobs running here. A job the claim starts
-        within that room is admitted at once by the gate; one that meets a
-        gate filled meanwhile (a delayed job of the key fell due, the
-        outranking claim pushed one) is handed back, its start taken back."""
-        caps = self.key_cap.known() if self.key_cap is not None else {}
-        if not caps:  # no key_limited job seen here: nothing to start, nothing to send
-            return None
-        rooms = [(*_task_and_key(gate), max(0, room)) for gate, room in self.queue.rooms().items()]
-        return KeyRooms(caps, rooms)
 
     def _uncount(self, priority: int) -> None:
         """One buffered job of ``priority`` fewer (caller holds _count_lock)."""

@@ -432,7 +432,6 @@ class Fetcher(Service):
                 per_shard=max(1, math.ceil(SCAN_FACTOR * wanted / len(order))),
                 rooms=rooms,
                 limit=wanted,
-                start=0,  # started by each job's thread (starter.py)
                 row_factory=ClaimedJob,
             )
         except (DatabaseUnavailable, StatementRejected) as exc:

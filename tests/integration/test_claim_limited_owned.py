@@ -34,7 +34,6 @@ def claim(worker: str, rooms: dict[str, int], limit: int = 100) -> list[ClaimedJ
             per_shard=100,
             rooms=rooms,
             limit=limit,
-            start=0,
             row_factory=ClaimedJob,
         )
     finally:

@@ -1,5 +1,7 @@
-"""A claim starts the jobs the worker's threads run next (``start``), and a
-hand-back takes such a start back: the row reads as if never claimed."""
+"""A claim starts no job: every job it takes is CLAIMED, no attempt used,
+until its thread's start write (issue 24: started ahead is not started). A
+hand-back of a job its thread had started takes the start back: the row reads
+as if never claimed."""
 
 import json
 
@@ -41,14 +43,12 @@ def shard0():
     sql("DELETE FROM shardq_job WHERE id = ANY(%s)", [list(ids.values())])
 
 
-def claim(worker, start):
+def claim(worker):
     store = WorkerStore(application_name="test-claim-start")
     # Once every job but the delayed one was due: the delayed one is due 0.2 s after its own write.
     [(written,)] = sql("SELECT max(run_after) FROM shardq_job WHERE run_after <= enqueued_at")
     try:
-        return store, store.claim_jobs(
-            worker, [0], None, 10, 10, lookahead=1.0, row_factory=ClaimedJob, start=start, now=written
-        )
+        return store, store.claim_jobs(worker, [0], None, 10, 10, lookahead=1.0, row_factory=ClaimedJob, now=written)
     except BaseException:
         store.close()
         raise
@@ -63,53 +63,43 @@ def row(job_id):
     return status, attempts, json.loads(worker_ids), started, last
 
 
-def test_the_claim_starts_only_due_unordered_jobs_that_never_lost_a_worker_in_priority_order(shard0):
+def start(store, worker, jobs):
+    """The start write of ``jobs`` as a thread's starter makes it, and the
+    marks it leaves on each job (shardq/worker/starter.py)."""
+    started, rejected = store.start_jobs(worker, jobs)
+    assert rejected == [] and set(started) == {job.id for job in jobs}
+    for job in jobs:
+        job.started, job.previous_attempt_at = True, job.last_attempted_at
+        job.status_rank = started[job.id]["status_rank"]
+
+
+def test_the_claim_starts_no_job_not_even_the_due_unordered_ones(shard0):
     worker, ids = shard0
-    store, jobs = claim(worker, start=2)
+    store, jobs = claim(worker)
     store.close()
-    started = {job.id for job in jobs if job.started}
-    assert started == {ids["p50"], ids["p40"]}
-    # What the task's context will show: one start, by this worker.
-    assert all(job.worker_ids == [worker] and job.attempts == 1 for job in jobs if job.started)
-    for name in ("p50", "p40"):
-        status, attempts, worker_ids, has_started_at, _ = row(ids[name])
-        assert (status, attempts, worker_ids, has_started_at) == ("RUNNING", 1, [worker], True)
-    for name in ("p30_ordered", "p20_delayed", "p10_lost"):
-        status, attempts, worker_ids, has_started_at, _ = row(ids[name])
-        assert (status, attempts, worker_ids) == ("CLAIMED", 0, []), name
-
-
-def test_a_large_start_still_skips_ordered_delayed_and_lost_jobs(shard0):
-    worker, ids = shard0
-    store, jobs = claim(worker, start=100)
-    store.close()
-    assert {job.id for job in jobs if job.started} == {ids["p50"], ids["p40"]}
-    assert {job.id for job in jobs if not job.started} == {ids["p30_ordered"], ids["p20_delayed"], ids["p10_lost"]}
-
-
-def test_start_zero_starts_nothing(shard0):
-    worker, ids = shard0
-    store, jobs = claim(worker, start=0)
-    store.close()
+    assert {job.id for job in jobs} == set(ids.values())
     assert not any(job.started for job in jobs)
-    assert {row(i)[0] for i in ids.values()} == {"CLAIMED"}
+    for name in ids:
+        status, attempts, worker_ids, has_started_at, _ = row(ids[name])
+        assert (status, attempts, worker_ids, has_started_at) == ("CLAIMED", 0, [], False), name
 
 
-def test_handing_back_a_job_the_claim_started_takes_the_start_back(shard0):
+def test_handing_back_a_job_its_thread_started_takes_the_start_back(shard0):
     worker, ids = shard0
     before = row(ids["p10_lost"])[4]
-    # Let p10 (lost a worker once, attempted an hour ago) be startable: the
-    # hand-back must restore that earlier last_attempted_at.
+    # p10 ran once before (attempted an hour ago): the hand-back must
+    # restore that earlier last_attempted_at.
     sql(
         "UPDATE shardq_job SET worker_losses = 0, attempts = 1, worker_ids = '[\"old\"]', "
         "started_at = last_attempted_at WHERE id = %s",
         [ids["p10_lost"]],
     )
-    store, jobs = claim(worker, start=100)
+    store, jobs = claim(worker)
     try:
         by_id = {job.id: job for job in jobs}
-        assert by_id[ids["p10_lost"]].started and by_id[ids["p50"]].started
+        start(store, worker, [by_id[ids["p10_lost"]], by_id[ids["p50"]]])
         assert row(ids["p10_lost"])[:3] == ("RUNNING", 2, ["old", worker])
+        assert row(ids["p50"])[:3] == ("RUNNING", 1, [worker])
         returned = store.return_jobs(jobs)
     finally:
         store.close()
@@ -121,9 +111,10 @@ def test_handing_back_a_job_the_claim_started_takes_the_start_back(shard0):
 
 def test_a_hand_back_does_not_touch_a_job_that_moved_on(shard0):
     worker, _ = shard0
-    store, jobs = claim(worker, start=1)
+    store, jobs = claim(worker)
     try:
-        [job] = [job for job in jobs if job.started]
+        job = jobs[0]
+        start(store, worker, [job])
         # Another write moved the row on (as an ack would): the hand-back,
         # fenced on the claim's rank, must leave it alone.
         sql("UPDATE shardq_job SET status = 'SUCCESSFUL', status_rank = status_rank + 1 WHERE id = %s", [job.id])
@@ -191,7 +182,7 @@ def test_the_start_write_probes_each_id_by_primary_key_not_the_inflight_index(sh
     )
     try:
         sql("ANALYZE shardq_job")
-        store, jobs = claim(worker, start=0)
+        store, jobs = claim(worker)
         store.close()
         with connection.cursor() as cursor:
             cursor.execute(

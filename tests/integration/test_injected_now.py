@@ -64,17 +64,17 @@ def test_a_delayed_job_is_claimed_and_started_once_the_clock_reaches_its_run_aft
     run_after = scalar("SELECT run_after FROM shardq_job WHERE id = %s", [job])
 
     def claim(**options):
-        return store.claim_jobs(worker, [0], None, per_shard=10, limit=10, start=10, **options)
+        return store.claim_jobs(worker, [0], None, per_shard=10, limit=10, **options)
 
     # Not due for an hour: nothing to claim, and the fetcher would sleep until then.
     assert claim() == []
     assert 3590 < store.seconds_until_due([0]) <= 3600
     assert store.seconds_until_due([0], now=run_after - timedelta(seconds=2)) == pytest.approx(2.0)
-    # Within the look-ahead it is claimed, not started: it is not due yet.
+    # Within the look-ahead it is claimed early (its thread waits for its run_after).
     [early] = claim(lookahead=5.0, now=run_after - timedelta(seconds=2))
     assert (early["id"], early["started"]) == (job, False)
     sql("UPDATE shardq_job SET status = 'READY' WHERE id = %s", [job])
-    # At its run_after it is due: claimed and started by the claim.
+    # At its run_after it is due: claimed without a look-ahead (a claim starts nothing).
     [due] = claim(now=run_after)
-    assert (due["id"], due["started"]) == (job, True)
+    assert (due["id"], due["started"]) == (job, False)
     assert store.seconds_until_due([0], now=run_after) is None

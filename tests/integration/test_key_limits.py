@@ -81,13 +81,11 @@ def test_the_worker_reads_the_cap_from_the_task_and_holds_back_nothing_it_does_n
     assert len(small._caps) <= 2
 
 
-def claim(worker, pool="*", start=10, **options):
-    """One claim_jobs of shard 0 (``options``: full_keys, key_rooms)."""
+def claim(worker, pool="*", **options):
+    """One claim_jobs of shard 0 (``options``: full_keys)."""
     store = WorkerStore(application_name="test-key-limits")
     try:
-        return store.claim_jobs(
-            worker, [0], None, 20, 20, lookahead=1.0, row_factory=ClaimedJob, start=start, pool=pool, **options
-        )
+        return store.claim_jobs(worker, [0], None, 20, 20, lookahead=1.0, row_factory=ClaimedJob, pool=pool, **options)
     finally:
         store.close()
 
@@ -105,9 +103,9 @@ def test_the_claim_takes_key_limited_jobs_but_never_starts_them():
     ids = key_jobs(4)
     [plain] = [int(r.id) for r in [tasks.noop.using(shard_key="z").enqueue()]]
     sql("UPDATE shardq_job SET shard = 0 WHERE id = %s", [plain])
-    jobs = claim(worker, start=10)
+    jobs = claim(worker)
     assert sorted(j.id for j in jobs) == sorted([*ids, plain])  # one lease: no guard, all of them
-    assert {j.id for j in jobs if j.started} == {plain}
+    assert not any(j.started for j in jobs)
     assert all(j.key_limited for j in jobs if j.id in ids)
     assert sql("SELECT DISTINCT status FROM shardq_job WHERE id = ANY(%s)", [ids]) == [("CLAIMED",)]
 
@@ -143,7 +141,7 @@ def test_a_key_whose_gate_has_jobs_waiting_is_passed_over_and_keeps_its_place():
     worker, _ = leased_shard_factory([0])
     full = key_jobs(3, account="full")
     other = key_jobs(2, account="open")
-    jobs = claim(worker, start=0, full_keys=[(t.per_account.module_path, "full"), ("another.task", "open")])
+    jobs = claim(worker, full_keys=[(t.per_account.module_path, "full"), ("another.task", "open")])
     # "open" is full only for another task: its jobs come; "full"'s stay READY, untouched.
     assert sorted(j.id for j in jobs) == sorted(other)
     assert sql("SELECT DISTINCT status, status_rank FROM shardq_job WHERE id = ANY(%s)", [full]) == [("READY", 0)]
@@ -154,7 +152,7 @@ def test_a_key_limited_row_without_a_shard_key_is_claimed_and_not_held_back():
     worker, _ = leased_shard_factory([0])
     [job_id] = key_jobs(1, account="x")
     sql("UPDATE shardq_job SET shard_key = NULL WHERE id = %s", [job_id])
-    jobs = claim(worker, start=0, full_keys=[(t.per_account.module_path, "x")])
+    jobs = claim(worker, full_keys=[(t.per_account.module_path, "x")])
     assert [j.id for j in jobs] == [job_id]
     from shardq.worker.buffer import Buffer
 
@@ -181,52 +179,6 @@ def test_the_buffer_runs_a_keys_cap_at_once_and_names_the_key_full_while_jobs_wa
     buffer.done(next(j for j in popped if j.id == ids[0]))
     assert buffer.pop(0.05).id == ids[2]
     assert buffer.held_back == 1
-
-
-def test_the_claim_starts_key_limited_jobs_only_within_their_keys_room():
-    from shardq.worker.buffer import KeyRooms
-
-    worker, _ = leased_shard_factory([0])
-    k = key_jobs(3, account="k")
-    busy = key_jobs(3, account="busy")
-    full = key_jobs(2, account="full")
-    path = t.per_account.module_path
-    jobs = claim(worker, start=20, key_rooms=KeyRooms(caps={path: 2}, rooms=[(path, "busy", 1), (path, "full", 0)]))
-    started = {j.id for j in jobs if j.started}
-    # The cap for a key with nothing running here, the room left for a busy
-    # one, none for a key at its cap: in claim order within each key.
-    assert started == {k[0], k[1], busy[0]}
-    assert {j.id for j in jobs} == {*k, *busy, *full}
-    assert sql("SELECT count(*) FROM shardq_job WHERE id = ANY(%s) AND status = 'RUNNING'", [list(started)]) == [(3,)]
-
-
-def test_no_key_limited_job_is_started_by_the_claim_for_a_task_whose_cap_the_worker_has_not_seen():
-    from shardq.worker.buffer import KeyRooms
-
-    worker, _ = leased_shard_factory([0])
-    key_jobs(2, account="k")
-    jobs = claim(worker, start=20, key_rooms=KeyRooms(caps={}, rooms=[]))
-    assert len(jobs) == 2 and not any(j.started for j in jobs)
-
-
-def test_a_started_job_that_meets_a_full_gate_is_refused_for_a_hand_back_not_kept_waiting():
-    from shardq.tasks import resolve
-    from shardq.worker.buffer import Buffer
-
-    worker, _ = leased_shard_factory([0])
-    key_jobs(3, account="k")
-    jobs = claim(worker, start=0)
-    buffer = Buffer(20, lanes=1, key_cap=KeyCaps(resolve))
-    assert buffer.push_many(jobs[:2]) == []  # two of "k" run: the gate is full
-    late = jobs[2]
-    late.started = True  # as a claim that raced the gate would have started it
-    assert buffer.push_many([late]) == [late]
-    assert buffer.held_back == 0 and not buffer.holds(late.id)
-    rooms = buffer.key_rooms()
-    assert rooms is not None
-    assert rooms.rooms == [(t.per_account.module_path, "k", 0)]
-    assert rooms.caps == {t.per_account.module_path: 2}
-    assert Buffer(20, lanes=1, key_cap=KeyCaps(resolve)).key_rooms() is None  # no such task seen yet
 
 
 def test_a_retried_job_waits_while_newer_jobs_of_its_key_are_in_flight_under_another_lease():

@@ -105,13 +105,18 @@ FROM shardq_job WHERE id = %(id)s;
 NOT COALESCE(key_limited AND (task_path, shard_key) IN (
     SELECT f.task, f.key FROM unnest(%(full_tasks)s::text[], %(full_keys)s::text[]) AS f(task, key)), false)
 
--- name: claim_start_set
--- What a claim writes on each job it takes (``job``, from ``picked``: its claim_version and whether
--- the claim starts it): the fence, the rank, and for a job started by the claim the attempt, the
--- start times and this worker's id. A SET list fragment, included bare by claim_jobs and
--- claim_limited_jobs.
+-- name: claim_fence_set
+-- What every claim writes on each job it takes (``job``, from ``picked``: its claim_version): the
+-- fence and the rank. A SET list fragment, included bare by claim_jobs, claim_limited_owned and
+-- claim_start_set.
 status_rank = LEAST(job.status_rank, 2147483646) + 1,
-    fence = picked.claim_version,
+    fence = picked.claim_version
+
+-- name: claim_start_set
+-- claim_fence_set, and for a job the claim starts (``picked.start_now``: only claim_limited_jobs'
+-- jobs limited by rates alone, whose token the claim spends) the attempt, the start times and this
+-- worker's id. A SET list fragment, included bare by claim_limited_jobs.
+{{claim_fence_set*}},
     attempts = job.attempts + picked.start_now::int,
     started_at = CASE WHEN picked.start_now THEN COALESCE(job.started_at, clock_timestamp()) ELSE job.started_at END,
     last_attempted_at = CASE WHEN picked.start_now THEN clock_timestamp() ELSE job.last_attempted_at END,
@@ -466,29 +471,11 @@ CROSS JOIN LATERAL (
 LIMIT %(limit)s
 
 -- name: claim_picked
--- claim_jobs' last step (a CTE body over candidates): each candidate with whether the claim starts
--- it (start_now): one of the first :start in priority order, readable, unordered, never lost a
--- worker, due now (not only within the look-ahead), and when limited by its shard key within its
--- key's room.
--- A job limited by its shard key starts here only within its
--- key's room in the worker's local queue (:room_* for keys with
--- jobs running there, else the task's cap, :cap_*; a task it
--- has not seen: none), counting the batch's jobs of the key
--- before it: the gate then admits it at once. Else it is
--- started when a thread takes it (it may wait at the gate).
-SELECT c.id, c.problem, c.claim_version, c.last_attempted_at AS previous_attempt_at,
-       c.problem IS NULL AND c.place <= %(start)s AND NOT c.ordered
-           AND (NOT c.key_limited OR c.key_place <= COALESCE(
-               (SELECT r.room FROM unnest(%(room_tasks)s::text[], %(room_keys)s::text[], %(rooms)s::int[])
-                    AS r(task, key, room) WHERE r.task = c.task_path AND r.key = c.shard_key),
-               (SELECT k.cap FROM unnest(%(cap_tasks)s::text[], %(caps)s::int[]) AS k(task, cap)
-                WHERE k.task = c.task_path),
-               0))
-           AND c.worker_losses = 0 AND c.run_after <= {{now}} AS start_now
-FROM (SELECT candidates.*,
-             row_number() OVER (ORDER BY priority DESC, run_after, id) AS place,
-             row_number() OVER (PARTITION BY task_path, shard_key ORDER BY priority DESC, run_after, id) AS key_place
-      FROM candidates) AS c
+-- claim_jobs' last step (a CTE body over candidates): each candidate as the SET and RETURNING
+-- fragments read it. claim_jobs never starts a job (start_now false): a job is started when a
+-- thread begins it (start_jobs), never ahead of its thread.
+SELECT c.id, c.problem, c.claim_version, c.last_attempted_at AS previous_attempt_at, false AS start_now
+FROM candidates AS c
 
 -- name: claim_jobs
 -- Claim READY jobs (due now or within :lookahead seconds) of the shards this worker holds, the
@@ -504,11 +491,7 @@ FROM (SELECT candidates.*,
 -- Only jobs of the worker's queues (:queues, or every queue but :exclude_queues when :all_queues)
 -- and of its backend alias (:backend, or any when :any_backend); these are filters on the walk,
 -- not index columns.
--- The first :start jobs (priority order) that are due, unordered (key_limited: within room) and
--- never lost a worker are started at once (RUNNING, the attempt counted, started_at,
--- last_attempted_at, worker_ids: as start_jobs does): they are what this worker's threads run next,
--- so a separate start write would only add a statement per job. The rest are CLAIMED; nothing is
--- counted for them until start_jobs.
+-- Every job taken is CLAIMED: nothing is counted for it until its thread begins it (start_jobs).
 -- A row whose values cannot be read (job_problem) is quarantined: FAILED with an UnreadableJob
 -- error naming the value.
 -- The steps are named blocks: claim_held, claim_tops, runner_up (here), claim_candidates,
@@ -526,7 +509,7 @@ candidates AS MATERIALIZED {{claim_candidates}},
 picked AS MATERIALIZED {{claim_picked}}
 UPDATE shardq_job AS job
 SET {{claim_status_set*}},
-    {{claim_start_set*}}
+    {{claim_fence_set*}}
 FROM picked WHERE job.id = picked.id
 RETURNING {{claim_returning*}};
 

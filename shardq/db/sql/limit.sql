@@ -44,7 +44,7 @@ LIMIT %(scan)s;
 -- :keys (a limit it owns no room of, or a rate limit); take, in claim order, the ones every key
 -- of has room (:rooms, one per key of :keys; a job's place among a key's candidates counts
 -- against that key's room, so no key gets more than its room), :limit in all, under each shard's
--- current claim version; the first :start are started as claim_jobs starts them. Same queue and
+-- current claim version, CLAIMED (started by their threads, never by this claim). Same queue and
 -- backend filters as claim_jobs. A row job_problem finds unreadable among those walked is
 -- quarantined, as claim_jobs does. Returns claim_jobs' columns.
 WITH held AS MATERIALIZED (
@@ -80,9 +80,7 @@ WITH held AS MATERIALIZED (
     GROUP BY x.id
     HAVING bool_and(x.n <= r.room)
 ), picked AS MATERIALIZED (
-    SELECT c.id, c.claim_version, c.last_attempted_at AS previous_attempt_at, c.problem,
-           c.problem IS NULL AND row_number() OVER (ORDER BY c.place) <= %(start)s AND NOT c.ordered
-               AND NOT c.key_limited AND c.worker_losses = 0 AS start_now
+    SELECT c.id, c.claim_version, c.last_attempted_at AS previous_attempt_at, c.problem, false AS start_now
     FROM candidates AS c LEFT JOIN fits ON fits.id = c.id
     WHERE fits.id IS NOT NULL OR c.problem IS NOT NULL
     ORDER BY c.place
@@ -90,7 +88,7 @@ WITH held AS MATERIALIZED (
 )
 UPDATE shardq_job AS job
 SET {{claim_status_set*}},
-    {{claim_start_set*}}
+    {{claim_fence_set*}}
 FROM picked
 WHERE job.id = picked.id
 RETURNING {{claim_returning*}};
