@@ -97,7 +97,7 @@ class ShardqTaskContext(TaskContext):
                 "Each batch's writes commit with its cursor in one transaction on the task thread's Django "
                 "connection, which an async task does not hold (its ORM calls hop to other threads). Declare "
                 "the task with `def` (it runs on the worker's threads) and call async code from it with "
-                "asgiref.sync.async_to_sync (docs/durable.md, \"Sync tasks only\")."
+                'asgiref.sync.async_to_sync (docs/durable.md, "Sync tasks only").'
             )
         if self.durable is None:
             raise RuntimeError(
@@ -759,14 +759,18 @@ class Executor:
         durable = None
         try:
             if task.takes_context:
-                durable = None if is_async else DurableRun(
-                    job_id=job.id,
-                    fence=job.fence,
-                    rank=job.status_rank + 1,
-                    shard=job.shard,
-                    using=self._database_of(job.backend),
-                    idle_ms=int(self.lease_ttl_seconds * 1000),
-                    boundary=partial(self._boundary, job, attempt),
+                durable = (
+                    None
+                    if is_async
+                    else DurableRun(
+                        job_id=job.id,
+                        fence=job.fence,
+                        rank=job.status_rank + 1,
+                        shard=job.shard,
+                        using=self._database_of(job.backend),
+                        idle_ms=int(self.lease_ttl_seconds * 1000),
+                        boundary=partial(self._boundary, job, attempt),
+                    )
                 )
                 args = [
                     ShardqTaskContext(

@@ -137,7 +137,7 @@ def test_rolling_deploys_hand_the_job_back_at_a_batch_and_never_use_an_attempt(w
         )
         if pid is True:
             break
-        old = next(p for p in procs + [fresh] if p.pid == pid)
+        old = next(p for p in [*procs, fresh] if p.pid == pid)
         stopped_at = time.monotonic()
         old.send_signal(signal.SIGTERM)
         # Running again on another worker: the batch in flight, the hand-back,

@@ -202,8 +202,10 @@ def test_a_stopping_worker_releases_the_shard_of_a_handed_back_job_while_its_oth
             wait_until(lambda: ItemLedger.objects.filter(job_id=int(result.id)).count() >= 20, timeout=60)
             worker.request_stop()
             wait_until(
-                lambda: status(result) == "READY"
-                and scalar("SELECT owner FROM shardq_shard WHERE shard = %s", [shard]) is None,
+                lambda: (
+                    status(result) == "READY"
+                    and scalar("SELECT owner FROM shardq_shard WHERE shard = %s", [shard]) is None
+                ),
                 timeout=30,
                 message="the handed-back job's shard to be released while the slow job runs",
             )
