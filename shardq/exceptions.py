@@ -165,6 +165,13 @@ class SignalRefused(ShardqError, ValueError):
     no wait of it could ever consume the signal. Nothing is stored."""
 
 
+class DurableNeedsSyncTask(ShardqError, TypeError):
+    """A durable call (``context.step``, ``iterate``, ``sleep``,
+    ``sleep_until``, ``wait_for``) in an ``async def`` task: durable jobs are
+    sync tasks (a batch's writes and its cursor share the task thread's
+    connection and transaction). Declare the task with ``def``."""
+
+
 class DurableStop(BaseException):
     """Control flow of durable jobs, not an error: the attempt ends at a
     boundary and the worker writes the transition (shardq/durable.py).

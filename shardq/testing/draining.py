@@ -426,6 +426,7 @@ class _Drain:
                 shard=row["shard"],
                 rank=row["status_rank"] + 1,
                 durable=self._last_run,
+                is_async=iscoroutinefunction(task.func),
             )
             args = [context, *args]
         if iscoroutinefunction(task.func):

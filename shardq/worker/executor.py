@@ -39,6 +39,7 @@ from ..db.store import WorkerStore
 from ..dispatch import LogVerdicts, SignalGate
 from ..durable import DurableRun
 from ..exceptions import (
+    DurableNeedsSyncTask,
     DurableStop,
     FenceLost,
     Interrupted,
@@ -85,8 +86,19 @@ class ShardqTaskContext(TaskContext):
     control: Attempt | None = field(default=None, repr=False, compare=False)
     # Its durable calls (shardq/durable.py), or None outside a worker.
     durable: DurableRun | None = field(default=None, repr=False, compare=False)
+    # The task is an ``async def``: durable calls are refused, saying why.
+    is_async: bool = field(default=False, repr=False, compare=False)
 
     def _durable(self) -> DurableRun:
+        if self.is_async:
+            raise DurableNeedsSyncTask(
+                f"{self.task_result.task.module_path if self.task_result else 'this task'} is an `async def` "
+                "task: durable calls (step, iterate, sleep, sleep_until, wait_for) run in sync tasks only. "
+                "Each batch's writes commit with its cursor in one transaction on the task thread's Django "
+                "connection, which an async task does not hold (its ORM calls hop to other threads). Declare "
+                "the task with `def` (it runs on the worker's threads) and call async code from it with "
+                'asgiref.sync.async_to_sync (docs/durable.md, "Sync tasks only").'
+            )
         if self.durable is None:
             raise RuntimeError(
                 "durable calls (step, iterate, sleep, wait_for) need the context a shardq worker "
@@ -747,14 +759,18 @@ class Executor:
         durable = None
         try:
             if task.takes_context:
-                durable = DurableRun(
-                    job_id=job.id,
-                    fence=job.fence,
-                    rank=job.status_rank + 1,
-                    shard=job.shard,
-                    using=self._database_of(job.backend),
-                    idle_ms=int(self.lease_ttl_seconds * 1000),
-                    boundary=partial(self._boundary, job, attempt),
+                durable = (
+                    None
+                    if is_async
+                    else DurableRun(
+                        job_id=job.id,
+                        fence=job.fence,
+                        rank=job.status_rank + 1,
+                        shard=job.shard,
+                        using=self._database_of(job.backend),
+                        idle_ms=int(self.lease_ttl_seconds * 1000),
+                        boundary=partial(self._boundary, job, attempt),
+                    )
                 )
                 args = [
                     ShardqTaskContext(
@@ -765,6 +781,7 @@ class Executor:
                         completion_state=state,
                         control=attempt,
                         durable=durable,
+                        is_async=is_async,
                     ),
                     *args,
                 ]

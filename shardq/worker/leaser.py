@@ -124,6 +124,10 @@ class Leaser(Service):
         self.share = 0
         self.live_workers = 0
         self.shutting_down = False
+        # Shutdown, once nothing is buffered here any more: each held shard is
+        # released as soon as none of its jobs runs here (release_when_idle).
+        self.releasing_to_stop = False
+        self.released_while_stopping = 0
         self.database_ok = True
         self._wake = threading.Event()
         self._claim_first = False  # set by wake_to_claim, read by the next tick
@@ -134,6 +138,19 @@ class Leaser(Service):
     def begin_stop(self) -> None:
         """Shutdown has begun: trust no lease for new starts, claim no shard."""
         self.shutting_down = True
+
+    def release_when_idle(self) -> None:
+        """Shutdown, after the buffered jobs were handed back and no claim
+        is in flight: drain every held shard, so that each is released as
+        soon as none of its jobs runs here (or has an unwritten write),
+        while the others' jobs finish within the grace. A durable job
+        handed back at a boundary is then taken by the next owner at once,
+        not when the slowest job of this worker ends (docs/durable.md,
+        "Rolling deploys")."""
+        with self._dropping():
+            self.draining.update(self.held)
+        self.releasing_to_stop = True
+        self._wake.set()
 
     def trusts(self, shard: int, fence: int) -> bool:
         """May a job of ``shard`` claimed under ``fence`` start now?"""
@@ -276,6 +293,13 @@ class Leaser(Service):
         if not self._first_claim_done and self.expected_workers > len(live):
             self.share = min(self.share, -(-self.shard_count // self.expected_workers))
         if self.shutting_down:
+            if self.releasing_to_stop and self.draining:
+                try:
+                    self._finish_draining()
+                except DatabaseUnavailable as exc:
+                    self.stats.add("db_errors")
+                    self.database_ok = False
+                    logger.warning("database unavailable: %s", exc)
             return
         try:
             excess = len(self.held) - len(self.draining) - self.share
@@ -446,6 +470,8 @@ class Leaser(Service):
                 self.draining.discard(shard)
         if released:
             self.stats.add("releases", len(released))
+            if self.shutting_down:
+                self.released_while_stopping += len(released)
             logger.info(
                 "released %s shard(s) %s to the pool's other workers; holding %s (share %s)",
                 len(released),

@@ -3,7 +3,8 @@
 Shutdown (first SIGTERM, SIGINT or SIGHUP; the rule is in shutdown.py): stop
 claiming, put unstarted buffered jobs back to READY, let running jobs finish
 within ``grace`` seconds, write every outcome, release the leases (others
-take over at once, no TTL wait), mark the worker stopped, exit 0. If the
+take over at once, no TTL wait; each shard as soon as none of its jobs runs
+here), mark the worker stopped, exit 0. If the
 grace runs out first, the jobs still running are named in a WARNING (each
 attempt ends as a worker loss when its shard's lease expires and is taken
 over) and the process exits 1. A second signal (not the same one repeated
@@ -347,6 +348,9 @@ class Worker:
         if self.listener:
             self.listener.stop(time.monotonic() + 5.0)
         self.handback.return_jobs(self.buffer.drain())
+        # Nothing is buffered or being claimed now: each shard goes to the
+        # next owner as soon as none of its jobs runs here, not at the end.
+        self.leaser.release_when_idle()
         if self.pipeline.limiter is not None:
             self.pipeline.limiter.stop_waiting()
         finished = self.executor.stop(deadline)
@@ -374,7 +378,7 @@ class Worker:
             )
         self.leaser.stop()
         try:
-            released = self.leaser.release_all(keep=still_running)
+            released = self.leaser.release_all(keep=still_running) + self.leaser.released_while_stopping
             self.store["leaser"].stop_worker(self.id, self.stats.snapshot())
             logger.info("worker %s stopped: released %s shards; %s", self.label, released, self.stats.snapshot())
         except Exception as exc:  # the database may be gone: leases then expire

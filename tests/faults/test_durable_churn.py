@@ -14,7 +14,7 @@ from tests.faults.harness import figures, size
 from tests.helpers import wait_until
 from tests.taskapp import durable_tasks
 from tests.taskapp.models import Item
-from tests.workers import query, scalar
+from tests.workers import query, scalar, shards_by_owner, worker_id_of
 
 ITEMS = size(2000, 20000)
 BATCH = 100
@@ -92,25 +92,44 @@ def test_sigkill_of_the_owner_again_and_again_commits_every_item_exactly_once(wo
     figures("durable_sigkill_churn", batch=BATCH, kills=kills, **report)
 
 
+def run_uninterrupted(tenant: int, pause: float) -> float:
+    """Wall seconds of the deploy test's job with no deploy (its baseline)."""
+    began = time.monotonic()
+    result = durable_tasks.churn_backfill.enqueue(tenant=tenant, size=BATCH, pause=pause)
+    wait_until(lambda: job_status(int(result.id)) == "SUCCESSFUL", timeout=size(120, 600))
+    return time.monotonic() - began
+
+
 def test_rolling_deploys_hand_the_job_back_at_a_batch_and_never_use_an_attempt(workers):
-    make_items()
+    """Each deploy as a rolling update makes it: the new version's worker is
+    started and has joined (holds its share), then the job's owner gets
+    SIGTERM. Per deploy at most the batch in flight is redone (none: the
+    stop waits for it), the attempt count stays 1, and the job runs again
+    elsewhere within the batch in flight plus a lease handover."""
     deploys = size(2, 10)
-    pause = size(1.0, 0.5)  # 20 batches: 20 s at CI size; 200: 100 s at full size
+    batches = size(30, 120)
+    pause = 0.5  # 15 s of batches at CI size, 60 s at full size
+    Item.objects.bulk_create((Item(tenant=t, n=i) for t in (2, 3) for i in range(batches * BATCH)), batch_size=5000)
     start = ("--concurrency", "2", "--grace", "10")
     procs = [workers.start(*start), workers.start(*start)]
     wait_until(
-        lambda: scalar("SELECT count(*) FROM shardq_shard WHERE owner IS NOT NULL") == 64,
+        lambda: len(shards_by_owner()) == 2 and sum(shards_by_owner().values()) == 64,
         timeout=90,
         message="two workers to share the 64 shards",
     )
+    baseline = run_uninterrupted(3, pause)
     began = time.monotonic()
-    result = durable_tasks.churn_backfill.enqueue(tenant=1, size=BATCH, pause=pause)
+    result = durable_tasks.churn_backfill.enqueue(tenant=2, size=BATCH, pause=pause)
     job_id = int(result.id)
-    done_deploys = 0
-    # Each deploy also waits for the job to run again (the released shard
-    # claimed, perhaps handed over to the fresh worker): half the even share.
-    spacing = ITEMS // BATCH * pause / (2 * deploys)
-    while done_deploys < deploys and job_status(job_id) != "SUCCESSFUL":
+    # The deploys are spread over the uninterrupted run's length.
+    interval = batches * pause / (deploys + 1)
+    gaps: list[float] = []
+    fresh = workers.start(*start)
+    while len(gaps) < deploys:
+        # The new version's worker has joined: it holds shards.
+        fresh_id = worker_id_of(fresh.pid, timeout=90)
+        wait_until(lambda: shards_by_owner().get(fresh_id, 0) > 0, timeout=90, message="the fresh worker to join")
+        time.sleep(max(0.0, began + (len(gaps) + 1) * interval - time.monotonic()))  # pacing the deploys
         pid = wait_until(
             lambda: owner_pid(job_id) or job_status(job_id) == "SUCCESSFUL",
             timeout=60,
@@ -118,41 +137,54 @@ def test_rolling_deploys_hand_the_job_back_at_a_batch_and_never_use_an_attempt(w
         )
         if pid is True:
             break
-        time.sleep(spacing)  # pacing the deploys over the run
-        proc = next((p for p in procs if p.pid == pid), None)
-        if proc is None or owner_pid(job_id) != pid:
-            continue
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0, workers.log(proc)[-4000:]  # handed back well inside the grace
-        procs.remove(proc)
-        done_deploys += 1
+        old = next(p for p in [*procs, fresh] if p.pid == pid)
+        stopped_at = time.monotonic()
+        old.send_signal(signal.SIGTERM)
+        # Running again on another worker: the batch in flight, the hand-back,
+        # the release, the next owner's claim.
+        wait_until(
+            lambda: owner_pid(job_id) not in (None, pid) or job_status(job_id) == "SUCCESSFUL",
+            timeout=60,
+            message="the job to run again on another worker",
+        )
+        gaps.append(time.monotonic() - stopped_at)
+        assert old.wait(timeout=30) == 0, workers.log(old)[-4000:]  # handed back well inside the grace
+        if old is not fresh:
+            procs.remove(old)
+            procs.append(fresh)
         assert scalar("SELECT attempts FROM shardq_job WHERE id = %s", [job_id]) <= 1
-        procs.append(workers.start(*start))
+        # Per deploy at most the batch in flight is redone.
+        assert ledger_report(job_id)["batches_run_twice"] <= len(gaps)
+        fresh = workers.start(*start)
     wait_until(lambda: job_status(job_id) == "SUCCESSFUL", timeout=size(120, 600))
     wall = time.monotonic() - began
     attempts, worker_ids = query("SELECT attempts, worker_ids FROM shardq_job WHERE id = %s", [job_id])[0]
     report = ledger_report(job_id)
-    assert report["items"] == ITEMS and report["duplicates"] == 0, report
+    assert report["items"] == batches * BATCH and report["duplicates"] == 0, report
     worker_ids = json.loads(worker_ids) if isinstance(worker_ids, str) else worker_ids
     handed_back = scalar("SELECT sum((stats->>'handed_back_at_boundary')::int) FROM shardq_worker")
     assert attempts == 1 == len(worker_ids)
-    assert done_deploys >= size(1, 8)
+    assert len(gaps) >= size(1, deploys)
     # A graceful stop waits for the batch in flight: none is redone.
     assert report["batches_run_twice"] == 0, report
+    gaps.sort()
     figures(
         "durable_rolling_deploys",
-        deploys=done_deploys,
+        deploys=len(gaps),
         handed_back=handed_back,
         attempts=attempts,
         wall_seconds=wall,
-        work_seconds=ITEMS // BATCH * pause,
+        uninterrupted_seconds=baseline,
+        work_seconds=batches * pause,
+        gap_median_seconds=gaps[len(gaps) // 2],
+        gap_max_seconds=gaps[-1],
         **report,
     )
 
 
 def test_a_zombies_batch_rolls_back_when_it_wakes_after_another_worker_resumed_the_job(workers):
     from tests.faults.harness import TTL
-    from tests.workers import shards_by_owner, worker_id_of, worker_stats
+    from tests.workers import worker_stats
 
     make_items()
     procs = [workers.start("--concurrency", "2", "--grace", "10") for _ in range(2)]

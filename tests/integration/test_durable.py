@@ -93,6 +93,18 @@ def test_two_steps_of_one_name_in_one_run_are_an_error():
     assert steps_ran(result) == {"same": 1}
 
 
+def test_a_durable_call_in_an_async_task_fails_the_job_saying_to_declare_it_with_def():
+    result = durable_tasks.async_stepper.enqueue()
+    with in_process_worker(concurrency=1):
+        wait_until(lambda: finished(result), timeout=60, message="the job to finish")
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "shardq.exceptions.DurableNeedsSyncTask"
+    assert "tests.taskapp.durable_tasks.async_stepper is an `async def` task" in error.traceback
+    assert "Declare the task with `def`" in error.traceback
+
+
 # -- iterations -------------------------------------------------------------------------
 
 
@@ -170,6 +182,40 @@ def test_a_stopping_worker_hands_an_iterating_job_back_at_the_next_batch_without
     counts = ledger_counts(result)
     assert len(counts) == 200 and set(counts.values()) == {1}
     assert job_row(result.id)["attempts"] == 1 == len(job_row(result.id)["worker_ids"])
+
+
+def test_a_stopping_worker_releases_the_shard_of_a_handed_back_job_while_its_other_jobs_still_run():
+    """A rolling deploy: the stopping worker gives the durable job's shard to
+    the next owner as soon as the job is handed back, not when the slowest
+    of its other jobs ends (within the grace)."""
+    make_items(1, 200)
+    tasks.GATE.clear()
+    slow = tasks.gate.enqueue()
+    result = durable_tasks.backfill.enqueue(tenant=1, size=10, pause=0.1)
+    while job_row(result.id)["shard"] == job_row(slow.id)["shard"]:
+        sql("DELETE FROM shardq_job WHERE id = %s", [int(result.id)])
+        result = durable_tasks.backfill.enqueue(tenant=1, size=10, pause=0.1)
+    shard = job_row(result.id)["shard"]
+    try:
+        with in_process_worker(concurrency=2, grace=60) as worker:
+            wait_until(lambda: status(slow) == "RUNNING", timeout=60, message="the slow job to run")
+            wait_until(lambda: ItemLedger.objects.filter(job_id=int(result.id)).count() >= 20, timeout=60)
+            worker.request_stop()
+            wait_until(
+                lambda: (
+                    status(result) == "READY"
+                    and scalar("SELECT owner FROM shardq_shard WHERE shard = %s", [shard]) is None
+                ),
+                timeout=30,
+                message="the handed-back job's shard to be released while the slow job runs",
+            )
+            assert status(slow) == "RUNNING"
+            tasks.GATE.set()
+    finally:
+        tasks.GATE.set()
+    assert status(slow) == "SUCCESSFUL"
+    assert worker.stats["handed_back_at_boundary"] == 1
+    assert job_row(result.id)["attempts"] == 0
 
 
 def test_a_cancel_stops_an_iterating_job_at_its_next_batch_and_it_stays_cancelled():

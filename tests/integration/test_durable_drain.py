@@ -47,3 +47,14 @@ class DrainDurableTests(TestCase):
         error = row["errors"][-1]
         assert error["exception_class_path"] == "shardq.testing.durable.DrainCannotSuspend"
         assert "drain() cannot do" in error["traceback"] and "test suspensions with a worker" in error["traceback"]
+
+    def test_a_durable_call_in_an_async_task_fails_the_job_in_a_drain_saying_to_declare_it_with_def(self):
+        result = durable_tasks.async_stepper.enqueue()
+
+        drain()
+
+        row = job_row(result.id)
+        assert row["status"] == "FAILED"
+        error = row["errors"][-1]
+        assert error["exception_class_path"] == "shardq.exceptions.DurableNeedsSyncTask"
+        assert "Declare the task with `def`" in error["traceback"]

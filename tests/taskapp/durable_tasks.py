@@ -168,3 +168,9 @@ def flaky_backfill(context: TaskContext, tenant: int, size: int, fail_after: int
         if not context.task_result.errors and batches == fail_after:
             raise RuntimeError(f"fails after batch {batches}, on purpose")
     return {"items": plan["items"], "batches_this_run": batches}
+
+
+@shard_task(takes_context=True, max_attempts=1)
+async def async_stepper(context: TaskContext) -> object:
+    """An ``async def`` task calling a durable call: refused, saying why."""
+    return context.step("one", lambda: 1)
