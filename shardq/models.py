@@ -172,6 +172,13 @@ class Job(models.Model):
             models.Index(
                 fields=["shard", "run_after"], condition=Q(status="SUSPENDED"), name="shardq_job_suspended_idx"
             ),
+            # An ordered key with a suspended job: the claim passes over the
+            # key's other jobs until it finishes (claim_key_suspended; docs/durable.md).
+            models.Index(
+                fields=["shard", "shard_key"],
+                condition=Q(ordered=True, status="SUSPENDED"),
+                name="shardq_job_ordered_susp_idx",
+            ),
         ]
         # A fair key fits shardq_job_fair_idx (a btree entry holds at most
         # 2,704 bytes): enqueue stores a key over 200 characters as its

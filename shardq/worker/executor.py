@@ -877,6 +877,13 @@ class Executor:
         if isinstance(stop, Suspended):
             self.stats.add("suspended")
             if row[0] == "SUSPENDED":
+                if job.ordered:
+                    # Its key's next job may be buffered here behind it: the
+                    # key's gate opens when this thread leaves the job. The
+                    # shard's buffered jobs go back READY first, and the
+                    # claim passes over the key's jobs while this one is
+                    # suspended (docs/durable.md, "Ordered keys").
+                    self.leaser.recall_buffered(job.shard)
                 self.pipeline.suspended()
             logger.info("job %s (%s) %s", job.id, job.task_path, stop)
         else:

@@ -152,6 +152,14 @@ class Leaser(Service):
         self.releasing_to_stop = True
         self._wake.set()
 
+    def recall_buffered(self, shard: int) -> None:
+        """Hand back the buffered jobs of ``shard`` (READY again), keeping
+        the shard: under the write side of ``ownership``, so a claim in
+        flight has buffered its jobs first and none is missed (an ordered
+        job suspended: its key's jobs must not run before it resumes)."""
+        with self._dropping():
+            self.on_lost({shard})
+
     def trusts(self, shard: int, fence: int) -> bool:
         """May a job of ``shard`` claimed under ``fence`` start now?"""
         return self.held.get(shard) == fence and self.clock() < self.trusted_until

@@ -317,6 +317,22 @@ def test_a_signal_to_a_finished_or_unknown_job_is_refused_clearly():
     assert scalar("SELECT count(*) FROM shardq_job_signal") == 0
 
 
+@pytest.mark.parametrize("pause", ["sleep", "wait"])
+def test_a_suspended_job_of_an_ordered_key_is_not_overtaken_by_the_keys_later_jobs(pause):
+    first = durable_tasks.ordered_napper.enqueue(account=7, n=1, pause=pause)
+    later = [durable_tasks.ordered_napper.enqueue(account=7, n=n) for n in (2, 3)]
+    with in_process_worker(concurrency=4) as worker:
+        wait_until(lambda: status(first) == "SUSPENDED", timeout=60, message="the first job to suspend")
+        if pause == "wait":
+            time.sleep(1.5)  # pacing: the later jobs would run meanwhile without the guard
+            shardq.signal(first, "go")
+        wait_until(lambda: all(finished(r) for r in [first, *later]), timeout=60, message="the key's jobs to finish")
+    assert worker.stats["suspended"] == 1
+    order = list(StepRun.objects.filter(job_id__in=[int(r.id) for r in [first, *later]]).order_by("id"))
+    assert [run.name for run in order] == ["start 1", "end 1", "start 2", "end 2", "start 3", "end 3"]
+    assert all(status(r) == "SUCCESSFUL" for r in [first, *later])
+
+
 def test_a_suspended_job_can_be_cancelled():
     result = durable_tasks.approver.enqueue()
     with in_process_worker(concurrency=1):

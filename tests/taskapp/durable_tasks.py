@@ -174,3 +174,18 @@ def flaky_backfill(context: TaskContext, tenant: int, size: int, fail_after: int
 async def async_stepper(context: TaskContext) -> object:
     """An ``async def`` task calling a durable call: refused, saying why."""
     return context.step("one", lambda: 1)
+
+
+@shard_task(key="account", ordered=True, takes_context=True)
+def ordered_napper(context: TaskContext, account: int, n: int, pause: str = "") -> int:
+    """An ordered key's job: records "start n" (a step), then suspends when
+    ``pause`` says so ("sleep": 2 s, "wait": for signal "go"), then records
+    "end n". The StepRun ids give the order the key's jobs ran in."""
+    job = int(context.task_result.id)
+    context.step("start", ran, job, f"start {n}", n)
+    if pause == "sleep":
+        context.sleep(timedelta(seconds=2))
+    elif pause == "wait":
+        context.wait_for("go")
+    StepRun.objects.create(job_id=job, name=f"end {n}")
+    return n

@@ -325,7 +325,8 @@ status = CASE WHEN picked.problem IS NOT NULL THEN 'FAILED'
 -- The claim's guard for a job whose key may be in flight under another lease (a WHERE fragment
 -- over shardq_job, for a shard of ``held``): true unless the job is ordered, or limited by its
 -- shard key, on a shard another pool holds too or during a reshard, and a job of its key is in
--- flight under another lease or READY before it.
+-- flight under another lease or READY before it; and false for an ordered job whose key has a
+-- SUSPENDED job (through shardq_job_ordered_susp_idx).
 -- Several pools can claim one shard's jobs (docs/architecture.md,
 -- "Pools"): where another pool holds this shard, an ordered job is
 -- claimed only when no job of its key is in flight under another
@@ -338,7 +339,7 @@ status = CASE WHEN picked.problem IS NOT NULL THEN 'FAILED'
 -- that predecessor errs toward waiting. During a reshard the same
 -- holds across the shard's family (see claim_held): each of its
 -- shards may have its own owner.
-CASE WHEN ordered AND (held.shared OR held.family IS NOT NULL) THEN NOT EXISTS (
+(CASE WHEN ordered AND (held.shared OR held.family IS NOT NULL) THEN NOT EXISTS (
         SELECT 1 FROM shardq_job AS e
         WHERE e.shard = ANY(COALESCE(held.family, ARRAY[held.shard]::int[]))
           AND e.shard_key = shardq_job.shard_key AND e.ordered
@@ -363,7 +364,13 @@ CASE WHEN ordered AND (held.shared OR held.family IS NOT NULL) THEN NOT EXISTS (
           AND CASE WHEN e.status = 'READY'
                    THEN (e.run_after, e.id) < (shardq_job.run_after, shardq_job.id)
                    ELSE e.fence <> held.claim_version END)
-    ELSE true END
+    ELSE true END)
+    -- An ordered key whose job is suspended (a durable sleep or wait): its
+    -- other jobs wait until it has finished (docs/durable.md, "Ordered keys").
+    AND NOT (ordered AND EXISTS (
+        SELECT 1 FROM shardq_job AS z
+        WHERE z.shard = ANY(COALESCE(held.family, ARRAY[held.shard]::int[]))
+          AND z.shard_key = shardq_job.shard_key AND z.ordered AND z.status = 'SUSPENDED'))
 
 -- name: fair_column
 -- shardq_job_ready_idx's third column (an expression over an unqualified shardq_job row): an

@@ -29,6 +29,10 @@ CROSS JOIN LATERAL (
       AND run_after <= {{now}}
       AND NOT (limit_keys ?| %(full)s::text[])
       AND {{served_jobs*}}
+      -- An ordered key whose job is suspended: its other jobs wait (claim_key_free).
+      AND NOT (ordered AND EXISTS (
+          SELECT 1 FROM shardq_job AS z
+          WHERE z.shard = h.shard AND z.shard_key = shardq_job.shard_key AND z.ordered AND z.status = 'SUSPENDED'))
     ORDER BY priority DESC, run_after, id
     LIMIT %(per_shard)s
     FOR UPDATE SKIP LOCKED

@@ -18,7 +18,7 @@ WITH sent AS (
     RETURNING id
 ), woken AS (
     UPDATE shardq_job AS job
-    SET status = 'READY', status_rank = LEAST(job.status_rank, 2147483646) + 1, run_after = clock_timestamp()
+    SET status = 'READY', status_rank = LEAST(job.status_rank, 2147483646) + 1, run_after = {{resumed_at}}
     WHERE job.id = %(id)s AND job.status = 'SUSPENDED'
       AND EXISTS (SELECT 1 FROM shardq_job_step AS w
                   WHERE w.job_id = %(id)s AND w.kind = 'wait' AND NOT w.done AND w.output ->> 'signal' = %(name)s)

@@ -94,6 +94,12 @@ SELECT EXISTS (SELECT 1 FROM guard) AS held, (SELECT count(*) FROM used) AS take
 WITH guard AS MATERIALIZED ({{attempt_holds*}})
 SELECT j.id FROM shardq_job AS j, guard WHERE j.id = %(id)s FOR UPDATE OF j;
 
+-- name: resumed_at
+-- The run_after of a durable job made READY again mid-run (handed back, woken): now; an ordered
+-- job's enqueue time when earlier, so it keeps its place before its key's later jobs, which the
+-- claim takes in (priority, run_after, id) order (docs/durable.md, "Ordered keys").
+CASE WHEN job.ordered THEN LEAST(clock_timestamp(), job.enqueued_at) ELSE clock_timestamp() END
+
 -- name: suspend_job
 -- End attempt (:id, :fence, :rank) suspended until :until (NULL: a wait with no timeout,
 -- until 9999-12-01, a time Python and the claim's job_problem can still hold; never reached):
@@ -110,7 +116,7 @@ WITH pending AS MATERIALIZED (
 UPDATE shardq_job AS job
 SET status = CASE WHEN pending.signalled THEN 'READY' ELSE 'SUSPENDED' END,
     status_rank = %(rank)s,
-    run_after = CASE WHEN pending.signalled THEN clock_timestamp()
+    run_after = CASE WHEN pending.signalled THEN {{resumed_at}}
                      ELSE COALESCE(%(until)s::timestamptz, '9999-12-01 00:00:00+00') END,
     attempts = GREATEST(job.attempts - 1, 0),
     worker_ids = CASE WHEN jsonb_typeof(job.worker_ids) = 'array' AND jsonb_array_length(job.worker_ids) > 0
@@ -126,7 +132,7 @@ RETURNING job.status, job.shard, job.priority,
 -- due now, its attempt taken back as suspend_job does; its steps and cursors stay recorded for
 -- the next owner. Fenced (lock_running_job ran first). NOTIFYs its shard. Returns its id.
 UPDATE shardq_job AS job
-SET status = 'READY', status_rank = %(rank)s, run_after = clock_timestamp(),
+SET status = 'READY', status_rank = %(rank)s, run_after = {{resumed_at}},
     attempts = GREATEST(job.attempts - 1, 0),
     worker_ids = CASE WHEN jsonb_typeof(job.worker_ids) = 'array' AND jsonb_array_length(job.worker_ids) > 0
                       THEN job.worker_ids - (jsonb_array_length(job.worker_ids) - 1) ELSE job.worker_ids END
@@ -137,7 +143,8 @@ RETURNING job.id, CASE WHEN %(notify)s THEN pg_notify(%(channel)s, job.shard || 
 
 -- name: wake_due_jobs
 -- The waker: suspended jobs of these shards whose time has come (a sleep's end, a wait's
--- timeout) go back to READY, keeping run_after (their due time: pickup latency counts from it),
+-- timeout) go back to READY, keeping run_after (their due time: pickup latency counts from it;
+-- an ordered job's is its enqueue time if earlier, as in resumed_at),
 -- status_rank + 1; through shardq_job_suspended_idx, at most :batch, SKIP LOCKED. Returns id and
 -- shard of each. The time is read once (a subquery): clock_timestamp() is volatile, and compared
 -- row by row it is no index condition, so every suspended job was read (bench/durable.py).
@@ -149,7 +156,8 @@ WITH due AS MATERIALIZED (
     FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE shardq_job AS job
-SET status = 'READY', status_rank = LEAST(job.status_rank, 2147483646) + 1
+SET status = 'READY', status_rank = LEAST(job.status_rank, 2147483646) + 1,
+    run_after = CASE WHEN job.ordered THEN LEAST(job.run_after, job.enqueued_at) ELSE job.run_after END
 FROM due WHERE job.id = due.id AND job.status = 'SUSPENDED'
 RETURNING job.id, job.shard;
 
