@@ -8,7 +8,6 @@ start, shard changes, signals, failed jobs and stop. A project that
 configures ``LOGGING`` for ``shardq`` or for the root logger is left alone.
 """
 
-import io
 import logging
 import os
 import sys
@@ -31,16 +30,41 @@ def ensure_output() -> None:
 
 
 def dump_stacks_on(signum: int) -> None:
-    """``kill -USR1 <pid>`` prints every thread's stack to stderr (Python's
-    faulthandler, in C: it works while Python code is stuck), and the worker
-    carries on. An operator asks a worker that does not stop, or does not
-    claim, where it is; without this SIGUSR1's default action kills it."""
-    import faulthandler
+    """``kill -USR1 <pid>`` prints every thread's stack to stderr and the
+    worker carries on. An operator asks a worker that does not stop, or does
+    not claim, where it is; without this SIGUSR1's default action kills it.
+
+    A Python handler, run by the main thread between two bytecodes, reading
+    ``sys._current_frames()``: faulthandler's C dump of every thread reads
+    other threads' frames while they run and crashed a busy worker with
+    SIGSEGV in the tests. The text goes out with ``os.write`` on fd 2, no
+    lock of Python's stream or logging taken (the main thread may hold one)."""
+    import signal
+
+    def dump(received: int, frame: object) -> None:
+        try:
+            os.write(2, stacks_text().encode("utf-8", "replace"))
+        except OSError:
+            pass  # stderr gone: nothing to tell, and the worker must go on
 
     try:
-        faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
-    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
-        pass  # no usable stderr (a closed or redirected stream): the default action stays
+        signal.signal(signum, dump)
+    except (ValueError, OSError):
+        pass  # not the main thread (an embedded worker): the default action stays
+
+
+def stacks_text() -> str:
+    """Every thread of this process with its stack (most recent call last)."""
+    import threading
+    import traceback
+
+    frames = sys._current_frames()
+    threads = {thread.ident: thread.name for thread in threading.enumerate()}
+    parts = [f"Stacks of process {os.getpid()} (SIGUSR1), {len(frames)} thread(s):\n"]
+    for ident, frame in frames.items():
+        parts.append(f'Thread 0x{ident:x} "{threads.get(ident, "?")}" (most recent call last):\n')
+        parts.extend(traceback.format_stack(frame))
+    return "".join(parts)
 
 
 def tidy_django_task_log() -> None:

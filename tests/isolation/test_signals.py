@@ -201,12 +201,14 @@ def test_sigusr1_prints_every_threads_stack_and_the_worker_carries_on(workers, p
     for pid in targets:
         os.kill(pid, signal.SIGUSR1)
     wait_until(
-        lambda: workers.log(proc).count("Current thread") + workers.log(proc).count("Thread 0x") >= len(targets),
+        lambda: all(f"Stacks of process {pid} (SIGUSR1)" in workers.log(proc) for pid in targets),
         timeout=30,
         message=lambda: f"a stack dump from each of {targets}: {workers.log(proc)[-2000:]}",
     )
+    assert 'Thread 0x' in workers.log(proc) and '"shardq-leaser"' in workers.log(proc), workers.log(proc)[-2000:]
     for pid in targets:
         assert alive(pid), f"pid {pid} died on SIGUSR1: {workers.log(proc)[-2000:]}"
+    assert "exited with" not in workers.log(proc), workers.log(proc)[-2000:]
     wait_until(lambda: scalar("SELECT count(*) FROM shardq_job WHERE status = 'SUCCESSFUL'") == 2, timeout=60)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, workers.log(proc)[-3000:]
