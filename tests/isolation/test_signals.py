@@ -205,7 +205,7 @@ def test_sigusr1_prints_every_threads_stack_and_the_worker_carries_on(workers, p
         timeout=30,
         message=lambda: f"a stack dump from each of {targets}: {workers.log(proc)[-2000:]}",
     )
-    assert 'Thread 0x' in workers.log(proc) and '"shardq-leaser"' in workers.log(proc), workers.log(proc)[-2000:]
+    assert "Thread 0x" in workers.log(proc) and '"shardq-leaser"' in workers.log(proc), workers.log(proc)[-2000:]
     for pid in targets:
         assert alive(pid), f"pid {pid} died on SIGUSR1: {workers.log(proc)[-2000:]}"
     assert "exited with" not in workers.log(proc), workers.log(proc)[-2000:]
