@@ -457,3 +457,35 @@ class JobSignal(models.Model):
 
     def __str__(self):
         return f"signal {self.name!r} to job {self.job_id}"
+
+
+class QueueControl(models.Model):
+    """An operator's live control of one queue (docs/operations.md, "Queue
+    controls"): paused (no worker claims its jobs; enqueue still works and
+    running jobs finish) and a concurrency override (at most that many of
+    its jobs in each worker's memory at once). Written by
+    ``manage.py shardq_queue`` and the admin's Queues page, each write
+    followed by a NOTIFY on ``<CHANNEL>_queue``; every worker reads the
+    table again on that NOTIFY and at every poll interval, so the state
+    survives restarts and a lost notification."""
+
+    queue_name = models.TextField(primary_key=True)
+    paused = models.BooleanField(default=False, db_default=False)
+    concurrency = models.IntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+    updated_by = models.TextField(default="", db_default="", blank=True)
+
+    class Meta:
+        db_table = "shardq_queue_control"
+        verbose_name = "queue"
+        verbose_name_plural = "queues"
+        default_permissions = ("view", "change")
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(concurrency__isnull=True) | Q(concurrency__gte=1),
+                name="shardq_queue_control_concurrency_gte_1",
+            )
+        ]
+
+    def __str__(self):
+        return f"queue {self.queue_name}"

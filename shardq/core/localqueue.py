@@ -496,6 +496,32 @@ class LocalQueue:
                 out.append(job)
             return out
 
+    def drop_queues(self, queues: "set[str] | frozenset[str]") -> list[QueuedJob]:
+        """Remove and return every buffered job of these queues (a queue
+        paused by an operator), in id order. Processing jobs are untouched.
+        Walks every buffered job: a pause is rare."""
+        with self._index_lock:
+            jobs = self._jobs
+            out = sorted((job for job in jobs.values() if job.queue_name in queues), key=_job_id)
+            for job in out:
+                del jobs[job.id]
+                ids = self._by_shard[job.shard]
+                ids.discard(job.id)
+                if not ids:
+                    del self._by_shard[job.shard]
+                if job.fair_key is not None:
+                    self._count_fair(job.fair_key, -1)
+                self._unlink(job)
+            return out
+
+    def count_by_queue(self) -> dict[str, int]:
+        """Jobs here (buffered or processing) by queue name: a snapshot
+        (each dict copied in one C call under the GIL)."""
+        counts: dict[str, int] = {}
+        for job in [*self._jobs.values(), *self._processing.values()]:
+            counts[job.queue_name] = counts.get(job.queue_name, 0) + 1
+        return counts
+
     def __contains__(self, job_id: int) -> bool:
         """Is the job buffered or processing here? (Two dict lookups, no lock:
         a snapshot, like the sizes.)"""

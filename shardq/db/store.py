@@ -895,6 +895,11 @@ class WorkerStore:
         rows = self.run("cancelled_attempts", {"ids": [a[0] for a in attempts], "ranks": [a[1] for a in attempts]})
         return {row[0] for row in rows}
 
+    def queue_controls(self) -> list[TupleRow]:
+        """Every queue paused or with a concurrency override: (queue_name,
+        paused, concurrency) rows (shardq/queues.py)."""
+        return self.run("queue_controls", {})
+
     def seconds_until_due(self, shards: list[int], now: datetime | None = None) -> float | None:
         """Seconds from ``now`` (None: the database's clock) until the next
         deferred READY job of ``shards`` falls due; None: there is none."""

@@ -301,6 +301,18 @@ class Buffer:
                 self._uncount(queued.priority)
         return [cast(ClaimedJob, queued.payload) for queued in dropped]
 
+    def drop_queues(self, queues: frozenset[str]) -> list[ClaimedJob]:
+        """Every buffered job of these (newly paused) queues, out of the queue."""
+        with self._count_lock:
+            dropped = self.queue.drop_queues(queues)
+            for queued in dropped:
+                self._uncount(queued.priority)
+        return [cast(ClaimedJob, queued.payload) for queued in dropped]
+
+    def held_by_queue(self) -> dict[str, int]:
+        """Jobs buffered or processing here, by queue (a snapshot)."""
+        return self.queue.count_by_queue()
+
     def drain(self) -> list[ClaimedJob]:
         with self._count_lock:
             drained = self.queue.drain()

@@ -428,7 +428,7 @@ class Executor:
         self.pipeline.buffer.done(job)
         if limiter is not None and limiter.finished(job.id):
             self.pipeline.wake_fetch()
-        self.pipeline.slot_freed()
+        self.pipeline.slot_freed(job.queue_name)
 
     def run_job(self, job: ClaimedJob) -> Outcome | None:
         """Start and run one claimed job. An error of shardq's own while

@@ -30,6 +30,7 @@ from .leaser import Leaser
 from .limits import SCAN_FACTOR
 from .listener import Subscription, WakeLimiter
 from .pipeline import OutrankingClaim, Pipeline, PipelineConfig
+from .queuecontrol import QueueControls
 from .service import Service
 
 if TYPE_CHECKING:
@@ -65,12 +66,19 @@ class Fetcher(Service):
         options, settings = config.options, config.settings
         self.worker_id = config.worker_id
         self.queues = options.queues
-        self.exclude_queues = options.exclude_queues  # every queue but these (with queues None)
+        # every queue but these (with queues None); the claims leave out the
+        # queues the controls block too (exclude_queues, below).
+        self._exclude_queues = list(options.exclude_queues or ())
         self.backend = options.backend  # claim only this TASKS alias's jobs (None: any)
         self.poll_interval = settings.poll_interval_seconds
         self.lease_ttl = settings.lease_ttl_seconds
         self.jobs_channel = settings.channel
         self.limit_channel = config.limit_channel
+        # Live queue controls (shardq/queues.py): paused queues and
+        # concurrency overrides, read from shardq_queue_control.
+        self.controls_channel = settings.channel + "_queue"
+        self.controls = QueueControls(self.poll_interval)
+        self._blocked: list[str] = []
         # What the pipeline gives this stage: the local queue it fills, the
         # hand-back for jobs it will not push, and the limits.
         self.buffer = pipeline.buffer
@@ -126,6 +134,53 @@ class Fetcher(Service):
     def interrupt(self) -> None:
         self._wake.set()
 
+    @property
+    def exclude_queues(self) -> list[str] | None:
+        """Queues no claim of this round may take: --exclude-queues, and the
+        queues paused or at their concurrency override (apply_controls)."""
+        blocked = self._blocked
+        if not blocked:
+            return self._exclude_queues or None
+        return [*self._exclude_queues, *blocked]
+
+    def controls_notified(self, payload: str) -> None:
+        """A NOTIFY on <CHANNEL>_queue: an operator changed a queue's
+        controls. Read them now (the fetcher's thread does)."""
+        self.controls.notified(payload)
+        self.wake()
+
+    def apply_controls(self) -> None:
+        """Read the queue controls when a NOTIFY asked or a poll interval
+        passed, hand back the buffered jobs of a queue newly paused, and
+        set the queues this round's claims leave out."""
+        controls = self.controls
+        if controls.refresh_due():
+            controls.begin_load()
+            try:
+                rows = self.store.queue_controls()
+            except (DatabaseUnavailable, StatementRejected) as exc:
+                controls.load_failed()
+                self.stats.add("db_errors")
+                logger.warning("could not read the queue controls, keeping the last ones: %s", exc)
+                rows = None
+            if rows is not None:
+                newly = controls.load(rows)
+                if newly:
+                    dropped = self.buffer.drop_queues(newly)
+                    if dropped:
+                        logger.info(
+                            "queues %s paused: handing back %s claimed jobs not started",
+                            ", ".join(sorted(newly)),
+                            len(dropped),
+                        )
+                        self.stats.add("paused_handed_back", len(dropped))
+                        self.handback.return_jobs(dropped)
+                    self.pipeline.slot_freed()
+        self._blocked = controls.blocked(self.buffer.held_by_queue)
+        # A job of a queue at its override leaving this worker wakes the
+        # fetcher (Pipeline.slot_freed): there is room for the next.
+        self.pipeline.capped_blocked = frozenset(q for q in self._blocked if q in controls.caps)
+
     def wake(self) -> None:
         self._wake.set()
 
@@ -163,9 +218,10 @@ class Fetcher(Service):
         """This fetcher's channels: new jobs, and freed limit slots when
         this process defines limits."""
         jobs = Subscription(self.jobs_notified_by, self._notices_pending, self._flush_notices)
-        if self.limiter is None:
-            return {self.jobs_channel: jobs}
-        return {self.jobs_channel: jobs, self.limit_channel: Subscription(self.limit_freed)}
+        channels = {self.jobs_channel: jobs, self.controls_channel: Subscription(self.controls_notified)}
+        if self.limiter is not None:
+            channels[self.limit_channel] = Subscription(self.limit_freed)
+        return channels
 
     def jobs_notified_by(self, payload: str) -> None:
         """An enqueue's NOTIFY, ``shard:priority``: parsed strictly (any
@@ -225,6 +281,7 @@ class Fetcher(Service):
 
     def fetch_once(self) -> float | None:
         """Claim one batch. Returns how long to sleep, or None to go again at once."""
+        self.apply_controls()
         limited = self.limiter is not None and self.limiter.active()
         if limited:
             self.keep_limit_slots()
@@ -582,6 +639,10 @@ class Fetcher(Service):
             # jobs must not run here.
             refused = [job for job in jobs if held.get(job.shard) != job.fence]
             jobs = [job for job in jobs if held.get(job.shard) == job.fence]
+        caps = self.controls.caps
+        if caps and any(job.queue_name in caps for job in jobs):
+            jobs, over = self.within_caps(jobs, caps)
+            refused += over
         remembered = self.pipeline.remembered.recall([job.id for job in jobs])
         # Only a claim that follows the remembered attempt (no start since):
         # an operator's retry (attempts reset to 0) of a job cancelled mid-run
@@ -609,6 +670,24 @@ class Fetcher(Service):
         if refused:
             self.handback.return_jobs(refused)
         self.pipeline.signals.claimed.signal(jobs)
+
+    def within_caps(self, jobs: list[ClaimedJob], caps: dict[str, int]) -> tuple[list[ClaimedJob], list[ClaimedJob]]:
+        """(the jobs to keep, the jobs over a queue's concurrency override,
+        to hand back): a claim may bring more of a queue than its room."""
+        held = self.buffer.held_by_queue()
+        keep, over = [], []
+        for job in jobs:
+            cap = caps.get(job.queue_name)
+            if cap is not None:
+                count = held.get(job.queue_name, 0)
+                if count >= cap:
+                    over.append(job)
+                    continue
+                held[job.queue_name] = count + 1
+            keep.append(job)
+        if over:
+            self.stats.add("over_queue_concurrency", len(over))
+        return keep, over
 
     def recover_lost_claims(self, shards: list[int]) -> int:
         """Hand back jobs claimed by this worker under a current fence that

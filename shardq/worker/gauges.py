@@ -12,7 +12,8 @@ advisory lock (``metrics_lock``). PostgreSQL grants it to one session; a
 worker that dies or loses its connection loses it with the session, and the
 next worker to ask — every metrics-enabled worker asks once a heartbeat —
 takes over. The holder runs three statements a heartbeat (the third: each
-queue's top fair keys, docs/fairness.md); the others export
+queue's top fair keys, docs/fairness.md; a fourth, the live queue
+controls); the others export
 zeros (a worker that held the lock zeroes what it had set), so ``sum`` and
 ``max`` over all workers both give the holder's value.
 """
@@ -83,6 +84,7 @@ class Gauges(Service):
                 rows, unowned = self.store.cluster_metrics(self.lease_ttl_seconds, self.shard_count)
                 self.metrics.cluster_sample(rows, unowned)
                 self.metrics.fair_sample(summarize_fair_keys(self.store.fair_keys()))
+                self.metrics.queue_control_sample(self.store.queue_controls())
                 return
         except (DatabaseUnavailable, StatementRejected) as exc:
             # The session (and with it the lock) may be gone: export nothing
@@ -91,3 +93,4 @@ class Gauges(Service):
             self.holder = False
         self.metrics.cluster_sample(None)
         self.metrics.fair_sample(None)
+        self.metrics.queue_control_sample(None)

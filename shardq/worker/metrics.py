@@ -261,6 +261,22 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self._cluster_labels: set[tuple[str, ...]] = set()
+        # Live queue controls (shardq/queues.py): cluster gauges too.
+        self.queue_paused = Gauge(
+            "shardq_queue_paused",
+            "1 for a queue an operator paused (manage.py shardq_queue, the admin's Queues page) (cluster gauge).",
+            ("queue",),
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.queue_concurrency = Gauge(
+            "shardq_queue_concurrency_override",
+            "A queue's concurrency override: its jobs each worker holds at once, at most (cluster gauge; 0: none).",
+            ("queue",),
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self._control_labels: set[str] = set()
         # Each queue's top fair keys (docs/fairness.md): cluster gauges too,
         # labelled by queue and fair_key, the key one of the report's top
         # (shardq.fairness.TOP_KEYS) or "other", and at most
@@ -429,6 +445,20 @@ class Metrics:
         self._cluster_labels |= seen
         self.shards_unowned.set(unowned if rows is not None else 0)
         self.cluster_holder.set(1 if rows is not None else 0)
+
+    def queue_control_sample(self, rows: Iterable[Any] | None) -> None:
+        """The queue control gauges from ``queue_controls`` rows (queue_name,
+        paused, concurrency), or all zero (None: not the metrics lock's
+        holder); a queue no longer controlled goes to zero."""
+        values: dict[str, tuple[float, float]] = {}
+        for queue_name, paused, concurrency in rows or ():
+            values[self.guard.queue(queue_name)] = (1.0 if paused else 0.0, float(concurrency or 0))
+        for queue in self._control_labels - values.keys():
+            values[queue] = (0.0, 0.0)
+        for queue, (paused, concurrency) in values.items():
+            self.queue_paused.labels(queue).set(paused)
+            self.queue_concurrency.labels(queue).set(concurrency)
+        self._control_labels |= values.keys()
 
     def fair_sample(self, report: Iterable[Mapping[str, Any]] | None) -> None:
         """The fair key gauges from ``shardq.fairness.summarize_fair_keys``'s

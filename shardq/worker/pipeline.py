@@ -193,6 +193,9 @@ class Pipeline:
         self._sinks: list[Sink] = []
         self._written: list[Callable[[], None]] = []
         self._suspended: list[Callable[[], None]] = []
+        # Queues the fetcher leaves out for their concurrency override
+        # (Fetcher.apply_controls): a job of one leaving wakes it.
+        self.capped_blocked: frozenset[str] = frozenset()
         # Set by the fetcher when it waits for room (slot_freed wakes it).
         self.waiting_for_slots = False
         # The lowest priority of the ordinary claim in flight (None: none):
@@ -229,8 +232,11 @@ class Pipeline:
     def wake_fetch(self) -> None:
         self.fetch_wake.set()
 
-    def slot_freed(self) -> None:
-        """A job left this worker: wake the fetcher if it waits for room."""
+    def slot_freed(self, queue_name: str | None = None) -> None:
+        """A job (of ``queue_name``) left this worker: wake the fetcher if it
+        waits for room, or for room in that queue's concurrency override."""
+        if queue_name is not None and queue_name in self.capped_blocked:
+            self.fetch_wake.set()
         if self.waiting_for_slots:
             wanted, min_batch = self.demand()
             if wanted < min_batch:

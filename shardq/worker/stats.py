@@ -56,6 +56,10 @@ COUNTERS = (
     # SHARDQ["UNKNOWN_TASK_TIMEOUT"].
     "unknown_task_deferrals",
     "unknown_task_dead",
+    # Live queue controls (queuecontrol.py): claimed jobs handed back because
+    # their queue was paused, or over its concurrency override here.
+    "paused_handed_back",
+    "over_queue_concurrency",
 )
 
 

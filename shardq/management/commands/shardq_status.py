@@ -18,6 +18,7 @@ from ...core import pools
 from ...db import operations
 from ...fairness import fair_key_report
 from ...limits import limit_report
+from ...queues import queue_states
 from ..flags import printable
 
 
@@ -137,6 +138,9 @@ class Command(BaseCommand):
         ]
         # Fair share inside a queue (docs/fairness.md): the top fair keys of each queue.
         fair_keys = fair_key_report()
+        # Live queue controls (docs/operations.md): the queues paused or with
+        # a concurrency override.
+        controls = [s for s in queue_states() if s.paused or s.concurrency is not None]
         # The pools that have a live worker; with none, the pool a worker with
         # no flags would join (its shards are all unowned: nothing runs).
         pools_shown = [p for p in every_pool if p["workers"]] or [p for p in every_pool if p["pool"] == pools.ALL]
@@ -164,6 +168,16 @@ class Command(BaseCommand):
                         # Unfinished jobs no worker will ever run, by reason.
                         "silent_rows": silent,
                         "fair_keys": fair_keys,
+                        "queue_controls": [
+                            {
+                                "queue": s.queue_name,
+                                "paused": s.paused,
+                                "concurrency": s.concurrency,
+                                "updated_by": s.updated_by,
+                                "updated_at": s.updated_at.isoformat() if s.updated_at else None,
+                            }
+                            for s in controls
+                        ],
                     },
                     indent=2,
                     allow_nan=False,
@@ -216,6 +230,14 @@ class Command(BaseCommand):
                 f"jobs no worker will ever run ({row['reason']}): {row['count']}, e.g. ids "
                 + ", ".join(map(str, row["ids"]))
                 + f" ({row['what_to_do']})"
+            )
+        for s in controls:
+            parts = ["paused" if s.paused else "running"]
+            if s.concurrency is not None:
+                parts.append(f"at most {s.concurrency} per worker")
+            self.stdout.write(
+                f"queue {printable(s.queue_name)}: {', '.join(parts)} (manage.py shardq_queue; by "
+                f"{printable(s.updated_by) or '?'})"
             )
         for lim in limits:
             cap = "?" if lim["max_concurrency"] is None else lim["max_concurrency"]
