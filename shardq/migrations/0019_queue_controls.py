@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("shardq", "0017_audit"),
+        ("shardq", "0018_durable_ordered"),
     ]
 
     operations = [
