@@ -134,6 +134,12 @@ bench-cancel: $(STAMP)
 	SHARDQ_CANCEL_SAMPLES=200 SHARDQ_CANCEL_RESULTS=bench/results/cancel_latency.json $(PY) -m pytest -q -s \
 		tests/integration/test_run_control.py -k cancel_latency
 
+# bench-bulk: retry 100,000 dead letters while two workers drain (bench/bulk_retry.py)
+.PHONY: bench-bulk
+bench-bulk: $(STAMP)
+	DJANGO_SETTINGS_MODULE=tests.settings PYTHONPATH=. $(PY) manage.py migrate -v 0
+	DJANGO_SETTINGS_MODULE=tests.settings PYTHONPATH=. $(PY) bench/bulk_retry.py
+
 soak: $(STAMP)
 	$(PY) bench/soak.py
 

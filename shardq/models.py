@@ -192,6 +192,8 @@ class Job(models.Model):
         permissions = [
             ("retry_job", "Can retry failed jobs (back to READY with fresh attempts)"),
             ("discard_job", "Can discard (delete) failed jobs"),
+            ("cancel_job", "Can cancel unfinished jobs"),
+            ("run_job_now", "Can make deferred READY jobs due now"),
         ]
 
     def __str__(self):
@@ -489,3 +491,31 @@ class QueueControl(models.Model):
 
     def __str__(self):
         return f"queue {self.queue_name}"
+
+
+class BulkOperation(models.Model):
+    """One bulk action on every job matching a filter (shardq/bulk.py: the
+    admin's "… all matching" buttons, ``manage.py shardq_jobs``): what it
+    does, the filter it was given, how many jobs matched when it began, and
+    its progress, written in each batch's own transaction."""
+
+    id = models.BigAutoField(primary_key=True)
+    action = models.CharField(max_length=20)
+    filter = models.TextField()
+    total = models.BigIntegerField()
+    done = models.BigIntegerField(default=0)
+    skipped = models.BigIntegerField(default=0)
+    last_id = models.BigIntegerField(default=0)
+    state = models.CharField(max_length=20)
+    error = models.TextField(null=True, blank=True)
+    started_by = models.TextField()
+    started_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "shardq_bulk_operation"
+        default_permissions = ()
+
+    def __str__(self):
+        return f"bulk {self.action} #{self.pk}"

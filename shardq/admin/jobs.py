@@ -28,6 +28,7 @@ from .. import charts
 from ..conf import get_config
 from ..db import operations
 from ..models import Job
+from .bulk import BulkActionsMixin
 from .common import (
     ARGUMENTS_MAX_BYTES,
     ERRORS_SHOWN_EACH_END,
@@ -166,7 +167,7 @@ DURABLE_OUTPUT_CHARS = 300
 
 
 @admin.register(Job)
-class JobAdmin(ShardqModelAdmin):
+class JobAdmin(BulkActionsMixin, ShardqModelAdmin):
     """Jobs: filters, search, redacted arguments, readable tracebacks, and the
     dead-letter actions (Retry, Discard), each behind its own permission."""
 
@@ -411,6 +412,7 @@ class JobAdmin(ShardqModelAdmin):
                         row["what_to_do"].capitalize(),
                     ),
                 )
+        extra_context = {**(extra_context or {}), "shardq_bulk_buttons": self.bulk_buttons(request)}
         return super().changelist_view(request, extra_context)
 
     def get_search_results(self, request, queryset, search_term):
@@ -438,7 +440,7 @@ class JobAdmin(ShardqModelAdmin):
             self.admin_site.admin_view(self.workflow_view),
             name="{}_{}_workflow".format(*info),
         )
-        return [graph, *super().get_urls()]
+        return [graph, *self.bulk_urls(), *super().get_urls()]
 
     @admin.display(description="workflow")
     def workflow_display(self, obj):

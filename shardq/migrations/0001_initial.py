@@ -4,90 +4,121 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Shard',
+            name="Shard",
             fields=[
-                ('shard', models.SmallIntegerField(primary_key=True, serialize=False)),
-                ('owner', models.UUIDField(blank=True, null=True)),
-                ('lease_expires', models.DateTimeField(blank=True, null=True)),
-                ('claim_version', models.BigIntegerField(default=0)),
-                ('claimed_at', models.DateTimeField(blank=True, null=True)),
+                ("shard", models.SmallIntegerField(primary_key=True, serialize=False)),
+                ("owner", models.UUIDField(blank=True, null=True)),
+                ("lease_expires", models.DateTimeField(blank=True, null=True)),
+                ("claim_version", models.BigIntegerField(default=0)),
+                ("claimed_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'db_table': 'shardq_shard',
-                'ordering': ['shard'],
+                "db_table": "shardq_shard",
+                "ordering": ["shard"],
             },
         ),
         migrations.CreateModel(
-            name='Worker',
+            name="Worker",
             fields=[
-                ('id', models.UUIDField(primary_key=True, serialize=False)),
-                ('host', models.CharField(max_length=255)),
-                ('pid', models.IntegerField()),
-                ('queues', models.JSONField(default=list)),
-                ('started_at', models.DateTimeField()),
-                ('heartbeat_at', models.DateTimeField()),
-                ('state', models.CharField(choices=[('RUNNING', 'Running'), ('STOPPING', 'Stopping'), ('STOPPED', 'Stopped')], default='RUNNING', max_length=10)),
-                ('stats', models.JSONField(default=dict)),
+                ("id", models.UUIDField(primary_key=True, serialize=False)),
+                ("host", models.CharField(max_length=255)),
+                ("pid", models.IntegerField()),
+                ("queues", models.JSONField(default=list)),
+                ("started_at", models.DateTimeField()),
+                ("heartbeat_at", models.DateTimeField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("RUNNING", "Running"), ("STOPPING", "Stopping"), ("STOPPED", "Stopped")],
+                        default="RUNNING",
+                        max_length=10,
+                    ),
+                ),
+                ("stats", models.JSONField(default=dict)),
             ],
             options={
-                'db_table': 'shardq_worker',
+                "db_table": "shardq_worker",
             },
         ),
         migrations.CreateModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('task_path', models.CharField(max_length=300)),
-                ('backend', models.CharField(default='default', max_length=100)),
-                ('queue_name', models.CharField(default='default', max_length=100)),
-                ('priority', models.SmallIntegerField(default=0)),
-                ('run_after', models.DateTimeField()),
-                ('shard', models.SmallIntegerField()),
-                ('key_hash', models.IntegerField()),
-                ('shard_key', models.TextField(blank=True, null=True)),
-                ('ordered', models.BooleanField(default=False)),
-                ('status', models.CharField(choices=[('READY', 'Ready'), ('RUNNING', 'Running'), ('FAILED', 'Failed'), ('SUCCESSFUL', 'Successful')], default='READY', max_length=10)),
-                ('status_rank', models.IntegerField(default=0)),
-                ('fence', models.BigIntegerField(default=0)),
-                ('attempts', models.IntegerField(default=0)),
-                ('max_attempts', models.IntegerField(default=1)),
-                ('args', models.JSONField(default=list)),
-                ('kwargs', models.JSONField(default=dict)),
-                ('return_value', models.JSONField(blank=True, null=True)),
-                ('errors', models.JSONField(default=list)),
-                ('worker_ids', models.JSONField(default=list)),
-                ('enqueued_at', models.DateTimeField()),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('last_attempted_at', models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("task_path", models.CharField(max_length=300)),
+                ("backend", models.CharField(default="default", max_length=100)),
+                ("queue_name", models.CharField(default="default", max_length=100)),
+                ("priority", models.SmallIntegerField(default=0)),
+                ("run_after", models.DateTimeField()),
+                ("shard", models.SmallIntegerField()),
+                ("key_hash", models.IntegerField()),
+                ("shard_key", models.TextField(blank=True, null=True)),
+                ("ordered", models.BooleanField(default=False)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("READY", "Ready"),
+                            ("RUNNING", "Running"),
+                            ("FAILED", "Failed"),
+                            ("SUCCESSFUL", "Successful"),
+                        ],
+                        default="READY",
+                        max_length=10,
+                    ),
+                ),
+                ("status_rank", models.IntegerField(default=0)),
+                ("fence", models.BigIntegerField(default=0)),
+                ("attempts", models.IntegerField(default=0)),
+                ("max_attempts", models.IntegerField(default=1)),
+                ("args", models.JSONField(default=list)),
+                ("kwargs", models.JSONField(default=dict)),
+                ("return_value", models.JSONField(blank=True, null=True)),
+                ("errors", models.JSONField(default=list)),
+                ("worker_ids", models.JSONField(default=list)),
+                ("enqueued_at", models.DateTimeField()),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("last_attempted_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'db_table': 'shardq_job',
-                'indexes': [models.Index(condition=models.Q(('status', 'READY')), fields=['shard', '-priority', 'run_after', 'id'], name='shardq_job_ready_idx'), models.Index(condition=models.Q(('status', 'RUNNING')), fields=['shard'], name='shardq_job_running_idx')],
+                "db_table": "shardq_job",
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("status", "READY")),
+                        fields=["shard", "-priority", "run_after", "id"],
+                        name="shardq_job_ready_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status", "RUNNING")), fields=["shard"], name="shardq_job_running_idx"
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='ShardEvent',
+            name="ShardEvent",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('shard', models.SmallIntegerField()),
-                ('claim_version', models.BigIntegerField()),
-                ('worker', models.UUIDField()),
-                ('reason', models.CharField(choices=[('claim', 'Claim'), ('takeover', 'Takeover'), ('release', 'Release')], max_length=10)),
-                ('rescued', models.IntegerField(default=0)),
-                ('at', models.DateTimeField()),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("shard", models.SmallIntegerField()),
+                ("claim_version", models.BigIntegerField()),
+                ("worker", models.UUIDField()),
+                (
+                    "reason",
+                    models.CharField(
+                        choices=[("claim", "Claim"), ("takeover", "Takeover"), ("release", "Release")], max_length=10
+                    ),
+                ),
+                ("rescued", models.IntegerField(default=0)),
+                ("at", models.DateTimeField()),
             ],
             options={
-                'db_table': 'shardq_shard_event',
-                'indexes': [models.Index(fields=['shard', 'at'], name='shardq_shard_event_idx')],
+                "db_table": "shardq_shard_event",
+                "indexes": [models.Index(fields=["shard", "at"], name="shardq_shard_event_idx")],
             },
         ),
         # Keep status updates on the same page (fewer page splits under churn).

@@ -4,14 +4,15 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('shardq', '0001_initial'),
+        ("shardq", "0001_initial"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('status', 'READY')), fields=['run_after'], name='shardq_job_due_idx'),
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("status", "READY")), fields=["run_after"], name="shardq_job_due_idx"
+            ),
         ),
     ]

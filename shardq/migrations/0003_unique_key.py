@@ -4,9 +4,8 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('shardq', '0002_due_index'),
+        ("shardq", "0002_due_index"),
     ]
 
     operations = [
@@ -25,14 +24,14 @@ class Migration(migrations.Migration):
             ],
             state_operations=[
                 migrations.CreateModel(
-                    name='UniqueKey',
+                    name="UniqueKey",
                     fields=[
-                        ('key', models.TextField(db_collation='C', primary_key=True, serialize=False)),
-                        ('job_id', models.BigIntegerField()),
-                        ('expires_at', models.DateTimeField()),
+                        ("key", models.TextField(db_collation="C", primary_key=True, serialize=False)),
+                        ("job_id", models.BigIntegerField()),
+                        ("expires_at", models.DateTimeField()),
                     ],
                     options={
-                        'db_table': 'shardq_unique',
+                        "db_table": "shardq_unique",
                     },
                 ),
             ],

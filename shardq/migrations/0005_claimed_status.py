@@ -4,28 +4,41 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('shardq', '0004_admin_permissions'),
+        ("shardq", "0004_admin_permissions"),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='job',
-            name='shardq_job_running_idx',
+            model_name="job",
+            name="shardq_job_running_idx",
         ),
         migrations.AddField(
-            model_name='job',
-            name='worker_losses',
+            model_name="job",
+            name="worker_losses",
             field=models.IntegerField(db_default=0, default=0),
         ),
         migrations.AlterField(
-            model_name='job',
-            name='status',
-            field=models.CharField(choices=[('READY', 'Ready'), ('RUNNING', 'Running'), ('FAILED', 'Failed'), ('SUCCESSFUL', 'Successful'), ('CLAIMED', 'Claimed')], default='READY', max_length=10),
+            model_name="job",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("READY", "Ready"),
+                    ("RUNNING", "Running"),
+                    ("FAILED", "Failed"),
+                    ("SUCCESSFUL", "Successful"),
+                    ("CLAIMED", "Claimed"),
+                ],
+                default="READY",
+                max_length=10,
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('status__in', ['CLAIMED', 'RUNNING'])), fields=['shard'], name='shardq_job_inflight_idx'),
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("status__in", ["CLAIMED", "RUNNING"])),
+                fields=["shard"],
+                name="shardq_job_inflight_idx",
+            ),
         ),
     ]

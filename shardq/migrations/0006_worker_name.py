@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('shardq', '0005_claimed_status'),
+        ("shardq", "0005_claimed_status"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='worker',
-            name='name',
-            field=models.CharField(blank=True, db_default='', default='', max_length=100),
+            model_name="worker",
+            name="name",
+            field=models.CharField(blank=True, db_default="", default="", max_length=100),
         ),
     ]

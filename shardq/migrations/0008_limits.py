@@ -4,53 +4,57 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('shardq', '0007_pools'),
+        ("shardq", "0007_pools"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='LimitRate',
+            name="LimitRate",
             fields=[
-                ('limit_key', models.TextField(primary_key=True, serialize=False)),
-                ('tat', models.DateTimeField()),
+                ("limit_key", models.TextField(primary_key=True, serialize=False)),
+                ("tat", models.DateTimeField()),
             ],
             options={
-                'verbose_name': 'rate limit',
-                'db_table': 'shardq_limit_rate',
+                "verbose_name": "rate limit",
+                "db_table": "shardq_limit_rate",
             },
         ),
         migrations.CreateModel(
-            name='LimitSlot',
+            name="LimitSlot",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('limit_key', models.TextField()),
-                ('slot', models.IntegerField()),
-                ('worker_id', models.UUIDField(blank=True, null=True)),
-                ('taken_at', models.DateTimeField(blank=True, null=True)),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("limit_key", models.TextField()),
+                ("slot", models.IntegerField()),
+                ("worker_id", models.UUIDField(blank=True, null=True)),
+                ("taken_at", models.DateTimeField(blank=True, null=True)),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'verbose_name': 'limit', 'verbose_name_plural': 'limits',
-                'db_table': 'shardq_limit_slot',
+                "verbose_name": "limit",
+                "verbose_name_plural": "limits",
+                "db_table": "shardq_limit_slot",
             },
         ),
         migrations.AddField(
-            model_name='job',
-            name='limit_keys',
+            model_name="job",
+            name="limit_keys",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('limit_keys__isnull', False), ('status', 'READY')), fields=['shard', '-priority', 'run_after', 'id'], name='shardq_job_limited_idx'),
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("limit_keys__isnull", False), ("status", "READY")),
+                fields=["shard", "-priority", "run_after", "id"],
+                name="shardq_job_limited_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='limitslot',
-            index=models.Index(fields=['worker_id'], name='shardq_limit_slot_worker_idx'),
+            model_name="limitslot",
+            index=models.Index(fields=["worker_id"], name="shardq_limit_slot_worker_idx"),
         ),
         migrations.AddConstraint(
-            model_name='limitslot',
-            constraint=models.UniqueConstraint(fields=('limit_key', 'slot'), name='shardq_limit_slot_key_uniq'),
+            model_name="limitslot",
+            constraint=models.UniqueConstraint(fields=("limit_key", "slot"), name="shardq_limit_slot_key_uniq"),
         ),
     ]

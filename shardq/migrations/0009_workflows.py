@@ -11,56 +11,77 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('shardq', '0008_limits'),
+        ("shardq", "0008_limits"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Edge',
+            name="Edge",
             fields=[
-                ('pk', models.CompositePrimaryKey('parent', 'child', blank=True, editable=False, primary_key=True, serialize=False)),
-                ('parent', models.BigIntegerField()),
-                ('child', models.BigIntegerField()),
-                ('name', models.TextField()),
-                ('run_on_failure', models.BooleanField(default=False)),
-                ('resolved', models.BooleanField(default=False)),
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "parent", "child", blank=True, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("parent", models.BigIntegerField()),
+                ("child", models.BigIntegerField()),
+                ("name", models.TextField()),
+                ("run_on_failure", models.BooleanField(default=False)),
+                ("resolved", models.BooleanField(default=False)),
             ],
             options={
-                'db_table': 'shardq_edge',
+                "db_table": "shardq_edge",
             },
         ),
         migrations.AddField(
-            model_name='job',
-            name='children_pending',
+            model_name="job",
+            name="children_pending",
             field=models.BooleanField(db_default=False, default=False),
         ),
         migrations.AddField(
-            model_name='job',
-            name='waiting_on',
+            model_name="job",
+            name="waiting_on",
             field=models.IntegerField(db_default=0, default=0),
         ),
         migrations.AddField(
-            model_name='job',
-            name='workflow',
+            model_name="job",
+            name="workflow",
             field=models.TextField(blank=True, null=True),
         ),
         migrations.AlterField(
-            model_name='job',
-            name='status',
-            field=models.CharField(choices=[('READY', 'Ready'), ('RUNNING', 'Running'), ('FAILED', 'Failed'), ('SUCCESSFUL', 'Successful'), ('CLAIMED', 'Claimed'), ('WAITING', 'Waiting')], default='READY', max_length=10),
+            model_name="job",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("READY", "Ready"),
+                    ("RUNNING", "Running"),
+                    ("FAILED", "Failed"),
+                    ("SUCCESSFUL", "Successful"),
+                    ("CLAIMED", "Claimed"),
+                    ("WAITING", "Waiting"),
+                ],
+                default="READY",
+                max_length=10,
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('children_pending', True), ('status__in', ['SUCCESSFUL', 'FAILED'])), fields=['shard', 'id'], name='shardq_job_resolve_idx'),
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("children_pending", True), ("status__in", ["SUCCESSFUL", "FAILED"])),
+                fields=["shard", "id"],
+                name="shardq_job_resolve_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('status', 'WAITING')), fields=['shard'], name='shardq_job_waiting_idx'),
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("status", "WAITING")), fields=["shard"], name="shardq_job_waiting_idx"
+            ),
         ),
         migrations.AddIndex(
-            model_name='edge',
-            index=models.Index(fields=['child'], name='shardq_edge_child_idx'),
+            model_name="edge",
+            index=models.Index(fields=["child"], name="shardq_edge_child_idx"),
         ),
     ]

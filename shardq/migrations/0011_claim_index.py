@@ -8,22 +8,29 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('shardq', '0010_reshard'),
+        ("shardq", "0010_reshard"),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='job',
-            name='shardq_job_ready_idx',
+            model_name="job",
+            name="shardq_job_ready_idx",
         ),
         migrations.RemoveIndex(
-            model_name='job',
-            name='shardq_job_limited_idx',
+            model_name="job",
+            name="shardq_job_limited_idx",
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(models.F('shard'), models.ExpressionWrapper(models.Q(('limit_keys__isnull', True)), output_field=models.BooleanField()), models.OrderBy(models.F('priority'), descending=True), models.F('run_after'), models.F('id'), condition=models.Q(('status', 'READY')), name='shardq_job_ready_idx'),
+            model_name="job",
+            index=models.Index(
+                models.F("shard"),
+                models.ExpressionWrapper(models.Q(("limit_keys__isnull", True)), output_field=models.BooleanField()),
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_after"),
+                models.F("id"),
+                condition=models.Q(("status", "READY")),
+                name="shardq_job_ready_idx",
+            ),
         ),
     ]

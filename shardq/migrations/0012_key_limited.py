@@ -9,19 +9,22 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('shardq', '0011_claim_index'),
+        ("shardq", "0011_claim_index"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='key_limited',
+            model_name="job",
+            name="key_limited",
             field=models.BooleanField(db_default=False, default=False),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('key_limited', True), ('status__in', ['READY', 'CLAIMED', 'RUNNING'])), fields=['shard', 'shard_key', 'id'], name='shardq_job_key_limited_idx'),
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("key_limited", True), ("status__in", ["READY", "CLAIMED", "RUNNING"])),
+                fields=["shard", "shard_key", "id"],
+                name="shardq_job_key_limited_idx",
+            ),
         ),
     ]

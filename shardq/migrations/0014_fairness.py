@@ -12,36 +12,60 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('shardq', '0013_durable'),
+        ("shardq", "0013_durable"),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='job',
-            name='shardq_job_ready_idx',
+            model_name="job",
+            name="shardq_job_ready_idx",
         ),
         migrations.AddField(
-            model_name='job',
-            name='fair_key',
+            model_name="job",
+            name="fair_key",
             field=models.TextField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='fair_weight',
+            model_name="job",
+            name="fair_weight",
             field=models.IntegerField(blank=True, null=True),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(models.F('shard'), models.ExpressionWrapper(models.Q(('limit_keys__isnull', True)), output_field=models.BooleanField()), models.ExpressionWrapper(models.Q(('fair_key__isnull', False), ('limit_keys__isnull', True)), output_field=models.BooleanField()), models.OrderBy(models.F('priority'), descending=True), models.F('run_after'), models.F('id'), condition=models.Q(('status', 'READY')), name='shardq_job_ready_idx'),
+            model_name="job",
+            index=models.Index(
+                models.F("shard"),
+                models.ExpressionWrapper(models.Q(("limit_keys__isnull", True)), output_field=models.BooleanField()),
+                models.ExpressionWrapper(
+                    models.Q(("fair_key__isnull", False), ("limit_keys__isnull", True)),
+                    output_field=models.BooleanField(),
+                ),
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_after"),
+                models.F("id"),
+                condition=models.Q(("status", "READY")),
+                name="shardq_job_ready_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(models.F('shard'), models.F('fair_key'), models.OrderBy(models.F('priority'), descending=True), models.F('run_after'), models.F('id'), condition=models.Q(('fair_key__isnull', False), ('limit_keys__isnull', True), ('status', 'READY')), name='shardq_job_fair_idx'),
+            model_name="job",
+            index=models.Index(
+                models.F("shard"),
+                models.F("fair_key"),
+                models.OrderBy(models.F("priority"), descending=True),
+                models.F("run_after"),
+                models.F("id"),
+                condition=models.Q(("fair_key__isnull", False), ("limit_keys__isnull", True), ("status", "READY")),
+                name="shardq_job_fair_idx",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(django.db.models.lookups.LessThanOrEqual(django.db.models.functions.text.Length('fair_key'), 600)), name='shardq_job_fair_key_length'),
+            model_name="job",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    django.db.models.lookups.LessThanOrEqual(django.db.models.functions.text.Length("fair_key"), 600)
+                ),
+                name="shardq_job_fair_key_length",
+            ),
         ),
     ]

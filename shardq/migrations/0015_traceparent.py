@@ -7,15 +7,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('shardq', '0014_fairness'),
+        ("shardq", "0014_fairness"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='traceparent',
+            model_name="job",
+            name="traceparent",
             field=models.TextField(blank=True, null=True),
         ),
     ]

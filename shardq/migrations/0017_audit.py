@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('shardq', '0015_traceparent'),
+        ("shardq", "0015_traceparent"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='unknown_task_since',
+            model_name="job",
+            name="unknown_task_since",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]
