@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("shardq", "0022_queue_controls"),
+        ("shardq", "0019_queue_controls"),
     ]
 
     operations = [
