@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv bench bench-cancel soak faults scale clean chromium pgbouncer lint workflows limits-full durable acceptance-full fairness
+.PHONY: demo test test-fast venv bench side-by-side bench-cancel soak faults scale clean chromium pgbouncer lint workflows limits-full durable acceptance-full fairness
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -123,6 +123,13 @@ bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/burst.py
 	$(PY) bench/boot.py
+
+# shardq beside pgqueuer (bench/side_by_side.py: 10,000 no-op jobs, each queue's
+# defaults, 1 and 2 workers, 3 interleaved rounds); pgqueuer comes from the
+# `bench` extra installed here. Not part of CI.
+side-by-side: $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) bench/side_by_side.py
 
 # Sustained load through the example project's gunicorn, 15 minutes at 70 %
 # of the measured peak, then a drain beside 5M finished rows (about 25

@@ -228,9 +228,12 @@ class Bench:
         return None
 
     def pending(self) -> bool:
-        """Any job READY or RUNNING (walks the two partial indexes, not the table)."""
+        """Any job READY, CLAIMED or RUNNING (walks the partial indexes, not the
+        table). CLAIMED counts: a claimed job is not started until its thread
+        begins it, so a drain with none READY or RUNNING may still hold some."""
         return self.sql(
             "SELECT EXISTS (SELECT 1 FROM shardq_job WHERE status = 'READY')"
+            " OR EXISTS (SELECT 1 FROM shardq_job WHERE status = 'CLAIMED')"
             " OR EXISTS (SELECT 1 FROM shardq_job WHERE status = 'RUNNING')"
         )[0][0]
 

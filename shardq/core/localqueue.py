@@ -385,9 +385,7 @@ class LocalQueue:
         """Hand out the best ready job (moving it to processing), or None.
 
         With ``min_priority``: None as well when the best ready job is below
-        it (the starter's out-of-turn start of jobs that outrank the ones it
-        started ahead). ``pop_many`` of one: the starter pops one job per
-        group this way, the rest of the group with ``pop_many``."""
+        it. ``pop_many`` of one (an executor thread takes its next job so)."""
         jobs = self.pop_many(now, 1, min_priority)
         return jobs[0] if jobs else None
 

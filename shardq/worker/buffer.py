@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from ..fairness import FairBy, FairWeights
     from ..limits import KeyCaps
 
-# Jobs pop_more takes per round of its lock.
-POP_ROUND = 32
 # Full fair keys a claim passes over, at most (Buffer.full_fair_keys).
 MAX_FULL_FAIR_KEYS = 256
 
@@ -242,32 +240,6 @@ class Buffer:
                     if queued is None:
                         return None
         return cast(ClaimedJob, queued.payload)
-
-    def pop_more(self, limit: int, min_priority: int | None = None) -> list[ClaimedJob]:
-        """Up to ``limit`` more ready jobs, without waiting (the group the
-        starter records with one start write); with ``min_priority`` only
-        jobs of at least that priority (those the starter starts out of turn)."""
-        jobs: list[ClaimedJob] = []
-        now = time.time()
-        # A lock round per few jobs: one per job starved other threads (a
-        # claim's push waited tens of milliseconds on a busy worker,
-        # measured), one for a whole group of hundreds held an executor's
-        # done() as long (a one-thread drain of 201 levels ran 30% slower).
-        pop_many = self.queue.pop_many
-        by_shard = self._processing_by_shard
-        while len(jobs) < limit:
-            want = min(POP_ROUND, limit - len(jobs))
-            with self._count_lock:
-                popped = pop_many(now, want, min_priority)
-                for queued in popped:
-                    by_shard[queued.shard] += 1
-                    self._uncount(queued.priority)
-                    jobs.append(cast(ClaimedJob, queued.payload))
-                if self._fair_watch:
-                    self._popped_fair(popped)
-            if len(popped) < want:
-                break
-        return jobs
 
     def processing_jobs(self) -> list[ClaimedJob]:
         """The jobs popped and not yet done (a snapshot, for shutdown logs)."""

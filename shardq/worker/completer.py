@@ -56,7 +56,6 @@ class Completer(Service):
         # it replaces is still being written.
         self._pending_ids: dict[int, int] = {}
         self._pending_lock = threading.Lock()
-        self._idle = threading.Event()
 
     # -- from executors ----------------------------------------------------------
 

@@ -599,10 +599,6 @@ class Limiter:
 
     # -- threads ------------------------------------------------------------------
 
-    def limits_of(self, job_id: int) -> bool:
-        with self._cond:
-            return job_id in self._jobs
-
     def tracks(self, job_id: int) -> bool:
         """Is this a limited job of this worker's (claimed by a limited
         claim)? No lock: one dict lookup, atomic under the GIL, and a job is
@@ -662,7 +658,7 @@ class Limiter:
             return True
 
     def waiting_threads(self, key: str) -> int:
-        """Executor threads waiting here for a slot of ``key``."""
+        """Executor threads waiting here for a slot of ``key`` (a test's view)."""
         with self._cond:
             return len(self._queue.get(key, ()))
 
