@@ -30,14 +30,21 @@ demo: $(STAMP)
 # tests of one xdist_group on one worker. TEST_WORKERS=0 runs it serially.
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
+# Bytecode caches on for the test run even when the environment turns them
+# off (PYTHONDONTWRITEBYTECODE=1): without them every xdist worker rewrites
+# and compiles every test module again (about a minute of collection each on
+# a loaded 2-core box), and every worker process a test starts compiles
+# shardq and the example project again (2-3x its start-up). __pycache__/ is
+# in .gitignore.
+PYTEST = env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
 
 test: $(STAMP) chromium pgbouncer
-	$(PY) -m pytest -q $(XDIST)
+	$(PYTEST) -q $(XDIST)
 
 # The fast tier: every test that starts no process (tests/conftest.py marks
 # the others `process`), in about a minute.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) -m "not process"
+	$(PYTEST) -q $(XDIST) -m "not process"
 
 # The browser tests (tests/browser) drive Debian's chromium through Playwright:
 # `playwright install` downloads a browser build of its own, which a machine

@@ -262,7 +262,7 @@ def test_after_the_ttl_a_new_job_is_stored():
     assert unique_brief.enqueue(1).id == first.id
     key = compute_unique_key(unique_brief, (1,), {})
 
-    wait_until(lambda: unique_row(key)[1] < 0, timeout=10, message="the key to expire")
+    wait_until(lambda: unique_row(key)[1] < 0, timeout=30, message="the key to expire")
     later = unique_brief.enqueue(1)
 
     assert later.id != first.id
@@ -513,7 +513,7 @@ def test_a_key_with_less_than_the_margin_left_is_never_cached():
 
     assert cached(unique_brief, compute_unique_key(unique_brief, (1,), {})) is None
     key = compute_unique_key(unique_brief, (1,), {})
-    wait_until(lambda: unique_row(key)[1] < 0, timeout=10, message="the key to expire")
+    wait_until(lambda: unique_row(key)[1] < 0, timeout=30, message="the key to expire")
     assert unique_brief.enqueue(1).id != first.id
 
 
