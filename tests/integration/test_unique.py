@@ -27,6 +27,7 @@ from shardq.tasks import compute_unique_key
 from tests.helpers import job_row, wait_until
 from tests.taskapp.tasks import (
     unique_brief,
+    unique_fleeting,
     unique_invoice,
     unique_per_account,
     unique_per_order,
@@ -509,12 +510,12 @@ def test_the_lru_deadline_ends_before_the_database_expiry():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_key_with_less_than_the_margin_left_is_never_cached():
-    first = unique_brief.enqueue(1)  # unique_for=0.3 s, under the margin
+    first = unique_fleeting.enqueue(1)  # unique_for=0.3 s, under the margin
 
-    assert cached(unique_brief, compute_unique_key(unique_brief, (1,), {})) is None
-    key = compute_unique_key(unique_brief, (1,), {})
+    assert cached(unique_fleeting, compute_unique_key(unique_fleeting, (1,), {})) is None
+    key = compute_unique_key(unique_fleeting, (1,), {})
     wait_until(lambda: unique_row(key)[1] < 0, timeout=30, message="the key to expire")
-    assert unique_brief.enqueue(1).id != first.id
+    assert unique_fleeting.enqueue(1).id != first.id
 
 
 @pytest.mark.django_db(transaction=True)

@@ -28,7 +28,7 @@ from tests.packaging.wheels import (
     wheel_metadata,
 )
 
-COMMANDS = {"shardq_worker", "shardq_status", "shardq_prune", "shardq_reshard"}
+COMMANDS = {"shardq_worker", "shardq_status", "shardq_prune", "shardq_reshard", "shardq_queue", "shardq_jobs"}
 # What `shardq/` imports, and nothing else, is required unconditionally.
 REQUIRED = {"django", "psycopg", "mmh3", "sortedcontainers", "croniter"}
 ROOT = Path(__file__).resolve().parents[2]

@@ -150,6 +150,12 @@ def unique_brief(n: int) -> int:
     return n
 
 
+@shard_task(unique_for=0.3)
+def unique_fleeting(n: int) -> int:
+    """Unique for 0.3 s, under UNIQUE_CACHE_MARGIN_SECONDS: never cached."""
+    return n
+
+
 @shard_task(unique_for=timedelta(minutes=5), unique_key="account_id", key="account_id")
 def unique_per_account(account_id: int, note: str = "") -> int:
     return account_id
