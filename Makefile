@@ -154,6 +154,12 @@ bench-bulk: $(STAMP)
 	DJANGO_SETTINGS_MODULE=tests.settings PYTHONPATH=. $(PY) manage.py migrate -v 0
 	DJANGO_SETTINGS_MODULE=tests.settings PYTHONPATH=. $(PY) bench/bulk_retry.py
 
+# bench-pause: how fast a pause stops two draining workers (bench/pause.py)
+.PHONY: bench-pause
+bench-pause: $(STAMP)
+	DJANGO_SETTINGS_MODULE=tests.settings PYTHONPATH=. $(PY) manage.py migrate -v 0
+	DJANGO_SETTINGS_MODULE=tests.settings PYTHONPATH=. $(PY) bench/pause.py
+
 soak: $(STAMP)
 	$(PY) bench/soak.py
 
