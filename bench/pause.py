@@ -149,7 +149,8 @@ def main() -> None:
         lasts.append(r["last_start_after_pause_s"])
         counts.append(r["started_after_pause"])
         print(
-            f"round {n + 1}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()),
+            f"round {n + 1}: "
+            + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()),
             flush=True,
         )
         bad |= bool(
