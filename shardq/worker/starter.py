@@ -11,11 +11,12 @@ CLAIMED and puts them back READY for free), and a job never reads RUNNING
 while it waits for a thread or a limit slot.
 
 Group commit: threads that begin together share one statement. The first
-thread to ask while no write is in flight writes, for itself and for every
-thread that asked meanwhile; threads that ask while a write is in flight
-wait, and the next of them writes the whole group that gathered. No thread
-of its own and no hand-off: a no-op drain on four threads writes groups of
-two to four jobs, each a round trip the threads wait for together.
+thread to ask while no write is in flight writes its own job at once;
+threads that ask while a write is in flight wait, each on a lock of its
+own, and when the write ends the first of them writes the whole group that
+gathered (every job asked until it takes the group). No thread of its own:
+a no-op drain on four threads writes groups of two to four jobs, each a
+round trip the threads wait for together.
 
 The write is fenced like an ack (the claim's fence and rank, the shard not
 handed over since): a job whose claim was superseded (a takeover rescued it)
@@ -29,6 +30,8 @@ counted, the task runs) -> outcome queued (completer).
 import logging
 import threading
 import time
+from _thread import LockType
+from _thread import allocate_lock as _allocate_lock
 from collections.abc import Collection
 
 from ..db.store import WorkerStore
@@ -58,36 +61,67 @@ class StartWrites:
         self.stats = stats
         self.worker_id = worker_id
         self._lock = threading.Lock()
-        self._written = threading.Condition(self._lock)
         # Jobs whose threads asked while a write was in flight: the next
-        # group. A verdict lands in job.start_verdict.
+        # group, and beside each job the lock its thread sleeps on. A
+        # verdict lands in job.start_verdict before that lock is released;
+        # released with no verdict, the thread writes the next group.
         self._asked: list[ClaimedJob] = []
+        self._waiters: list[LockType] = []
         self._writing = False
 
     def start(self, job: ClaimedJob) -> Verdict:
         """Record that this thread begins ``job`` now; its verdict once the
-        write that carried it has committed (or failed)."""
-        with self._lock:
-            self._asked.append(job)
-            while job.start_verdict is None and self._writing:
-                self._written.wait()
+        write that carried it has committed (or failed).
+
+        Each waiting thread sleeps on a lock of its own, released once for
+        it, not on a shared condition: a ``Condition.notify_all`` woke every
+        thread of the group into a race for the condition's lock (and the
+        GIL), a fifth of a no-op job's CPU (docs/benchmarks.md)."""
+        lock = self._lock
+        waiter: LockType | None = None
+        with lock:
+            if self._writing:
+                waiter = mine = _allocate_lock()
+                mine.acquire()
+                self._asked.append(job)
+                self._waiters.append(mine)
+            else:
+                # No write in flight (so none asked): this thread writes
+                # its own job now.
+                self._writing = True
+        if waiter is None:
+            group: list[ClaimedJob] = [job]
+            waiters: list[LockType] = []
+        else:
+            waiter.acquire()
             if job.start_verdict is not None:
                 return job.start_verdict
-            # No write in flight and this job's not written: this thread
-            # writes the group gathered so far, its own job included.
-            group, self._asked = self._asked, []
-            self._writing = True
+            # Released with no verdict: the write in flight ended and this
+            # thread writes the next group, every job asked since (its own
+            # first among them). _writing stayed set through the hand-over.
+            with lock:
+                group, self._asked = self._asked, []
+                waiters, self._waiters = self._waiters, []
         # Threads of the group left waiting when the write raises (not a
         # database error: those are verdicts) hand their jobs back.
         verdicts: list[Verdict] = [(UNAVAILABLE, None)] * len(group)
         try:
             verdicts = self._write(group)
         finally:
-            with self._lock:
-                for each, verdict in zip(group, verdicts, strict=True):
-                    each.start_verdict = verdict
-                self._writing = False
-                self._written.notify_all()
+            for each, verdict in zip(group, verdicts, strict=True):
+                each.start_verdict = verdict
+            with lock:
+                if self._asked:
+                    # The next group gathered: its first thread writes it.
+                    leader: LockType | None = self._waiters[0]
+                else:
+                    self._writing = False
+                    leader = None
+            if leader is not None:
+                leader.release()
+            for each_waiter in waiters:
+                if each_waiter is not waiter:
+                    each_waiter.release()
         return verdicts[group.index(job)]
 
     def _write(self, jobs: list[ClaimedJob]) -> list[Verdict]:
