@@ -32,13 +32,17 @@ import threading
 import time
 from _thread import LockType
 from _thread import allocate_lock as _allocate_lock
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
 
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected
 from .jobs import STARTED, ClaimedJob
 from .stats import Stats
 from .testsignal import TestSignal
+
+if TYPE_CHECKING:
+    from .completer import Completer
 
 logger = logging.getLogger("shardq.worker.starter")
 
@@ -49,13 +53,39 @@ LOST, REJECTED, UNAVAILABLE = "lost", "rejected", "unavailable"
 type Verdict = tuple[str, Exception | None]
 
 
+class Gather:
+    """When a start write waits for more threads (the executor's answers)."""
+
+    def __init__(self, seconds: Callable[[], float], others: Callable[[], int]) -> None:
+        # How long to wait now (0: write at once).
+        self.seconds = seconds
+        # The other threads not asleep waiting for a job: those of them
+        # not waiting here either may ask soon (running a task, or just
+        # released by the last write); none left, the wait ends.
+        self.others = others
+
+
 class StartWrites:
     """The group-committed start write the executor threads share."""
 
     def __init__(
-        self, store: WorkerStore, stats: Stats, worker_id: str, signal: "TestSignal[Collection[int]] | None" = None
+        self,
+        store: WorkerStore,
+        stats: Stats,
+        worker_id: str,
+        signal: "TestSignal[Collection[int]] | None" = None,
+        acks: "Completer | None" = None,
+        gather: "Gather | None" = None,
     ) -> None:
         self.store = store
+        # The completer whose queued outcomes ride on each write (None: none).
+        self.acks = acks
+        # Whether (and how long) a thread about to write waits for the
+        # threads still inside short tasks to ask too (None: never).
+        self.gather = gather
+        # The lock the writing thread sleeps on while it gathers (None: it
+        # does not): the thread whose ask leaves no thread in a task wakes it.
+        self._gathering: LockType | None = None
         # Each committed write's started ids, for tests (testsignal.py).
         self.signal = signal or TestSignal()
         self.stats = stats
@@ -79,19 +109,27 @@ class StartWrites:
         GIL), a fifth of a no-op job's CPU (docs/benchmarks.md)."""
         lock = self._lock
         waiter: LockType | None = None
+        gathered: LockType | None = None
         with lock:
             if self._writing:
                 waiter = mine = _allocate_lock()
                 mine.acquire()
                 self._asked.append(job)
                 self._waiters.append(mine)
+                gathering = self._gathering
+                if gathering is not None and self._busy() <= 0:
+                    # The last thread the writer waits for: it writes now.
+                    self._gathering, gathered = None, gathering
             else:
-                # No write in flight (so none asked): this thread writes
-                # its own job now.
+                # No write in flight (so none asked): this thread writes.
                 self._writing = True
+        if gathered is not None:
+            gathered.release()
         if waiter is None:
-            group: list[ClaimedJob] = [job]
-            waiters: list[LockType] = []
+            self._gather()
+            with lock:
+                group: list[ClaimedJob] = [job, *self._asked]
+                waiters, self._asked, self._waiters = self._waiters, [], []
         else:
             waiter.acquire()
             if job.start_verdict is not None:
@@ -99,6 +137,7 @@ class StartWrites:
             # Released with no verdict: the write in flight ended and this
             # thread writes the next group, every job asked since (its own
             # first among them). _writing stayed set through the hand-over.
+            self._gather()
             with lock:
                 group, self._asked = self._asked, []
                 waiters, self._waiters = self._waiters, []
@@ -124,18 +163,70 @@ class StartWrites:
                     each_waiter.release()
         return verdicts[group.index(job)]
 
+    def _gather(self) -> None:
+        """Before it writes, the writing thread waits (``gather.seconds()``
+        at most) for the threads still inside short tasks to ask too: with
+        no-op tasks on four threads a write carried one job, then three,
+        each a statement; gathered, a group is every thread."""
+        gather = self.gather
+        if gather is None:
+            return
+        seconds = gather.seconds()
+        if seconds <= 0:
+            return
+        mine = _allocate_lock()
+        mine.acquire()
+        with self._lock:
+            if self._busy() <= 0:
+                return
+            self._gathering = mine
+        mine.acquire(timeout=seconds)
+        with self._lock:
+            self._gathering = None
+
+    def _busy(self) -> int:
+        """Threads that may still ask before this write (caller holds _lock)."""
+        return 0 if self.gather is None else self.gather.others() - len(self._asked)
+
     def _write(self, jobs: list[ClaimedJob]) -> list[Verdict]:
+        acks = self.acks
+        riders = acks.take_ride(jobs) if acks is not None else []
+        if riders:
+            assert acks is not None
+            # The queued outcomes ride on this write: one statement, and no
+            # ack statement (or wake) of the completer's for them.
+            try:
+                started, applied, parents = self.store.complete_and_start_jobs(self.worker_id, jobs, riders)
+            except StatementRejected:
+                # A value PostgreSQL refused, in an outcome or a row: each
+                # part goes its own way, which finds the bad one (split).
+                acks.ride_back(riders)
+            except DatabaseUnavailable as exc:
+                # The answer is lost: the completer sends the outcomes
+                # again and checks what landed (ack_uncertain).
+                acks.ride_back(riders, uncertain=True)
+                return self._unavailable(jobs, exc)
+            else:
+                acks.rode(riders, applied, parents)
+                return self._verdicts(jobs, started, {})
         try:
             started, rejected = self.store.start_jobs(self.worker_id, jobs)
         except DatabaseUnavailable as exc:
             # The COMMIT may have landed with its answer lost: then the job is
             # RUNNING with an attempt counted yet never runs, and the next
             # owner's rescue counts it as a worker loss (at-least-once holds).
-            self.stats.add("db_errors")
-            logger.warning("start write failed; handing %s jobs back: %s", len(jobs), exc)
-            time.sleep(0.05)  # the threads do not spin while the database is away
-            return [(UNAVAILABLE, exc)] * len(jobs)
-        refused: dict[int, StatementRejected] = {job.id: error for job, error in rejected}
+            return self._unavailable(jobs, exc)
+        return self._verdicts(jobs, started, {job.id: error for job, error in rejected})
+
+    def _unavailable(self, jobs: list[ClaimedJob], exc: DatabaseUnavailable) -> list[Verdict]:
+        self.stats.add("db_errors")
+        logger.warning("start write failed; handing %s jobs back: %s", len(jobs), exc)
+        time.sleep(0.05)  # the threads do not spin while the database is away
+        return [(UNAVAILABLE, exc)] * len(jobs)
+
+    def _verdicts(
+        self, jobs: list[ClaimedJob], started: dict[int, dict], refused: dict[int, StatementRejected]
+    ) -> list[Verdict]:
         verdicts: list[Verdict] = []
         for job in jobs:
             row = started.get(job.id)
