@@ -874,6 +874,54 @@ class WorkerStore:
         rows, rejected = self.run_split(jobs, batch)
         return {row[0]: dict(zip(START_COLUMNS, row, strict=True)) for row in rows}, rejected
 
+    def complete_and_start_jobs[J: JobRef, O: OutcomeRef](
+        self, worker: str, jobs: list[J], outcomes: list[O], now: datetime | None = None
+    ) -> tuple[dict[int, NamedRow], set[tuple[int, int]], set[int]]:
+        """``complete_jobs(outcomes)`` and ``start_jobs(worker, jobs)`` in one
+        statement (the acks ride on the start write): ({id: row} of the jobs
+        started, as ``start_jobs`` gives them; the (id, rank) pairs of the
+        outcomes written; the ids among those of workflow parents with
+        children pending). Not split: a ``StatementRejected`` (an outcome or
+        a row PostgreSQL refused) is raised whole, and the caller sends each
+        part on its own path, which splits."""
+        rows = self.run(
+            "complete_and_start_jobs",
+            {
+                "worker": worker,
+                "ids": "{" + ",".join([str(j.id) for j in jobs]) + "}",
+                "fences": "{" + ",".join([str(j.fence) for j in jobs]) + "}",
+                "ranks": "{" + ",".join([str(j.status_rank) for j in jobs]) + "}",
+                "done_ids": "{" + ",".join([str(o.id) for o in outcomes]) + "}",
+                "batch": outcome_batch_json(outcomes),
+                "now": now,
+            },
+            binary=True,
+            keep=True,
+        )
+        started: dict[int, NamedRow] = {}
+        applied: set[tuple[int, int]] = set()
+        parents: set[int] = set()
+        for is_start, job_id, attempts, rank, started_at, last_attempted_at, pending in rows:
+            if is_start:
+                started[job_id] = {
+                    "id": job_id,
+                    "attempts": attempts,
+                    "status_rank": rank,
+                    "started_at": started_at,
+                    "last_attempted_at": last_attempted_at,
+                }
+            else:
+                applied.add((job_id, rank))
+                if pending:
+                    parents.add(job_id)
+        return started, applied, parents
+
+    def flush_commits(self) -> None:
+        """A synchronous commit (``flush_commits``): the WAL is flushed past
+        every commit made before it (this connection must commit
+        synchronously: the completer's does)."""
+        self.run("flush_commits", {}, fetch="none")
+
     def resolve_children(
         self, shards: list[int], batch: int, channel: str, notify: bool = True
     ) -> tuple[int, list[NamedRow]]:

@@ -55,6 +55,8 @@ class Buffer:
         # here), for key_limited jobs (docs/limits.md, "Limits by the shard key").
         self.key_cap = key_cap
         self._ready = threading.Condition(threading.Lock())
+        # Threads asleep in pop, waiting for a job (under _ready's lock).
+        self.waiting = 0
         self._processing_by_shard: Counter[int] = Counter()
         # Buffered jobs by priority: counted before they are pushed and
         # uncounted as they leave, under _count_lock, so a job in the queue
@@ -235,7 +237,11 @@ class Buffer:
                     if due is not None:
                         # A claimed job becomes due soon: wake for it on time.
                         timeout = max(0.0, min(timeout, due - time.time()))
-                    self._ready.wait(timeout)
+                    self.waiting += 1
+                    try:
+                        self._ready.wait(timeout)
+                    finally:
+                        self.waiting -= 1
                     queued = self._pop_counted(time.time())
                     if queued is None:
                         return None

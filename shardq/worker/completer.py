@@ -9,6 +9,13 @@ raised. When a write's COMMIT outcome is unknown (the connection died), the
 same fenced batch is sent again; any row it no longer matches is checked with
 ``outcomes_applied`` so a write that did land is not miscounted.
 
+Outcomes ride on start writes: the executor thread that writes the next
+group's starts takes what is queued here (``take_ride``) and sends it in the
+same statement (``complete_and_start_jobs``), so while threads begin jobs
+the acks cost no statement and no wake of this thread; this thread lingers
+``flush_seconds`` before it writes what no start write took (at once for an
+outcome whose limit slot or key gate waits for its write).
+
 It writes outcomes only. The SUCCESSFUL outcomes it is given are kept in
 ``RememberedOutcomes`` (worker/remembered.py) until their write lands, and
 claimed jobs that will not run here go back through ``HandBack``
@@ -16,9 +23,9 @@ claimed jobs that will not run here go back through ``HandBack``
 """
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from ..db.store import WorkerStore
@@ -29,6 +36,18 @@ from .pipeline import Pipeline, PipelineConfig
 from .service import Service
 
 logger = logging.getLogger("shardq.worker.completer")
+
+# Outcomes that rode on start writes are flushed (made durable, then counted
+# as landed) when the oldest has waited this long, or at once for a workflow
+# parent whose children wait, or when this thread stops: about one
+# synchronous commit each ACK_FLUSH_SECONDS while start writes carry acks.
+# PostgreSQL's own WAL writer flushes them within 3 x wal_writer_delay.
+ACK_FLUSH_SECONDS = 0.05
+# While start writes carry the acks this thread looks at what is left this
+# often (each look is a wake: a fifth of a no-op job's completer CPU at
+# COMPLETION_FLUSH_SECONDS); an outcome no start write took waits at most
+# this long after the last one that did.
+RIDE_LOOK_SECONDS = ACK_FLUSH_SECONDS / 2
 
 # The counter an applied outcome adds to, by status.
 _COUNTER_OF = {"SUCCESSFUL": "succeeded", "FAILED": "failed", "READY": "retried"}
@@ -48,7 +67,30 @@ class Completer(Service):
         self.signals = pipeline.signals
         self.batch = config.settings.completion_batch
         self.flush_seconds = config.settings.completion_flush_seconds
-        self._queue: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
+        # Queued outcomes: appended by put, taken from the left by this
+        # thread or by a start write (take_ride); a deque's append and
+        # popleft are atomic.
+        self._queue: deque[Outcome] = deque()
+        # Outcomes this thread writes at once, never carried: those whose
+        # limit slot or key gate waits for the write, and those a start
+        # write took and could not write.
+        self._urgent_queue: deque[Outcome] = deque()
+        # Outcomes start writes wrote, committed asynchronously as the
+        # starts are: (outcomes, pairs written, workflow parents). They
+        # have landed once a synchronous commit of this thread's flushed
+        # the WAL past them (_flush_rides), and only then count as written.
+        self._unflushed: deque[tuple[float, list[Outcome], set[tuple[int, int]], set[int]]] = deque()
+        self._flush_now = False
+        # Set by put while this thread waits for a first outcome, and for
+        # an outcome whose limit slot or key gate waits for its write
+        # (``_urgent``): no linger then.
+        self._wake = threading.Event()
+        self._idle = False
+        self._urgent = False
+        # Start writes that took outcomes (take_ride), and the count this
+        # thread saw last: while they go on it lingers rather than writes.
+        self._rides = 0
+        self._rides_seen = 0
         # Plain dicts, not Counters: a Counter's += on a new key calls its
         # Python-level __missing__, once per job here.
         self._pending_by_shard: dict[int, int] = {}
@@ -66,8 +108,67 @@ class Completer(Service):
             by_shard[shard] = by_shard.get(shard, 0) + 1
             ids[job_id] = ids.get(job_id, 0) + 1
         self.remembered.remember(outcome)
-        self._queue.put(outcome)
+        if outcome.after_written is not None:
+            self._urgent_queue.append(outcome)
+            self._urgent = True
+            self._wake.set()
+        else:
+            self._queue.append(outcome)
+        if self._idle:
+            self._wake.set()
         self.signals.finished.signal(outcome)
+
+    # -- from a start write (the acks ride on it) ----------------------------------
+
+    def take_ride(self, starting: Sequence[object]) -> list[Outcome]:
+        """The queued outcomes (at most a batch) for a start write to carry,
+        none of a job in ``starting`` (the jobs it starts: one statement
+        must not update a row twice). Each is this caller's until it calls
+        ``rode`` or ``ride_back``; until then it stays pending (``holds``)."""
+        taken: list[Outcome] = []
+        popleft = self._queue.popleft
+        for _ in range(min(self.batch, len(self._queue))):
+            try:
+                taken.append(popleft())
+            except IndexError:
+                break
+        if taken:
+            self._rides += 1  # one start write at a time (StartWrites)
+        if taken and starting:
+            ids = {getattr(job, "id", None) for job in starting}
+            clash = [o for o in taken if o.id in ids]
+            if clash:
+                self.ride_back(clash)
+                taken = [o for o in taken if o.id not in ids]
+        return taken
+
+    def ride_back(self, outcomes: Sequence[Outcome], uncertain: bool = False) -> None:
+        """Outcomes a start write took and did not land (its statement was
+        refused, or its answer lost: ``uncertain``, the write may have
+        landed): queued again, first, for this thread to write."""
+        for outcome in outcomes:
+            if uncertain:
+                outcome.extra["ack_uncertain"] = True
+            self._urgent_queue.append(outcome)
+        self._urgent = True
+        self._wake.set()
+
+    def rode(self, outcomes: list[Outcome], applied: set[tuple[int, int]], parents: set[int]) -> None:
+        """A start write carried ``outcomes``: settle those ``applied`` (the
+        pairs it wrote; ``parents``: workflow parents among them with
+        children pending). One it did not write goes back to this thread,
+        which writes it again and tells a lost fence from a cancel (its own
+        statements, on its own connection)."""
+        landed = [o for o in outcomes if (o.id, o.rank) in applied]
+        if len(landed) != len(outcomes):
+            self.ride_back([o for o in outcomes if (o.id, o.rank) not in applied])
+        if landed:
+            # Written, committed asynchronously: landed once flushed.
+            self._unflushed.append((time.monotonic(), landed, applied, parents))
+            if parents:
+                # Their children wait for the resolver, woken once landed.
+                self._flush_now = True
+                self._wake.set()
 
     def holds(self, job_id: int) -> bool:
         """Is an outcome of this job queued or being written?"""
@@ -90,42 +191,88 @@ class Completer(Service):
             self.flush_once(block=True)
 
     def interrupt(self) -> None:
-        self._queue.put(None)
+        self._wake.set()
 
     def after_stop(self, deadline: float) -> None:
         """Write everything still queued, until ``deadline`` (monotonic)."""
         while self.pending and time.monotonic() < deadline:
+            if not self._queue and not self._urgent_queue and not self._unflushed:
+                # Pending on a start write that carries them: its answer.
+                time.sleep(0.001)
+                continue
             self.flush_once(block=False, deadline=deadline)
 
     def flush_once(self, block: bool, deadline: float | None = None) -> None:
+        """Write what is queued (at most a batch) and make what start
+        writes carried durable. ``block``: wait for work first, and linger
+        while start writes carry the queued outcomes (each takes all there
+        is): write only what none took within ``flush_seconds``, or at
+        once an urgent one (its limit slot or key gate waits for the
+        write)."""
+        queued, urgent = self._queue, self._urgent_queue
+        if block:
+            if not queued and not urgent:
+                if self._rides == self._rides_seen and not self._unflushed:
+                    # Nothing queued, no start write carrying any: sleep
+                    # until put wakes this thread.
+                    self._idle = True
+                    if not queued and not urgent:
+                        self._wake.wait(0.2)
+                    self._idle = False
+                else:
+                    # Start writes carry the outcomes: look again later,
+                    # with no wake from put meanwhile.
+                    self._wake.wait(RIDE_LOOK_SECONDS)
+                self._wake.clear()
+                self._rides_seen = self._rides
+            linger = self.flush_seconds
+            while queued and not urgent and not self.stopping:
+                seen = self._rides
+                self._wake.wait(linger)
+                linger = RIDE_LOOK_SECONDS
+                self._wake.clear()
+                if self._rides == seen:
+                    break  # no start write took any within the linger: write them
+            self._rides_seen = self._rides
+        unflushed = self._unflushed
+        if unflushed and (
+            not block or self.stopping or self._flush_now or time.monotonic() - unflushed[0][0] >= ACK_FLUSH_SECONDS
+        ):
+            self._flush_now = False
+            self._flush_rides(deadline)
+        self._urgent = False
         outcomes: list[Outcome] = []
-        try:
-            first = self._queue.get(timeout=0.2) if block else self._queue.get_nowait()
-        except queue.Empty:
-            first = None
-        if first is not None:
-            outcomes.append(first)
-        linger_until = time.monotonic() + self.flush_seconds
-        while len(outcomes) < self.batch:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                # No lingering for an outcome whose limit slot or key gate
-                # waits for its write (Outcome.after_written): the next job
-                # of its limit starts only then.
-                if (
-                    not outcomes
-                    or time.monotonic() >= linger_until
-                    or self.stopping
-                    or any(o.after_written is not None for o in outcomes)
-                ):
+        for source in (urgent, queued):
+            popleft = source.popleft
+            for _ in range(min(self.batch - len(outcomes), len(source))):
+                try:
+                    outcomes.append(popleft())
+                except IndexError:
                     break
-                time.sleep(self.flush_seconds / 5)
-                continue
-            if item is not None:
-                outcomes.append(item)
         if outcomes:
             self._write(outcomes, deadline)
+
+    def _flush_rides(self, deadline: float | None) -> None:
+        """One synchronous commit on this thread's connection: once it
+        returns, the WAL is flushed past every start write before it and
+        the outcomes they carried have landed (counted, forgotten, what
+        each job held let go). When a try failed (the server may have
+        restarted and lost them), they are written again here, fenced, and
+        checked (``ack_uncertain``)."""
+        rides = []
+        while self._unflushed:
+            rides.append(self._unflushed.popleft())
+        try:
+            _, failed = self._retrying(self.store.flush_commits, "ack flush", deadline)
+        except DatabaseUnavailable:
+            failed = True
+        self.stats.add("ack_flushes")
+        for _, outcomes, applied, parents in rides:
+            if failed:
+                self.ride_back(outcomes, uncertain=True)
+                continue
+            self.stats.add("acks_carried", len(outcomes))
+            self._landed(outcomes, applied, parents, uncertain=False)
 
     def _retrying[R](self, call: Callable[[], R], what: str, deadline: float | None) -> tuple[R, bool]:
         return retrying(call, what, deadline, self.stats, logger)
@@ -153,6 +300,9 @@ class Completer(Service):
                 outcomes = [o for o in outcomes if all(o is not r for r, _ in refused)] + replacements
                 self._settle(replacements)  # counted once: by the outcome they replace
             missing = [o for o in outcomes if (o.id, o.rank) not in applied]
+            if missing and not uncertain:
+                # A start write that carried one lost its answer: it may have landed.
+                uncertain = any(o.extra.get("ack_uncertain") for o in missing)
             if missing and uncertain:
                 landed, _ = self._retrying(lambda: self.store.outcomes_applied(missing), "ack check", deadline)
                 applied |= landed
@@ -165,6 +315,14 @@ class Completer(Service):
             self._settle(outcomes)
             _let_go(outcomes)
             return
+        self._landed(outcomes, applied, parents, uncertain)
+
+    def _landed(
+        self, outcomes: list[Outcome], applied: set[tuple[int, int]], parents: set[int], uncertain: bool
+    ) -> None:
+        """What follows a write of ``outcomes`` (by this thread or a start
+        write): counters, the remembered results, the resolver's wake, what
+        each job held, the test signal."""
         if applied:
             # Landed: the job is final (or retrying), never claimed back.
             self.remembered.forget(job_id for job_id, _rank in applied)

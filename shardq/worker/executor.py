@@ -57,12 +57,18 @@ from .leaser import Leaser
 from .pipeline import Pipeline, PipelineConfig
 from .runcontrol import Attempt, RunControl
 from .service import DEFAULT_STOP_SECONDS
-from .starter import LOST, REJECTED, UNAVAILABLE, StartWrites
+from .starter import LOST, REJECTED, UNAVAILABLE, Gather, StartWrites
 
 if TYPE_CHECKING:
     from .limits import Limiter
 
 logger = logging.getLogger("shardq.worker.executor")
+
+# A start write waits for the threads inside tasks to ask too (starter.py,
+# StartWrites._gather) only while the measured task time is at most
+# GATHER_TASK_SECONDS, and for at most twice that plus GATHER_SLACK_SECONDS.
+GATHER_TASK_SECONDS = 0.001
+GATHER_SLACK_SECONDS = 0.0002
 
 # How long a job that lost a worker waits for the jobs running beside it to
 # finish before it goes back READY (Executor._isolated).
@@ -338,7 +344,29 @@ class Executor:
         self._loop_thread: threading.Thread | None = None
         self.failure: BaseException | None = None
         # Records each job's start as its thread begins it (starter.py).
-        self.starts = StartWrites(start_store, self.stats, config.worker_id, pipeline.signals.started)
+        # The completer's queued outcomes ride on these writes (completer.py).
+        self.starts = StartWrites(
+            start_store,
+            self.stats,
+            config.worker_id,
+            pipeline.signals.started,
+            completer,
+            Gather(self._gather_seconds, self._others_awake),
+        )
+
+    def _others_awake(self) -> int:
+        return self.concurrency - 1 - self.pipeline.buffer.waiting
+
+    def _gather_seconds(self) -> float:
+        """How long a start write waits for the threads inside tasks to ask
+        too: only for short tasks (measured), with work buffered for them."""
+        pipeline = self.pipeline
+        average = pipeline.average_task_seconds
+        if not pipeline.task_measured or average > GATHER_TASK_SECONDS:
+            return 0.0
+        if pipeline.buffer.buffered <= 0:
+            return 0.0
+        return 2 * average + GATHER_SLACK_SECONDS
 
     def start(self) -> None:
         self.control.start()

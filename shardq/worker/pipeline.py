@@ -4,7 +4,8 @@ The stages form one pipeline and data moves one way (DESIGN §5)::
 
     listener ─▶ fetcher ─▶ local queue ─▶ executors (start write, run) ─▶ completer
         (NOTIFY)   (claim)    (Buffer)        (StartWrites: group commit)   (acks)
-                                  │                                             │
+                                  │                  ▲ queued acks ride on  │
+                                  │                  └── the start write ───┘
                                   └──────── handback (jobs not run here) ◀─────┘
 
 No stage calls an earlier one. What a stage needs to tell an earlier one

@@ -22,6 +22,8 @@ COUNTERS = (
     "start_writes",  # group-committed start statements (started ÷ these: the threads that began together)
     "started",  # jobs whose start write committed (a thread then ran them)
     "ack_writes",  # complete_jobs statements (outcomes written ÷ these: the ack batch)
+    "acks_carried",  # outcomes written by a start write they rode on (no ack statement of their own)
+    "ack_flushes",  # synchronous commits that made the carried outcomes durable (one per flush interval)
     "claim_statements",  # claim_jobs statements (claimed ÷ these: the claim batch; empty ones count)
     "starts_refused",  # start writes that found the claim superseded (the job is not run)
     "quarantined",  # unreadable rows failed at claim

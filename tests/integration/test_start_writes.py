@@ -122,3 +122,30 @@ def test_the_start_write_reuses_one_cursor_and_a_new_connection_gets_a_new_one(c
     assert starts.start(third) == (STARTED, None)
     assert store._kept is not kept and store._kept.connection is store.conn
     assert job_row(third.id)["status"] == "RUNNING"
+
+
+@pytest.mark.parametrize("threads", [2, 5, 8])
+def test_threads_beginning_back_to_back_each_get_their_own_start_once(claimed_job_factory, starts, threads):
+    """The hand-over between groups (each waiting thread on a lock of its
+    own; the first of the gathered group writes it): however the threads
+    interleave, every job gets one verdict, STARTED, written once, and no
+    thread is left waiting (joined with a timeout)."""
+    per_thread = 12
+    jobs = claimed_job_factory(threads * per_thread)
+    verdicts: dict[int, list[tuple]] = {job.id: [] for job in jobs}
+
+    def begin(mine: list[ClaimedJob]) -> None:
+        for job in mine:
+            verdicts[job.id].append(starts.start(job))
+
+    workers = [threading.Thread(target=begin, args=(jobs[n::threads],)) for n in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in workers), "a thread was left waiting for its start"
+    assert all(seen == [(STARTED, None)] for seen in verdicts.values()), verdicts
+    stats = starts.stats
+    assert stats["started"] == len(jobs) and 1 <= stats["start_writes"] <= len(jobs)
+    assert not starts._writing and not starts._asked and not starts._waiters
+    assert sql("SELECT count(*) FROM shardq_job WHERE status = 'RUNNING' AND attempts = 1") == [(len(jobs),)]

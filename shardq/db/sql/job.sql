@@ -571,6 +571,48 @@ WHERE job.id = ANY(%(ids)s::bigint[]) AND job.id = a.id
   AND s.shard = job.shard AND s.claim_version = job.fence
 RETURNING job.id, job.status_rank, job.children_pending;
 
+-- name: complete_and_start_jobs
+-- complete_jobs and start_jobs in one statement, one round trip: the outcomes queued for the
+-- completer ride on the start write of the jobs threads begin now (worker/starter.py), each fenced
+-- as its own statement fences it. Rows: (true, id, attempts, status_rank, started_at,
+-- last_attempted_at, NULL) for a job started, (false, id, NULL, status_rank, NULL, NULL,
+-- children_pending) for an outcome written. The two updates touch different rows (the caller
+-- leaves out an outcome of a job it starts).
+WITH done AS (
+    UPDATE shardq_job AS job
+    SET status = a.status,
+        status_rank = a.rank,
+        return_value = a.return_value,
+        errors = CASE WHEN a.error IS NULL THEN job.errors
+                      WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors || jsonb_build_array(a.error)
+                      ELSE jsonb_build_array(a.error) END,
+        finished_at = CASE WHEN a.status = 'READY' THEN NULL ELSE clock_timestamp() END,
+        run_after = CASE WHEN a.status = 'READY'
+                         THEN {{now}} + make_interval(secs => a.delay)
+                         ELSE job.run_after END
+    FROM jsonb_to_recordset(%(batch)s::jsonb)
+             AS a(id bigint, fence bigint, rank int, status text, return_value jsonb, error jsonb, delay float8),
+         shardq_shard AS s
+    WHERE job.id = ANY(%(done_ids)s::bigint[]) AND job.id = a.id
+      AND job.fence <= a.fence AND job.status_rank < a.rank
+      AND (job.status IN ('CLAIMED', 'RUNNING')) IS TRUE
+      AND s.shard = job.shard AND s.claim_version = job.fence
+    RETURNING job.id, job.status_rank, job.children_pending
+), started AS (
+    UPDATE shardq_job AS job
+    SET status = 'RUNNING', status_rank = job.status_rank + 1, attempts = job.attempts + 1,
+        started_at = COALESCE(job.started_at, clock_timestamp()), last_attempted_at = clock_timestamp(),
+        worker_ids = job.worker_ids || jsonb_build_array(%(worker)s::text)
+    FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank),
+         shardq_shard AS s
+    WHERE job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank AND (job.status = 'CLAIMED') IS TRUE
+      AND s.shard = job.shard AND s.claim_version = job.fence
+    RETURNING job.id, job.attempts, job.status_rank, job.started_at, job.last_attempted_at
+)
+SELECT true, id, attempts, status_rank, started_at, last_attempted_at, NULL::boolean FROM started
+UNION ALL
+SELECT false, id, NULL::int, status_rank, NULL::timestamptz, NULL::timestamptz, children_pending FROM done;
+
 -- name: complete_job_in_transaction
 -- Mark one job SUCCESSFUL inside the task's own transaction (transactional completion), fenced
 -- like complete_jobs; returns the shard's claim_version, locked FOR SHARE until COMMIT so no

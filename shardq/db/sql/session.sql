@@ -29,3 +29,11 @@ SELECT EXISTS (SELECT 1 FROM pg_locks
 -- database's clock_timestamp(). The worker passes None; a test passes a time to jump past a
 -- lease's end or a job's run_after instead of waiting for it.
 COALESCE(%(now)s::timestamptz, clock_timestamp())
+
+-- name: flush_commits
+-- A synchronous commit that writes WAL (a transactional logical message, prefix shardq_ack_flush,
+-- empty; a logical decoding consumer may see it and skip it): it returns once the WAL is flushed
+-- past every commit this server made before it, the start writes' asynchronous ones among them
+-- (and the outcomes that rode on those: the completer's ack flush, worker/completer.py). A
+-- transaction id alone writes no WAL, and its commit waits for no flush.
+SELECT pg_logical_emit_message(true, 'shardq_ack_flush', '')::text;
