@@ -94,20 +94,20 @@ def claim_jobs_params(
     lookahead: float = 0.0,
     min_priority: int = ANY_PRIORITY,
     full_keys: list[tuple[str, str]] | None = None,
-    fair_after: list[str] | None = None,
+    fair_after: str = "",
     full_fair_keys: list[str] | None = None,
     fair_walk: bool = True,
 ) -> dict[str, Any]:
     """``claim_jobs``' own parameters beside ``claim_scope``'s (see
     WorkerStore.claim_jobs): the batch, the look-ahead, the priority floor,
     the local queue's full gates, and
-    fairness's (docs/fairness.md): each shard's last fair key taken (in the
-    order of the shards; '' or missing: from the first) and the fair keys
-    buffered to their share; ``fair_walk`` False when no fair key has two
-    jobs buffered (the claim then takes a FIFO slice of the fair jobs)."""
+    fairness's (docs/fairness.md): the last fair key this worker took (the
+    round goes on after it; '': from the first) and the fair keys buffered
+    to their share; ``fair_walk`` False while no fair key gathers jobs (the
+    claim then takes a FIFO slice of each shard's fair jobs)."""
     return {
         "fair_walk": fair_walk,
-        "fair_after": fair_after or [],
+        "fair_after": fair_after,
         "full_fair_keys": full_fair_keys or [],
         "limit": limit,
         "min_priority": min_priority,
@@ -749,7 +749,7 @@ class WorkerStore:
         min_priority: int = ANY_PRIORITY,
         full_keys: list[tuple[str, str]] | None = None,
         now: datetime | None = None,
-        fair_after: list[str] | None = None,
+        fair_after: str = "",
         full_fair_keys: list[str] | None = None,
         fair_walk: bool = True,
     ) -> list[Any]:
@@ -762,8 +762,9 @@ class WorkerStore:
         are passed over.
         ``now``: the time leases and due times are read at (None: the
         database's clock). Jobs with a fair key are taken key by key
-        (docs/fairness.md): on each shard, the keys after ``fair_after``'s
-        (one a shard, in ``shards``' order), passing over ``full_fair_keys``."""
+        (docs/fairness.md): one round over the keys of every shard in
+        ``shards``, the keys after ``fair_after`` first (byte order),
+        passing over ``full_fair_keys``."""
         params = {
             **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, now),
             **claim_jobs_params(limit, lookahead, min_priority, full_keys, fair_after, full_fair_keys, fair_walk),

@@ -45,6 +45,9 @@ LOOKAHEAD_SECONDS = 0.5
 # that outrank the buffer at most this often (listener.py's WakeLimiter).
 FETCH_WAKE_SECONDS = 0.002
 OUTRANK_SECONDS = 0.005
+# The claim goes round the fair keys while one came twice within this many
+# fair jobs claimed (Fetcher.fair_rounds), and takes FIFO slices otherwise.
+FAIR_MEMORY = 4096
 
 
 class Fetcher(Service):
@@ -126,10 +129,16 @@ class Fetcher(Service):
         self._plain_checked = -math.inf
         self._plain_unknown = True
         self._limited_took = False
-        # Fairness (docs/fairness.md): each shard's last fair key taken (the
-        # next claim walks that shard's keys after it). Keys the claim passes
-        # over wake the fetcher when they run low (Buffer.fair_room).
-        self._fair_after: dict[int, str] = {}
+        # Fairness (docs/fairness.md): the last fair key the round took (the
+        # next claim's round goes on after it). Keys the claim passes over
+        # wake the fetcher when they run low (Buffer.fair_room).
+        self._fair_after = ""
+        # The fair keys of the last FAIR_MEMORY fair jobs claimed, and how
+        # many fair jobs were claimed since one of them came again: the
+        # claim goes round the keys while a key came twice within that many
+        # (fair_rounds); a backlog where every job is its own key never does.
+        self._fair_seen: dict[str, None] = {}
+        self._fair_since_repeat = FAIR_MEMORY
 
     def interrupt(self) -> None:
         self._wake.set()
@@ -383,12 +392,15 @@ class Fetcher(Service):
         default the fetcher's): its rows, or how long to wait when it
         failed. The caller holds the ownership read lock."""
         began = time.monotonic()
-        # Fair keys (docs/fairness.md): each shard's keys after the last one
-        # taken there; an ordinary claim passes over the keys buffered to
+        # Fair keys (docs/fairness.md): one round over the keys after the
+        # last one taken; an ordinary claim passes over the keys buffered to
         # their share, a claim of jobs that outrank the buffer does not.
-        fair_after = [self._fair_after.get(shard, "") for shard in order] if self._fair_after else None
         ordinary = min_priority == ANY_PRIORITY
         full_fair_keys = self.buffer.full_fair_keys(self.pipeline.fair_share()) if ordinary else []
+        # Round the keys once a key gathers jobs here or came twice lately
+        # (or for a claim that outranks the buffer); else a FIFO slice, as
+        # cheap as without fair keys.
+        walk = bool(full_fair_keys) or self.buffer.fair_crowded or not ordinary or self._fair_since_repeat < FAIR_MEMORY
         try:
             rows = (store or self.store).claim_jobs(
                 self.worker_id,
@@ -403,12 +415,9 @@ class Fetcher(Service):
                 pool=self.leaser.pool,
                 min_priority=min_priority,
                 full_keys=self.buffer.full_keys() if self.buffer.held_back else None,
-                fair_after=fair_after,
+                fair_after=self._fair_after,
                 full_fair_keys=full_fair_keys,
-                # Key by key once a key gathers jobs here (or for a claim
-                # that outranks the buffer); else a FIFO slice, as cheap as
-                # without fair keys.
-                fair_walk=bool(full_fair_keys) or self.buffer.fair_crowded or not ordinary,
+                fair_walk=walk,
             )
         except DatabaseUnavailable as exc:
             # The claim may have committed with its answer lost: its jobs
@@ -429,27 +438,40 @@ class Fetcher(Service):
         if self.metrics is not None:
             self.metrics.claimed(time.monotonic() - began, len(rows))
         if ordinary:
-            self.fair_turns(order, rows, limit)
+            # The fetcher's thread only (an outranking claim runs on the listener's).
+            self.fair_turns(rows, walk)
         return rows
 
-    def fair_turns(self, order: list[int], rows: list[ClaimedJob], limit: int) -> None:
-        """Move each shard's fair-key turn past the keys this claim took
-        there (the next claim walks the keys after them). A shard where it
-        took none, in a claim that was not cut short by its limit, had no
-        key left after its turn: its walk starts from the first key again."""
-        after = self._fair_after
-        taken: dict[int, str] = {}
+    def fair_turns(self, rows: list[ClaimedJob], walked: bool) -> None:
+        """Move the fair round's turn past the keys this claim took (the
+        next claim's round starts after them), and note whether a key came
+        again (fair_rounds)."""
+        keys = {job.fair_key for job in rows if job.fair_key is not None}
+        if not keys:
+            return
+        if walked:
+            # The round took the keys after the turn, then, once past the
+            # last key, those up to it: the turn is the last key taken.
+            # Python orders strings as the index does (COLLATE "C": UTF-8
+            # bytes sort as code points).
+            after = self._fair_after
+            wrapped = [key for key in keys if key <= after]
+            self._fair_after = max(wrapped) if wrapped else max(keys)
+        seen = self._fair_seen
+        self._fair_since_repeat += sum(1 for job in rows if job.fair_key is not None)
+        repeated = False
         for job in rows:
             key = job.fair_key
-            if key is not None and (job.shard not in taken or key > taken[job.shard]):
-                taken[job.shard] = key
-        if not taken and not after:
-            return
-        after.update(taken)
-        if len(rows) < limit:
-            for shard in order:
-                if shard not in taken:
-                    after.pop(shard, None)
+            if key is None:
+                continue
+            if key in seen:
+                repeated = True
+                del seen[key]
+            seen[key] = None
+        if repeated:
+            self._fair_since_repeat = 0
+        while len(seen) > FAIR_MEMORY:
+            del seen[next(iter(seen))]
 
     # -- limits (docs/limits.md) -------------------------------------------------
 
