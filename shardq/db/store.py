@@ -97,6 +97,7 @@ def claim_jobs_params(
     fair_after: str = "",
     full_fair_keys: list[str] | None = None,
     fair_walk: bool = True,
+    fair_weights: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """``claim_jobs``' own parameters beside ``claim_scope``'s (see
     WorkerStore.claim_jobs): the batch, the look-ahead, the priority floor,
@@ -104,9 +105,14 @@ def claim_jobs_params(
     fairness's (docs/fairness.md): the last fair key this worker took (the
     round goes on after it; '': from the first) and the fair keys buffered
     to their share; ``fair_walk`` False while no fair key gathers jobs (the
-    claim then takes a FIFO slice of each shard's fair jobs)."""
+    claim then takes a FIFO slice of each shard's fair jobs); and the
+    weights the worker knows other than 1 (the round shares its batch out
+    by them)."""
+    weights = fair_weights or {}
     return {
         "fair_walk": fair_walk,
+        "fair_weight_keys": list(weights),
+        "fair_weight_values": list(weights.values()),
         "fair_after": fair_after,
         "full_fair_keys": full_fair_keys or [],
         "limit": limit,
@@ -752,6 +758,7 @@ class WorkerStore:
         fair_after: str = "",
         full_fair_keys: list[str] | None = None,
         fair_walk: bool = True,
+        fair_weights: dict[str, float] | None = None,
     ) -> list[Any]:
         """Claim a batch of the highest priority level due (rows by name:
         dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
@@ -764,10 +771,13 @@ class WorkerStore:
         database's clock). Jobs with a fair key are taken key by key
         (docs/fairness.md): one round over the keys of every shard in
         ``shards``, the keys after ``fair_after`` first (byte order),
-        passing over ``full_fair_keys``."""
+        passing over ``full_fair_keys``, the batch shared out by
+        ``fair_weights`` (key -> weight; 1 for a key not named)."""
         params = {
             **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, now),
-            **claim_jobs_params(limit, lookahead, min_priority, full_keys, fair_after, full_fair_keys, fair_walk),
+            **claim_jobs_params(
+                limit, lookahead, min_priority, full_keys, fair_after, full_fair_keys, fair_walk, fair_weights
+            ),
         }
         # Binary results: timestamps and numbers decode without parsing text.
         if row_factory is None:

@@ -139,6 +139,9 @@ class Fetcher(Service):
         # (fair_rounds); a backlog where every job is its own key never does.
         self._fair_seen: dict[str, None] = {}
         self._fair_since_repeat = FAIR_MEMORY
+        # The weights other than 1 of the keys claimed lately (a job's own,
+        # else the settings'): the round shares its batch out by them.
+        self._fair_weights: dict[str, float] = {}
 
     def interrupt(self) -> None:
         self._wake.set()
@@ -418,6 +421,7 @@ class Fetcher(Service):
                 fair_after=self._fair_after,
                 full_fair_keys=full_fair_keys,
                 fair_walk=walk,
+                fair_weights=self._fair_weights,
             )
         except DatabaseUnavailable as exc:
             # The claim may have committed with its answer lost: its jobs
@@ -460,10 +464,20 @@ class Fetcher(Service):
         seen = self._fair_seen
         self._fair_since_repeat += sum(1 for job in rows if job.fair_key is not None)
         repeated = False
+        weights = self._fair_weights
+        weight_of = self.buffer.fair_weight
         for job in rows:
             key = job.fair_key
             if key is None:
                 continue
+            if job.fair_weight is not None and job.fair_weight > 0:
+                weight = float(job.fair_weight)
+            else:
+                weight = weight_of(key) if weight_of is not None else 1.0
+            if weight != 1.0:
+                weights[key] = weight
+            else:
+                weights.pop(key, None)
             if key in seen:
                 repeated = True
                 del seen[key]
@@ -471,7 +485,9 @@ class Fetcher(Service):
         if repeated:
             self._fair_since_repeat = 0
         while len(seen) > FAIR_MEMORY:
-            del seen[next(iter(seen))]
+            gone = next(iter(seen))
+            del seen[gone]
+            weights.pop(gone, None)
 
     # -- limits (docs/limits.md) -------------------------------------------------
 

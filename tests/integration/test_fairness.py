@@ -197,6 +197,19 @@ def test_the_round_takes_each_key_once_across_the_shards_and_the_next_claim_goes
     assert len({j.id for j in first + second + third}) == 4 + 4 + 6
 
 
+def test_the_round_shares_its_batch_out_by_the_weights_the_worker_knows():
+    worker, _ = leased_shard_factory([0])
+    backlog_on_shard_0("a", 20)
+    backlog_on_shard_0("b", 20)
+    backlog_on_shard_0("c", 20)
+
+    jobs = claim(worker, 10, fair_weights={"a": 3.0})
+
+    # a: 3/5 of 10; b and c: 1/5 each.
+    counts = {key: sum(1 for j in jobs if j.fair_key == key) for key in "abc"}
+    assert counts == {"a": 6, "b": 2, "c": 2}
+
+
 def test_the_round_passes_over_keys_with_no_job_on_the_workers_shards():
     worker, _ = leased_shard_factory([0, 1, 2, 3])
     spread("a", [4, 5, 6, 7] * 5)  # only on shards another worker holds

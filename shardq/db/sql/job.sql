@@ -211,14 +211,15 @@ SELECT held.shard, held.claim_version, held.ord, held.shared, held.family,
        GREATEST(top.plain_priority, top.fair_priority) AS priority, top.plain_priority, top.fair_priority
 FROM held
 CROSS JOIN LATERAL (
-    SELECT (SELECT priority FROM shardq_job
-            WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}} AND {{fair_column}} IS FALSE
-            ORDER BY priority DESC, run_after, id
-            LIMIT 1) AS plain_priority,
-           (SELECT priority FROM shardq_job
-            WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}} AND {{fair_column}} IS TRUE
-            ORDER BY priority DESC, run_after, id
-            LIMIT 1) AS fair_priority
+    -- max(): the planner's one-row probe of the index (its min/max rewrite; an
+    -- aggregate with FILTER or an ORDER BY .. LIMIT 1 of a range it thinks
+    -- empty may be planned as a sort of the range).
+    SELECT (SELECT max(priority) FROM shardq_job
+            WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}}
+              AND {{fair_column}} IS FALSE) AS plain_priority,
+           (SELECT max(priority) FROM shardq_job
+            WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}}
+              AND {{fair_column}} IS TRUE) AS fair_priority
 ) AS top
 WHERE top.plain_priority IS NOT NULL OR top.fair_priority IS NOT NULL
 
@@ -420,7 +421,7 @@ SELECT k.key, k.shard::int AS shard FROM (
 -- :full_fair_keys: as many of its jobs wait in the worker's memory as it buffers a key) to the
 -- next key; until fair_scope.take keys not full were found (or four probes a key, passing over
 -- at most every full one). Of each key taken, the head of its pair in claim order,
--- fair_scope.take shared out over the keys (rounded up), FOR UPDATE SKIP LOCKED.
+-- fair_scope.take shared out over the keys by weight (rounded up), FOR UPDATE SKIP LOCKED.
 WITH RECURSIVE walk(key, shard, jump, take, wrapped, n, open) AS (
     SELECT f.key, f.shard, f.mine OR f.full, f.mine AND NOT f.full, f.wrapped, 1, (f.mine AND NOT f.full)::int
     FROM (
@@ -467,7 +468,15 @@ WITH RECURSIVE walk(key, shard, jump, take, wrapped, n, open) AS (
       -- Round again: up to the last key taken, which comes last.
       AND NOT (f.wrapped AND f.key > %(fair_after)s::text COLLATE "C")
 ), keys AS (
-    SELECT key, shard, count(*) OVER () AS keys FROM walk WHERE take
+    -- Each key's weight as the worker knows it (:fair_weight_keys, :fair_weight_values: the
+    -- keys it has seen whose weight is not 1) over the keys' total: its part of the batch.
+    SELECT key, shard, weight / sum(weight) OVER () AS part FROM (
+        SELECT walk.key, walk.shard, COALESCE(
+                   (SELECT w.weight FROM unnest(%(fair_weight_keys)s::text[], %(fair_weight_values)s::float8[])
+                                         AS w(key, weight)
+                    WHERE w.key = walk.key LIMIT 1), 1) AS weight
+        FROM walk WHERE walk.take
+    ) AS k
 )
 SELECT head.*, held.claim_version FROM keys
 CROSS JOIN fair_scope
@@ -479,7 +488,7 @@ CROSS JOIN LATERAL (
     WHERE {{fair_ready*}} AND fair_key COLLATE "C" = keys.key AND shard = keys.shard
       AND {{claim_walk*}} AND {{claim_key_free}}
     ORDER BY run_after, id
-    LIMIT (fair_scope.take + keys.keys - 1) / keys.keys
+    LIMIT ceil(fair_scope.take * keys.part)::int
     FOR UPDATE SKIP LOCKED
 ) AS head
 LIMIT (SELECT take FROM fair_scope)
