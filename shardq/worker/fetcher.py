@@ -45,8 +45,8 @@ LOOKAHEAD_SECONDS = 0.5
 # that outrank the buffer at most this often (listener.py's WakeLimiter).
 FETCH_WAKE_SECONDS = 0.002
 OUTRANK_SECONDS = 0.005
-# The claim goes round the fair keys while one came twice within this many
-# fair jobs claimed (Fetcher.fair_rounds), and takes FIFO slices otherwise.
+# The claim goes round the fair keys until this many fair jobs were claimed
+# with no key twice (Fetcher.fair_turns), and takes FIFO slices then.
 FAIR_MEMORY = 4096
 
 
@@ -135,10 +135,12 @@ class Fetcher(Service):
         self._fair_after = ""
         # The fair keys of the last FAIR_MEMORY fair jobs claimed, and how
         # many fair jobs were claimed since one of them came again: the
-        # claim goes round the keys while a key came twice within that many
-        # (fair_rounds); a backlog where every job is its own key never does.
+        # claim goes round the keys until FAIR_MEMORY fair jobs came with
+        # no key twice (a backlog where every job is its own key), and again
+        # once a key comes twice. From the start: a first claim by FIFO
+        # slices gave a backlog's first tenants a job on every shard.
         self._fair_seen: dict[str, None] = {}
-        self._fair_since_repeat = FAIR_MEMORY
+        self._fair_since_repeat = 0
         # The weights other than 1 of the keys claimed lately (a job's own,
         # else the settings'): the round shares its batch out by them.
         self._fair_weights: dict[str, float] = {}
@@ -449,7 +451,7 @@ class Fetcher(Service):
     def fair_turns(self, rows: list[ClaimedJob], walked: bool) -> None:
         """Move the fair round's turn past the keys this claim took (the
         next claim's round starts after them), and note whether a key came
-        again (fair_rounds)."""
+        again (the round runs while one did lately)."""
         keys = {job.fair_key for job in rows if job.fair_key is not None}
         if not keys:
             return
