@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from django.tasks.base import TASK_MAX_PRIORITY as MAX_PRIORITY
 from django.tasks.base import TASK_MIN_PRIORITY as MIN_PRIORITY
 
+from ..core.fairround import FairRound
 from ..db.queries import ANY_PRIORITY
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected
@@ -45,9 +46,6 @@ LOOKAHEAD_SECONDS = 0.5
 # that outrank the buffer at most this often (listener.py's WakeLimiter).
 FETCH_WAKE_SECONDS = 0.002
 OUTRANK_SECONDS = 0.005
-# The claim goes round the fair keys until this many fair jobs were claimed
-# with no key twice (Fetcher.fair_turns), and takes FIFO slices then.
-FAIR_MEMORY = 4096
 
 
 class Fetcher(Service):
@@ -129,21 +127,11 @@ class Fetcher(Service):
         self._plain_checked = -math.inf
         self._plain_unknown = True
         self._limited_took = False
-        # Fairness (docs/fairness.md): the last fair key the round took (the
-        # next claim's round goes on after it). Keys the claim passes over
-        # wake the fetcher when they run low (Buffer.fair_room).
-        self._fair_after = ""
-        # The fair keys of the last FAIR_MEMORY fair jobs claimed, and how
-        # many fair jobs were claimed since one of them came again: the
-        # claim goes round the keys until FAIR_MEMORY fair jobs came with
-        # no key twice (a backlog where every job is its own key), and again
-        # once a key comes twice. From the start: a first claim by FIFO
-        # slices gave a backlog's first tenants a job on every shard.
-        self._fair_seen: dict[str, None] = {}
-        self._fair_since_repeat = 0
-        # The weights other than 1 of the keys claimed lately (a job's own,
-        # else the settings'): the round shares its batch out by them.
-        self._fair_weights: dict[str, float] = {}
+        # Fairness (docs/fairness.md): the round's turn, whether the claim
+        # goes by it, and the weights it shares out by (FairRound). Keys the
+        # claim passes over wake the fetcher when they run low
+        # (Buffer.fair_room).
+        self.fair_round = FairRound()
 
     def interrupt(self) -> None:
         self._wake.set()
@@ -402,10 +390,11 @@ class Fetcher(Service):
         # their share, a claim of jobs that outrank the buffer does not.
         ordinary = min_priority == ANY_PRIORITY
         full_fair_keys = self.buffer.full_fair_keys(self.pipeline.fair_share()) if ordinary else []
-        # Round the keys once a key gathers jobs here or came twice lately
-        # (or for a claim that outranks the buffer); else a FIFO slice, as
-        # cheap as without fair keys.
-        walk = bool(full_fair_keys) or self.buffer.fair_crowded or not ordinary or self._fair_since_repeat < FAIR_MEMORY
+        # Round the keys once a key gathers jobs here, while the round is due
+        # (FairRound.due: a key came twice lately, or from the start), and
+        # for a claim that outranks the buffer; else a FIFO slice, as cheap
+        # as without fair keys.
+        walk = bool(full_fair_keys) or self.buffer.fair_crowded or not ordinary or self.fair_round.due
         try:
             rows = (store or self.store).claim_jobs(
                 self.worker_id,
@@ -420,10 +409,10 @@ class Fetcher(Service):
                 pool=self.leaser.pool,
                 min_priority=min_priority,
                 full_keys=self.buffer.full_keys() if self.buffer.held_back else None,
-                fair_after=self._fair_after,
+                fair_after=self.fair_round.after,
                 full_fair_keys=full_fair_keys,
                 fair_walk=walk,
-                fair_weights=self._fair_weights,
+                fair_weights=self.fair_round.weights,
             )
         except DatabaseUnavailable as exc:
             # The claim may have committed with its answer lost: its jobs
@@ -449,47 +438,22 @@ class Fetcher(Service):
         return rows
 
     def fair_turns(self, rows: list[ClaimedJob], walked: bool) -> None:
-        """Move the fair round's turn past the keys this claim took (the
-        next claim's round starts after them), and note whether a key came
-        again (the round runs while one did lately)."""
-        keys = {job.fair_key for job in rows if job.fair_key is not None}
-        if not keys:
-            return
-        if walked:
-            # The round took the keys after the turn, then, once past the
-            # last key, those up to it: the turn is the last key taken.
-            # Python orders strings as the index does (COLLATE "C": UTF-8
-            # bytes sort as code points).
-            after = self._fair_after
-            wrapped = [key for key in keys if key <= after]
-            self._fair_after = max(wrapped) if wrapped else max(keys)
-        seen = self._fair_seen
-        self._fair_since_repeat += sum(1 for job in rows if job.fair_key is not None)
-        repeated = False
-        weights = self._fair_weights
+        """Tell the fair round what this claim brought: each fair job's key
+        and weight (its own, else the settings')."""
         weight_of = self.buffer.fair_weight
-        for job in rows:
-            key = job.fair_key
-            if key is None:
-                continue
-            if job.fair_weight is not None and job.fair_weight > 0:
-                weight = float(job.fair_weight)
-            else:
-                weight = weight_of(key) if weight_of is not None else 1.0
-            if weight != 1.0:
-                weights[key] = weight
-            else:
-                weights.pop(key, None)
-            if key in seen:
-                repeated = True
-                del seen[key]
-            seen[key] = None
-        if repeated:
-            self._fair_since_repeat = 0
-        while len(seen) > FAIR_MEMORY:
-            gone = next(iter(seen))
-            del seen[gone]
-            weights.pop(gone, None)
+        self.fair_round.claimed(
+            (
+                (
+                    job.fair_key,
+                    float(job.fair_weight)
+                    if job.fair_weight is not None and job.fair_weight > 0
+                    else (weight_of(job.fair_key) if weight_of is not None else 1.0),
+                )
+                for job in rows
+                if job.fair_key is not None
+            ),
+            walked,
+        )
 
     # -- limits (docs/limits.md) -------------------------------------------------
 
