@@ -3,7 +3,7 @@ these models are the one schema source and what the admin reads."""
 
 from django.db import models
 from django.db.models import ExpressionWrapper, F, Q
-from django.db.models.functions import Length
+from django.db.models.functions import Collate, Length
 from django.db.models.lookups import LessThanOrEqual
 from django.tasks import TaskResultStatus
 
@@ -121,14 +121,17 @@ class Job(models.Model):
                 condition=Q(status="READY"),
                 name="shardq_job_ready_idx",
             ),
-            # The claim's walk over the fair keys with backlog on a shard (one
-            # probe per key: the next key after the last one), then each
-            # key's head in claim order (docs/fairness.md). Only unlimited
-            # READY jobs with a fair key are in it.
+            # The claim's round over the fair keys with backlog at a priority
+            # level, across the worker's shards (one probe per key: the next
+            # (key, shard) after the last one), then each key's head on a
+            # shard in claim order (docs/fairness.md). Keys in byte order
+            # (COLLATE "C"): the worker's turn after the last key taken is
+            # a Python string comparison. Only unlimited READY jobs with a
+            # fair key are in it.
             models.Index(
-                F("shard"),
-                F("fair_key"),
                 F("priority").desc(),
+                Collate(F("fair_key"), "C"),
+                F("shard"),
                 F("run_after"),
                 F("id"),
                 condition=Q(status="READY", fair_key__isnull=False, limit_keys__isnull=True),

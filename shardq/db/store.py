@@ -94,20 +94,26 @@ def claim_jobs_params(
     lookahead: float = 0.0,
     min_priority: int = ANY_PRIORITY,
     full_keys: list[tuple[str, str]] | None = None,
-    fair_after: list[str] | None = None,
+    fair_after: str = "",
     full_fair_keys: list[str] | None = None,
     fair_walk: bool = True,
+    fair_weights: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """``claim_jobs``' own parameters beside ``claim_scope``'s (see
     WorkerStore.claim_jobs): the batch, the look-ahead, the priority floor,
     the local queue's full gates, and
-    fairness's (docs/fairness.md): each shard's last fair key taken (in the
-    order of the shards; '' or missing: from the first) and the fair keys
-    buffered to their share; ``fair_walk`` False when no fair key has two
-    jobs buffered (the claim then takes a FIFO slice of the fair jobs)."""
+    fairness's (docs/fairness.md): the last fair key this worker took (the
+    round goes on after it; '': from the first) and the fair keys buffered
+    to their share; ``fair_walk`` False while no fair key gathers jobs (the
+    claim then takes a FIFO slice of each shard's fair jobs); and the
+    weights the worker knows other than 1 (the round shares its batch out
+    by them)."""
+    weights = fair_weights or {}
     return {
         "fair_walk": fair_walk,
-        "fair_after": fair_after or [],
+        "fair_weight_keys": list(weights),
+        "fair_weight_values": list(weights.values()),
+        "fair_after": fair_after,
         "full_fair_keys": full_fair_keys or [],
         "limit": limit,
         "min_priority": min_priority,
@@ -749,9 +755,10 @@ class WorkerStore:
         min_priority: int = ANY_PRIORITY,
         full_keys: list[tuple[str, str]] | None = None,
         now: datetime | None = None,
-        fair_after: list[str] | None = None,
+        fair_after: str = "",
         full_fair_keys: list[str] | None = None,
         fair_walk: bool = True,
+        fair_weights: dict[str, float] | None = None,
     ) -> list[Any]:
         """Claim a batch of the highest priority level due (rows by name:
         dicts, or ``row_factory(**columns)``; a row with ``problem`` set was
@@ -762,11 +769,15 @@ class WorkerStore:
         are passed over.
         ``now``: the time leases and due times are read at (None: the
         database's clock). Jobs with a fair key are taken key by key
-        (docs/fairness.md): on each shard, the keys after ``fair_after``'s
-        (one a shard, in ``shards``' order), passing over ``full_fair_keys``."""
+        (docs/fairness.md): one round over the keys of every shard in
+        ``shards``, the keys after ``fair_after`` first (byte order),
+        passing over ``full_fair_keys``, the batch shared out by
+        ``fair_weights`` (key -> weight; 1 for a key not named)."""
         params = {
             **claim_scope(worker, shards, pool, queues, exclude_queues, backend, per_shard, now),
-            **claim_jobs_params(limit, lookahead, min_priority, full_keys, fair_after, full_fair_keys, fair_walk),
+            **claim_jobs_params(
+                limit, lookahead, min_priority, full_keys, fair_after, full_fair_keys, fair_walk, fair_weights
+            ),
         }
         # Binary results: timestamps and numbers decode without parsing text.
         if row_factory is None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from django.tasks.base import TASK_MAX_PRIORITY as MAX_PRIORITY
 from django.tasks.base import TASK_MIN_PRIORITY as MIN_PRIORITY
 
+from ..core.fairround import FairRound
 from ..db.queries import ANY_PRIORITY
 from ..db.store import WorkerStore
 from ..exceptions import DatabaseUnavailable, StatementRejected
@@ -126,10 +127,11 @@ class Fetcher(Service):
         self._plain_checked = -math.inf
         self._plain_unknown = True
         self._limited_took = False
-        # Fairness (docs/fairness.md): each shard's last fair key taken (the
-        # next claim walks that shard's keys after it). Keys the claim passes
-        # over wake the fetcher when they run low (Buffer.fair_room).
-        self._fair_after: dict[int, str] = {}
+        # Fairness (docs/fairness.md): the round's turn, whether the claim
+        # goes by it, and the weights it shares out by (FairRound). Keys the
+        # claim passes over wake the fetcher when they run low
+        # (Buffer.fair_room).
+        self.fair_round = FairRound()
 
     def interrupt(self) -> None:
         self._wake.set()
@@ -383,12 +385,16 @@ class Fetcher(Service):
         default the fetcher's): its rows, or how long to wait when it
         failed. The caller holds the ownership read lock."""
         began = time.monotonic()
-        # Fair keys (docs/fairness.md): each shard's keys after the last one
-        # taken there; an ordinary claim passes over the keys buffered to
+        # Fair keys (docs/fairness.md): one round over the keys after the
+        # last one taken; an ordinary claim passes over the keys buffered to
         # their share, a claim of jobs that outrank the buffer does not.
-        fair_after = [self._fair_after.get(shard, "") for shard in order] if self._fair_after else None
         ordinary = min_priority == ANY_PRIORITY
         full_fair_keys = self.buffer.full_fair_keys(self.pipeline.fair_share()) if ordinary else []
+        # Round the keys once a key gathers jobs here, while the round is due
+        # (FairRound.due: a key came twice lately, or from the start), and
+        # for a claim that outranks the buffer; else a FIFO slice, as cheap
+        # as without fair keys.
+        walk = bool(full_fair_keys) or self.buffer.fair_crowded or not ordinary or self.fair_round.due
         try:
             rows = (store or self.store).claim_jobs(
                 self.worker_id,
@@ -403,12 +409,10 @@ class Fetcher(Service):
                 pool=self.leaser.pool,
                 min_priority=min_priority,
                 full_keys=self.buffer.full_keys() if self.buffer.held_back else None,
-                fair_after=fair_after,
+                fair_after=self.fair_round.after,
                 full_fair_keys=full_fair_keys,
-                # Key by key once a key gathers jobs here (or for a claim
-                # that outranks the buffer); else a FIFO slice, as cheap as
-                # without fair keys.
-                fair_walk=bool(full_fair_keys) or self.buffer.fair_crowded or not ordinary,
+                fair_walk=walk,
+                fair_weights=self.fair_round.weights,
             )
         except DatabaseUnavailable as exc:
             # The claim may have committed with its answer lost: its jobs
@@ -429,27 +433,27 @@ class Fetcher(Service):
         if self.metrics is not None:
             self.metrics.claimed(time.monotonic() - began, len(rows))
         if ordinary:
-            self.fair_turns(order, rows, limit)
+            # The fetcher's thread only (an outranking claim runs on the listener's).
+            self.fair_turns(rows, walk)
         return rows
 
-    def fair_turns(self, order: list[int], rows: list[ClaimedJob], limit: int) -> None:
-        """Move each shard's fair-key turn past the keys this claim took
-        there (the next claim walks the keys after them). A shard where it
-        took none, in a claim that was not cut short by its limit, had no
-        key left after its turn: its walk starts from the first key again."""
-        after = self._fair_after
-        taken: dict[int, str] = {}
-        for job in rows:
-            key = job.fair_key
-            if key is not None and (job.shard not in taken or key > taken[job.shard]):
-                taken[job.shard] = key
-        if not taken and not after:
-            return
-        after.update(taken)
-        if len(rows) < limit:
-            for shard in order:
-                if shard not in taken:
-                    after.pop(shard, None)
+    def fair_turns(self, rows: list[ClaimedJob], walked: bool) -> None:
+        """Tell the fair round what this claim brought: each fair job's key
+        and weight (its own, else the settings')."""
+        weight_of = self.buffer.fair_weight
+        self.fair_round.claimed(
+            (
+                (
+                    job.fair_key,
+                    float(job.fair_weight)
+                    if job.fair_weight is not None and job.fair_weight > 0
+                    else (weight_of(job.fair_key) if weight_of is not None else 1.0),
+                )
+                for job in rows
+                if job.fair_key is not None
+            ),
+            walked,
+        )
 
     # -- limits (docs/limits.md) -------------------------------------------------
 

@@ -3,13 +3,14 @@
 ``shardq_worker`` processes run tenants' jobs (tests/taskapp/fair_tasks.py)
 that append their start and end to a ledger file; shares and pickups are
 read from the ledger's times, not from shardq's bookkeeping. CI-sized runs
-of the issue's scenarios 1, 2, 4 and 6; ``make fairness``
+of the issue's scenarios 1, 2, 4, 5 and 6; ``make fairness``
 (bench/fairness.py) runs them at full size, with fairness off beside them.
 The bounds here are looser than the issue's figures where a loaded 2-core
 machine needs it; each test prints what it measured.
 """
 
 import bisect
+import json
 import os
 import time
 from pathlib import Path
@@ -246,3 +247,84 @@ def test_a_priority_job_starts_at_once_and_an_ordered_key_keeps_its_order_under_
     assert max(pickups) <= 0.25, pickups
     runs = [(event, int(part.rsplit("/", 1)[1])) for event, _, _, _, part in rows if part.startswith("C/acct-1/")]
     assert runs == [(event, n) for n in range(30) for event in ("start", "end")], "the ordered key ran out of order"
+
+
+@pytest.mark.process
+def test_a_quiet_tenant_stays_served_across_a_sigkilled_worker_and_no_job_is_lost(workers, tmp_path):
+    """Scenario 5, CI size: the noisy neighbour on 3 workers of 4 threads,
+    one SIGKILLed halfway through B's run. Nothing is lost; a job runs to
+    its end twice only when the killed worker ran it and died before writing
+    its outcome (at-least-once, docs/architecture.md); B's jobs on the
+    survivors' shards keep their pickups, those on the dead worker's shards
+    wait for the takeover (the lease, 2 s here)."""
+    import signal
+
+    ledger = tmp_path / "ledger"
+    procs = start(workers, ledger, 3)
+    victim = procs[1]
+    victim_id = worker_id_of(victim.pid)
+    # Twice scenario 1's at CI size: 3 workers drain faster than 2.
+    backlog = NOISY if FULL else NOISY * 2
+    noisy = [int(r.id) for r in shardq.enqueue_many(t.tenant_job, [(("A",), {"n": i}) for i in range(backlog)])]
+    quiet: list[int] = []
+    killed_at = 0.0
+    dead_shards: set[int] = set()
+    began = time.monotonic()
+    for i in range(QUIET):
+        # The load's pace, not a wait for something: B's one job every 100 ms.
+        time.sleep(max(0.0, began + 0.1 * i - time.monotonic()))
+        if i == QUIET // 2:
+            dead_shards = {s for (s,) in query("SELECT shard FROM shardq_shard WHERE owner = %s", [victim_id])}
+            killed_at = time.time()
+            os.killpg(victim.pid, signal.SIGKILL)
+            victim.wait(timeout=10)
+        quiet.append(int(t.tenant_job.enqueue("B", n=i).id))
+    wait_until(lambda: finished(quiet), timeout=120, message="B's jobs finished")
+    wait_until(lambda: finished(noisy), timeout=300 * SCALE, message="A's backlog finished")
+
+    rows = read_ledger(ledger)
+    at = enqueued_at(quiet)
+    shard_of = dict(query("SELECT id, shard FROM shardq_job WHERE id = ANY(%s)", [quiet]))
+    first_start: dict[int, float] = {}
+    for event, job, when, _, _ in rows:
+        if event == "start" and job in at:
+            first_start.setdefault(job, when)
+    pickups = {job: first_start[job] - at[job] for job in quiet}
+    # B's jobs the takeover held: enqueued after the kill on the dead worker's shards.
+    held_up = [job for job in quiet if at[job] >= killed_at - 0.05 and shard_of[job] in dead_shards]
+    served = [pickups[job] for job in quiet if job not in held_up]
+    ends: dict[int, list[tuple[float, int]]] = {}
+    for event, job, when, pid, _ in rows:
+        if event == "end":
+            ends.setdefault(job, []).append((when, pid))
+    twice = {job: e for job, e in ends.items() if len(e) > 1}
+    print(
+        f"[fairness] across a SIGKILL (3 workers): B pickup p99 {p99(list(pickups.values())) * 1000:.0f} ms over all "
+        f"{len(quiet)}, {p99(served) * 1000:.0f} ms without the {len(held_up)} enqueued on the dead worker's "
+        f"{len(dead_shards)} shards after the kill (max {max((pickups[j] for j in held_up), default=0) * 1000:.0f} ms); "
+        f"{len(twice)} jobs ran to their end twice (the dead worker's, outcome unwritten)"
+    )
+    # Nothing lost: every job SUCCESSFUL (finished() above) and run to its end.
+    assert set(ends) == set(noisy) | set(quiet)
+    # Run twice only as at-least-once allows: first on the killed worker,
+    # in the moment before the kill, with its outcome unwritten (the row
+    # names the killed worker first and counts the loss), then once more.
+    rows_twice = query("SELECT id, worker_ids, worker_losses FROM shardq_job WHERE id = ANY(%s)", [list(twice)])
+    for job, worker_ids, losses in rows_twice:
+        worker_ids = json.loads(worker_ids) if isinstance(worker_ids, str) else worker_ids
+        first, *rest = sorted(twice[job])
+        assert len(rest) == 1 and first[1] == victim.pid and rest[0][1] != victim.pid, (job, twice[job])
+        assert killed_at - 1.0 <= first[0] <= killed_at + 0.05, (job, first, killed_at)
+        assert worker_ids[0] == victim_id and losses >= 1, (job, worker_ids, losses)
+    # B on the survivors' shards: as in scenario 1 (the order, at any load).
+    a_starts = sorted(when for event, _, when, _, part in rows if event == "start" and part == "A")
+    overtaken = [
+        bisect.bisect_left(a_starts, first_start[job]) - bisect.bisect_left(a_starts, at[job])
+        for job in quiet
+        if job not in held_up
+    ]
+    assert p99(overtaken) <= NOISY // 10, sorted(overtaken)[-5:]
+    # B on the dead worker's shards: picked up once its leases expire (2 s).
+    assert all(pickups[job] <= 2.0 + 3.0 for job in held_up), sorted(pickups[j] for j in held_up)
+    if FULL:
+        assert p99(served) <= 0.25, sorted(served)[-5:]

@@ -153,7 +153,72 @@ def test_the_claim_passes_over_full_fair_keys_and_walks_the_keys_after_the_last_
     backlog_on_shard_0("c", 20)
 
     assert {j.fair_key for j in claim(worker, 6, full_fair_keys=["a", "b"])} == {"c"}
-    assert {j.fair_key for j in claim(worker, 1, fair_after=["a"])} == {"b"}
+    assert {j.fair_key for j in claim(worker, 1, fair_after="a")} == {"b"}
+
+
+def spread(tenant: str, shards: list[int]) -> list[int]:
+    """One job of ``tenant`` on each of ``shards``."""
+    ids = [int(r.id) for r in shardq.enqueue_many(t.tenant_job, [((tenant,), {"n": i}) for i in range(len(shards))])]
+    sql(
+        "UPDATE shardq_job SET shard = s.shard FROM unnest(%s::bigint[], %s::int[]) AS s(id, shard)"
+        " WHERE shardq_job.id = s.id",
+        [ids, shards],
+    )
+    return ids
+
+
+def claim_shards(worker, shards, limit, **fair):
+    store = WorkerStore(application_name="test-fairness")
+    try:
+        return store.claim_jobs(worker, shards, None, 1, limit, row_factory=ClaimedJob, **fair)
+    finally:
+        store.close()
+
+
+def test_the_round_takes_each_key_once_across_the_shards_and_the_next_claim_goes_on_after_the_last_key():
+    """Tenants whose jobs sit one a shard on many shards (the shard key is
+    not the fair key): a walk of each shard's keys took a tenant's job on
+    every shard in one pass. The round takes each key once over all the
+    worker's shards, and the next claim goes on after the last key taken,
+    then round again from the first."""
+    worker, _ = leased_shard_factory(range(8))
+    tenants = [f"t{i}" for i in range(6)]
+    for tenant in tenants:
+        spread(tenant, list(range(8)))
+
+    first = claim_shards(worker, list(range(8)), 4)
+    assert sorted(j.fair_key for j in first) == ["t0", "t1", "t2", "t3"]
+    second = claim_shards(worker, list(range(8)), 4, fair_after="t3")
+    # t4 and t5, then round again: t0 and t1.
+    assert sorted(j.fair_key for j in second) == ["t0", "t1", "t4", "t5"]
+    third = claim_shards(worker, list(range(8)), 12, fair_after="t1")
+    # Each key once more, the ones after t1 first, t0 and t1 last.
+    assert sorted(j.fair_key for j in third) == sorted(tenants)
+    assert len({j.id for j in first + second + third}) == 4 + 4 + 6
+
+
+def test_the_round_shares_its_batch_out_by_the_weights_the_worker_knows():
+    worker, _ = leased_shard_factory([0])
+    backlog_on_shard_0("a", 20)
+    backlog_on_shard_0("b", 20)
+    backlog_on_shard_0("c", 20)
+
+    jobs = claim(worker, 10, fair_weights={"a": 3.0})
+
+    # a: 3/5 of 10; b and c: 1/5 each.
+    counts = {key: sum(1 for j in jobs if j.fair_key == key) for key in "abc"}
+    assert counts == {"a": 6, "b": 2, "c": 2}
+
+
+def test_the_round_passes_over_keys_with_no_job_on_the_workers_shards():
+    worker, _ = leased_shard_factory([0, 1, 2, 3])
+    spread("a", [4, 5, 6, 7] * 5)  # only on shards another worker holds
+    spread("b", [6, 3])
+    spread("c", [5, 1, 7])
+
+    jobs = claim_shards(worker, [0, 1, 2, 3], 10)
+
+    assert sorted((j.fair_key, j.shard) for j in jobs) == [("b", 3), ("c", 1)]
 
 
 def test_jobs_without_a_fair_key_are_claimed_as_before_beside_fair_ones():
@@ -162,9 +227,12 @@ def test_jobs_without_a_fair_key_are_claimed_as_before_beside_fair_ones():
     plain = [int(r.id) for r in shardq.enqueue_many(tasks.noop, [((), {}) for _ in range(5)])]
     sql("UPDATE shardq_job SET shard = 0 WHERE id = ANY(%s)", [plain])
 
-    jobs = claim(worker, 5)
+    # The fair round takes half the batch while jobs without a key are due
+    # too; those come in their own order for the rest.
+    jobs = claim(worker, 10)
 
     assert [j.id for j in jobs if j.fair_key is None] == plain
+    assert len([j for j in jobs if j.fair_key == "a"]) == 5
 
 
 def explain(params):
@@ -202,7 +270,7 @@ def test_the_fair_walk_probes_shardq_job_fair_idx_and_sorts_no_backlog():
         cursor.execute("ANALYZE shardq_job")
     params = {
         **claim_scope(str(worker), list(range(64)), "*", ["default"], None, "default", 4),
-        **claim_jobs_params(128, fair_after=["t5"] * 64, full_fair_keys=["t7"]),
+        **claim_jobs_params(128, fair_after="t5", full_fair_keys=["t7"]),
     }
 
     plan = explain(params)

@@ -204,25 +204,24 @@ status = 'READY'
 -- priority-20 jobs waited in the table; the local queue can only order
 -- what was claimed.
 -- Two probes a shard: its jobs without a fair key and its fair ones (each a range of
--- shardq_job_ready_idx, fair_column false and true); the better of the two. A shard with no fair
--- job pays one probe of an empty range.
-SELECT held.shard, held.claim_version, held.ord, held.shared, held.family, top.priority,
-       COALESCE((%(fair_after)s::text[])[held.ord], '') AS fair_after
+-- shardq_job_ready_idx, fair_column false and true), kept apart (plain_priority, fair_priority:
+-- the fair round takes the best fair level, claim_fair) and the better of the two. A shard with
+-- no fair job pays one probe of an empty range.
+SELECT held.shard, held.claim_version, held.ord, held.shared, held.family,
+       GREATEST(top.plain_priority, top.fair_priority) AS priority, top.plain_priority, top.fair_priority
 FROM held
 CROSS JOIN LATERAL (
-    SELECT max(t.priority) AS priority FROM (
-        (SELECT priority FROM shardq_job
-         WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}} AND {{fair_column}} IS FALSE
-         ORDER BY priority DESC, run_after, id
-         LIMIT 1)
-        UNION ALL
-        (SELECT priority FROM shardq_job
-         WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}} AND {{fair_column}} IS TRUE
-         ORDER BY priority DESC, run_after, id
-         LIMIT 1)
-    ) AS t
+    -- max(): the planner's one-row probe of the index (its min/max rewrite; an
+    -- aggregate with FILTER or an ORDER BY .. LIMIT 1 of a range it thinks
+    -- empty may be planned as a sort of the range).
+    SELECT (SELECT max(priority) FROM shardq_job
+            WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}}
+              AND {{fair_column}} IS FALSE) AS plain_priority,
+           (SELECT max(priority) FROM shardq_job
+            WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}}
+              AND {{fair_column}} IS TRUE) AS fair_priority
 ) AS top
-WHERE top.priority IS NOT NULL
+WHERE top.plain_priority IS NOT NULL OR top.fair_priority IS NOT NULL
 
 -- name: job_problem
 -- What makes a job row unreadable for the worker, naming the column and its value (NULL: nothing):
@@ -379,53 +378,120 @@ status = CASE WHEN picked.problem IS NOT NULL THEN 'FAILED'
 fair_key IS NOT NULL AND limit_keys IS NULL
 
 -- name: fair_ready
--- shardq_job_fair_idx's predicate with its shard (a WHERE fragment over shardq_job for a shard of
--- ``held``, included bare): the shard's unlimited READY jobs with a fair key.
-shard = held.shard AND status = 'READY' AND fair_key IS NOT NULL AND limit_keys IS NULL
+-- shardq_job_fair_idx's predicate at the fair round's level (a WHERE fragment over shardq_job,
+-- with ``fair_scope`` in scope, included bare): the unlimited READY jobs with a fair key, of the
+-- priority the round takes.
+status = 'READY' AND fair_key IS NOT NULL AND limit_keys IS NULL AND priority = fair_scope.level
+
+-- name: fair_scope
+-- claim_jobs' step for the fair round (a CTE body over tops and runner_up; no row: no round):
+-- the level it takes (the best fair priority due among the shards at or above the floor), the
+-- held shards with fair jobs at that level (sorted: the walk skips to the next of them), and how
+-- many jobs it may take: the whole batch, or half of it when jobs without a fair key are due at
+-- the floor too (the plain walks take the rest).
+SELECT l.level,
+       ARRAY(SELECT tops.shard FROM tops WHERE tops.fair_priority = l.level ORDER BY tops.shard)::int[] AS shards,
+       CASE WHEN EXISTS (SELECT 1 FROM tops WHERE tops.plain_priority >= l.floor)
+            THEN (%(limit)s + 1) / 2 ELSE %(limit)s END AS take
+FROM (SELECT max(tops.fair_priority) AS level, min(runner_up.floor) AS floor FROM tops, runner_up
+      WHERE tops.fair_priority >= runner_up.floor) AS l
+WHERE %(fair_walk)s AND l.level IS NOT NULL
+
+-- name: fair_probe
+-- The fair round's step (a subquery body, bare, over ``fair_scope`` and a lower bound
+-- ``after``: a (key, shard) pair): the first (fair key, shard) pair after it at the round's
+-- level, one probe of shardq_job_fair_idx (keys in byte order, COLLATE "C").
+SELECT k.key, k.shard::int AS shard FROM (
+    SELECT fair_key COLLATE "C" AS key, shard FROM shardq_job
+    WHERE {{fair_ready*}} AND (fair_key COLLATE "C", shard) > (after.key, after.shard)
+    -- The index's order (the shard as it is stored: a cast would be sorted).
+    ORDER BY fair_key COLLATE "C", shard
+    LIMIT 1
+) AS k
 
 -- name: claim_fair
--- claim_candidates' walk of a shard's fair jobs (a subquery body over ``held``: its shard, floor,
--- take and fair_after), docs/fairness.md. A FIFO slice of the shard would be one noisy key's
--- backlog; instead the walk goes key by key: the fair keys with backlog on the shard after
--- :fair_after (the last key this worker took there: the keys take turns across claims), one probe
--- of shardq_job_fair_idx each (the next key after the last, a loose index scan), until held.take
--- keys not in :full_fair_keys (as many of their jobs wait in the worker's memory as it buffers a
--- key) were found, passing over the full ones; and of each key left, its head in claim order,
--- held.take shared out over the keys (rounded up), FOR UPDATE SKIP LOCKED.
-WITH RECURSIVE walk(key, n, open) AS (
-    SELECT first.key, 1, (NOT (first.key = ANY(%(full_fair_keys)s::text[])))::int FROM (
-        -- min(): the planner's one-row probe of the index (an ORDER BY .. LIMIT 1
-        -- may be planned as a sort of the shard's fair jobs).
-        -- OFFSET 0: probed once (a flattened subquery probed it twice).
-        SELECT (SELECT min(fair_key) FROM shardq_job WHERE {{fair_ready*}} AND fair_key > held.fair_after) AS key
-        OFFSET 0
-    ) AS first
-    WHERE first.key IS NOT NULL
+-- claim_candidates' round over the fair jobs (a subquery body over fair_scope and held),
+-- docs/fairness.md. A FIFO slice of each shard would be one noisy key's backlog, and a walk of
+-- each shard's keys a pass over every key the shard holds (a tenant with one job on each of
+-- many shards got them all in one pass); instead one walk goes over the fair keys of every
+-- held shard at once: the keys after :fair_after (the last key this worker took: the keys take
+-- turns across claims), then from the first key again up to it, each key once, on
+-- shardq_job_fair_idx: from a key's pair (key, shard) that is not on a held shard the walk skips
+-- to the key's next pair on one (the next held shard), and from a key taken or full (in
+-- :full_fair_keys: as many of its jobs wait in the worker's memory as it buffers a key) to the
+-- next key; until fair_scope.take keys not full were found (or four probes a key, passing over
+-- at most every full one). Of each key taken, the head of its pair in claim order,
+-- fair_scope.take shared out over the keys by weight (rounded up), FOR UPDATE SKIP LOCKED.
+WITH RECURSIVE walk(key, shard, jump, take, wrapped, n, open) AS (
+    SELECT f.key, f.shard, f.mine OR f.full, f.mine AND NOT f.full, f.wrapped, 1, (f.mine AND NOT f.full)::int
+    FROM (
+        SELECT p.key, p.shard, p.wrapped, p.shard = ANY(fair_scope.shards) AS mine,
+               p.key = ANY(%(full_fair_keys)s::text[]) AS full
+        FROM fair_scope CROSS JOIN LATERAL (
+            -- The keys after the last one taken; none: from the first key.
+            (SELECT q.*, false AS wrapped
+             FROM (SELECT %(fair_after)s::text COLLATE "C" AS key, 32767 AS shard) AS after,
+                  LATERAL ({{fair_probe*}}) AS q)
+            UNION ALL
+            (SELECT q.*, true
+             FROM (SELECT ''::text COLLATE "C" AS key, -1 AS shard) AS after, LATERAL ({{fair_probe*}}) AS q)
+            LIMIT 1
+        ) AS p
+    ) AS f
     UNION ALL
-    SELECT next.key, walk.n + 1, walk.open + (NOT (next.key = ANY(%(full_fair_keys)s::text[])))::int
+    SELECT f.key, f.shard, f.mine OR f.full, f.mine AND NOT f.full, f.wrapped, walk.n + 1,
+           walk.open + (f.mine AND NOT f.full)::int
     FROM walk
+    CROSS JOIN fair_scope
     CROSS JOIN LATERAL (
-        SELECT (SELECT min(fair_key) FROM shardq_job WHERE {{fair_ready*}} AND fair_key > walk.key) AS key
-    ) AS next
-    -- held.take keys that are not full, passing over at most every full one.
-    WHERE next.key IS NOT NULL AND walk.open < held.take
-      AND walk.n < held.take + cardinality(%(full_fair_keys)s::text[])
+        SELECT p.key, p.shard, p.wrapped, p.shard = ANY(fair_scope.shards) AS mine,
+               p.key = ANY(%(full_fair_keys)s::text[]) AS full
+        FROM (
+            (SELECT q.*, walk.wrapped AS wrapped
+             FROM (SELECT walk.key,
+                          -- Taken or full: the next key. Else this key's pair on the
+                          -- next held shard (minus one: the bound is strict).
+                          CASE WHEN walk.jump THEN 32767
+                               ELSE COALESCE((SELECT min(h) FROM unnest(fair_scope.shards) AS h
+                                              WHERE h > walk.shard) - 1, 32767) END AS shard) AS after,
+                  LATERAL ({{fair_probe*}}) AS q)
+            UNION ALL
+            -- Past the last key: from the first key again, once.
+            (SELECT q.*, true
+             FROM (SELECT ''::text COLLATE "C" AS key, -1 AS shard) AS after, LATERAL ({{fair_probe*}}) AS q
+             WHERE NOT walk.wrapped)
+            LIMIT 1
+        ) AS p
+    ) AS f
+    WHERE walk.open < fair_scope.take
+      AND walk.n < 4 * fair_scope.take + cardinality(%(full_fair_keys)s::text[])
+      -- Round again: up to the last key taken, which comes last.
+      AND NOT (f.wrapped AND f.key > %(fair_after)s::text COLLATE "C")
 ), keys AS (
-    SELECT key, count(*) OVER () AS keys FROM walk
-    WHERE key IS NOT NULL AND NOT (key = ANY(%(full_fair_keys)s::text[]))
+    -- Each key's weight as the worker knows it (:fair_weight_keys, :fair_weight_values: the
+    -- keys it has seen whose weight is not 1) over the keys' total: its part of the batch.
+    SELECT key, shard, weight / sum(weight) OVER () AS part FROM (
+        SELECT walk.key, walk.shard, COALESCE(
+                   (SELECT w.weight FROM unnest(%(fair_weight_keys)s::text[], %(fair_weight_values)s::float8[])
+                                         AS w(key, weight)
+                    WHERE w.key = walk.key LIMIT 1), 1) AS weight
+        FROM walk WHERE walk.take
+    ) AS k
 )
-SELECT head.* FROM keys
+SELECT head.*, held.claim_version FROM keys
+CROSS JOIN fair_scope
+JOIN held ON held.shard = keys.shard
 CROSS JOIN LATERAL (
     SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses, last_attempted_at,
            {{job_problem}} AS problem
     FROM shardq_job
-    WHERE {{fair_ready*}} AND fair_key = keys.key AND priority >= held.floor AND {{claim_walk*}}
-      AND {{claim_key_free}}
-    ORDER BY priority DESC, run_after, id
-    LIMIT (held.take + keys.keys - 1) / keys.keys
+    WHERE {{fair_ready*}} AND fair_key COLLATE "C" = keys.key AND shard = keys.shard
+      AND {{claim_walk*}} AND {{claim_key_free}}
+    ORDER BY run_after, id
+    LIMIT ceil(fair_scope.take * keys.part)::int
     FOR UPDATE SKIP LOCKED
 ) AS head
-LIMIT held.take
+LIMIT (SELECT take FROM fair_scope)
 
 -- name: claim_candidates
 -- claim_jobs' fourth step (a CTE body over tops and runner_up): the jobs to take, locked (SKIP
@@ -437,44 +503,49 @@ LIMIT held.take
 -- shards at the floor follow in the fetcher's rotating order,
 -- :per_shard each. The next level comes with the next claim (the
 -- fetcher goes again at once after a short answer).
--- Each shard's jobs without a fair key come by the walk above; its fair ones by claim_fair (after
--- them in the shard's turn, as many again at most).
-SELECT j.id, j.problem, j.priority, j.run_after, j.ordered, j.key_limited, j.task_path, j.shard_key,
-       j.worker_losses, j.last_attempted_at, held.claim_version
-FROM (SELECT tops.*, runner_up.second, runner_up.floor,
-             CASE WHEN tops.priority > runner_up.second THEN %(limit)s ELSE %(per_shard)s END AS take
-      FROM tops, runner_up
-      WHERE tops.priority >= runner_up.floor
-      ORDER BY tops.priority > runner_up.floor DESC, tops.ord) AS held
-CROSS JOIN LATERAL (
-    SELECT * FROM (
-        SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses, last_attempted_at,
-               {{job_problem}} AS problem
-        FROM shardq_job
-        WHERE shard = held.shard AND priority >= held.floor AND {{claim_walk*}} AND {{fair_column}} IS FALSE
-          AND {{claim_key_free}}
-        ORDER BY priority DESC, run_after, id
-        LIMIT held.take
-        FOR UPDATE SKIP LOCKED
-    ) AS plain
+-- Jobs with a fair key: while no key gathers jobs in the worker's memory (:fair_walk false) each
+-- shard's come as a FIFO slice after its jobs without one; else by the fair round over every
+-- held shard (claim_fair), first, for up to fair_scope.take of the batch.
+SELECT * FROM (
+    (SELECT j.id, j.problem, j.priority, j.run_after, j.ordered, j.key_limited, j.task_path, j.shard_key,
+            j.worker_losses, j.last_attempted_at, j.claim_version
+     FROM ({{claim_fair*}}) AS j)
     UNION ALL
-    -- No fair key with two jobs or more in the worker's memory (:fair_walk
-    -- false): as many keys as jobs, and the shard's fair jobs come as a FIFO
-    -- slice of their range (as cheap as the plain walk; a key that gathers
-    -- two jobs there makes the next claim go key by key).
-    SELECT * FROM (
-        SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses, last_attempted_at,
-               {{job_problem}} AS problem
-        FROM shardq_job
-        WHERE shard = held.shard AND priority >= held.floor AND {{claim_walk*}} AND {{fair_column}} IS TRUE
-          AND {{claim_key_free}} AND NOT %(fair_walk)s
-        ORDER BY priority DESC, run_after, id
-        LIMIT held.take
-        FOR UPDATE SKIP LOCKED
-    ) AS fair_slice
-    UNION ALL
-    SELECT * FROM ({{claim_fair*}}) AS fair WHERE %(fair_walk)s
-) AS j
+    (SELECT j.id, j.problem, j.priority, j.run_after, j.ordered, j.key_limited, j.task_path, j.shard_key,
+            j.worker_losses, j.last_attempted_at, held.claim_version
+     FROM (SELECT tops.*, runner_up.second, runner_up.floor,
+                  CASE WHEN tops.priority > runner_up.second THEN %(limit)s ELSE %(per_shard)s END AS take
+           FROM tops, runner_up
+           WHERE tops.priority >= runner_up.floor
+           ORDER BY tops.priority > runner_up.floor DESC, tops.ord) AS held
+     CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses,
+                   last_attempted_at, {{job_problem}} AS problem
+            FROM shardq_job
+            WHERE shard = held.shard AND priority >= held.floor AND {{claim_walk*}} AND {{fair_column}} IS FALSE
+              AND {{claim_key_free}}
+            ORDER BY priority DESC, run_after, id
+            LIMIT held.take
+            FOR UPDATE SKIP LOCKED
+        ) AS plain
+        UNION ALL
+        -- No fair key with two jobs or more in the worker's memory (:fair_walk
+        -- false): as many keys as jobs, and the shard's fair jobs come as a FIFO
+        -- slice of their range (as cheap as the plain walk; a key that gathers
+        -- jobs there makes the next claims go round the keys).
+        SELECT * FROM (
+            SELECT id, priority, run_after, ordered, key_limited, task_path, shard_key, worker_losses,
+                   last_attempted_at, {{job_problem}} AS problem
+            FROM shardq_job
+            WHERE shard = held.shard AND priority >= held.floor AND {{claim_walk*}} AND {{fair_column}} IS TRUE
+              AND {{claim_key_free}} AND NOT %(fair_walk)s
+            ORDER BY priority DESC, run_after, id
+            LIMIT held.take
+            FOR UPDATE SKIP LOCKED
+        ) AS fair_slice
+     ) AS j)
+) AS c
 LIMIT %(limit)s
 
 -- name: claim_picked
@@ -501,7 +572,7 @@ FROM candidates AS c
 -- Every job taken is CLAIMED: nothing is counted for it until its thread begins it (start_jobs).
 -- A row whose values cannot be read (job_problem) is quarantined: FAILED with an UnreadableJob
 -- error naming the value.
--- The steps are named blocks: claim_held, claim_tops, runner_up (here), claim_candidates,
+-- The steps are named blocks: claim_held, claim_tops, runner_up (here), fair_scope, claim_candidates,
 -- claim_picked; :now (None: the database's clock) is the time leases and run_after are read at.
 WITH held AS MATERIALIZED {{claim_held}},
 tops AS MATERIALIZED {{claim_tops}},
@@ -512,6 +583,7 @@ runner_up AS MATERIALIZED (
     SELECT second, COALESCE(second, %(min_priority)s) AS floor
     FROM (SELECT (SELECT priority FROM tops ORDER BY priority DESC LIMIT 1 OFFSET 1) AS second) AS s
 ),
+fair_scope AS MATERIALIZED {{fair_scope}},
 candidates AS MATERIALIZED {{claim_candidates}},
 picked AS MATERIALIZED {{claim_picked}}
 UPDATE shardq_job AS job
