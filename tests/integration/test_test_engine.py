@@ -10,12 +10,32 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import job_factory, scalar, sql
-from tests.pgtest.base import TRUNCATE_ABOVE_BYTES
+from tests.pgtest.base import KEPT_TABLES, TRUNCATE_ABOVE_BYTES
 
 
 def table_sizes() -> dict[str, int]:
     tables = connection.introspection.django_table_names(only_existing=True, include_views=False)
     return {table: scalar(f'SELECT count(*) FROM "{table}"') for table in tables}
+
+
+def kept_rows_are_the_copies() -> bool:
+    """Each kept table holds exactly the rows of its copy in ``pgtest``."""
+    return all(
+        scalar(
+            f'SELECT NOT EXISTS ((TABLE "{t}" EXCEPT TABLE pgtest."{t}") UNION ALL (TABLE pgtest."{t}" EXCEPT TABLE "{t}"))'
+        )
+        for t in KEPT_TABLES
+    )
+
+
+def post_migrate_rows() -> set[tuple]:
+    """The content types and permissions by their natural keys (ids aside)."""
+    return set(
+        sql(
+            "SELECT ct.app_label, ct.model, p.codename, p.name FROM django_content_type AS ct "
+            "LEFT JOIN auth_permission AS p ON p.content_type_id = ct.id"
+        )
+    )
 
 
 def truncations() -> int:
@@ -29,6 +49,11 @@ def flush() -> None:
     TransactionTestCase: no sequence reset), without the post_migrate that
     writes the content types and permissions back."""
     call_command("flush", interactive=False, verbosity=0, reset_sequences=False, inhibit_post_migrate=True)
+
+
+def emptied() -> dict[str, int]:
+    """The tables that still hold rows, besides the kept ones."""
+    return {table: rows for table, rows in table_sizes().items() if rows and table not in KEPT_TABLES}
 
 
 def fill(jobs: int, users: int) -> None:
@@ -56,7 +81,8 @@ def test_the_flush_of_small_tables_deletes_every_row_and_keeps_the_files_and_seq
     next_id = scalar("SELECT last_value FROM shardq_job_id_seq")
     before = truncations()
     flush()
-    assert not any(table_sizes().values()), table_sizes()
+    assert emptied() == {}
+    assert kept_rows_are_the_copies(), "the content types and permissions are put back as migrate left them"
     assert truncations() == before, "a small flush DELETEs (no new file)"
     assert scalar("SELECT last_value FROM shardq_job_id_seq") == next_id, "a flush resets no sequence"
 
@@ -76,6 +102,25 @@ def test_a_table_grown_past_the_bound_is_flushed_with_truncate():
     flush()
     assert not any(table_sizes().values()), table_sizes()
     assert truncations() != before, "a table past the bound is TRUNCATEd"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_either_flush_post_migrate_leaves_the_content_types_and_permissions_djangos_flush_leaves():
+    from django.core.management.color import no_style
+    from django.core.management.sql import emit_post_migrate_signal
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    tables = connection.introspection.django_table_names(only_existing=True, include_views=False)
+    # Django's own flush (its TRUNCATE of every table), then its post_migrate.
+    connection.ops.execute_sql_flush(DatabaseOperations.sql_flush(connection.ops, no_style(), tables))
+    emit_post_migrate_signal(0, False, "default")
+    djangos = post_migrate_rows()
+    assert djangos and not scalar("SELECT count(*) FROM shardq_job")
+    fill(3, 1)
+    # The tests' flush, as a transactional test's teardown runs it.
+    call_command("flush", interactive=False, verbosity=0, reset_sequences=False)
+    assert post_migrate_rows() == djangos
+    assert emptied().keys() <= {"shardq_shard", "shardq_cluster"}, "post_migrate's shard rows only"
 
 
 @pytest.mark.django_db(transaction=True)
