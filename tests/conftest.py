@@ -160,6 +160,39 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test database, committing without waiting for the WAL
+    flush (``synchronous_commit = off`` as the database's default, so the
+    worker processes a test starts get it too). A transactional test commits
+    every statement and flushes every table after it: on a shared disk each
+    commit that waits for its fsync costs ~3 ms, against ~0.1 ms without.
+    What changes is only what a crash of this server would lose, and no test
+    crashes it (the fault tests that stop PostgreSQL start their own,
+    tests/pgserver.py). ``SHARDQ_TEST_SYNC_COMMIT=on`` keeps the server's setting.
+    Also keeps the rows post_migrate wrote for the flush to put back
+    (tests/pgtest/base.py)."""
+    import os
+
+    from django.db import connections
+
+    from tests.pgtest.base import keep_post_migrate_rows
+
+    with django_db_blocker.unblock():
+        for alias in connections:
+            connection = connections[alias]
+            if connection.vendor != "postgresql":
+                continue
+            keep_post_migrate_rows(connection)
+            if os.environ.get("SHARDQ_TEST_SYNC_COMMIT", "off") == "off":
+                with connection.cursor() as cursor:
+                    name = connection.ops.quote_name(connection.settings_dict["NAME"])
+                    cursor.execute(f"ALTER DATABASE {name} SET synchronous_commit = off")
+                # The setting is read when a session starts: Django's next connection has it.
+                connection.close()
+    yield django_db_setup
+
+
 @pytest.fixture(autouse=True)
 def restore_signal_handlers():
     """A test that runs the worker command in this process (call_command)

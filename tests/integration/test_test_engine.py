@@ -1,0 +1,128 @@
+"""The tests' own database engine (tests/pgtest/base.py) and settings: the
+flush after a transactional test leaves every table as Django's TRUNCATE
+would (empty, sequences where they were), whichever way it takes; the test
+database commits without waiting for the WAL flush (tests/conftest.py)."""
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import job_factory, scalar, sql
+from tests.pgtest.base import KEPT_TABLES, TRUNCATE_ABOVE_BYTES
+
+
+def table_sizes() -> dict[str, int]:
+    tables = connection.introspection.django_table_names(only_existing=True, include_views=False)
+    return {table: scalar(f'SELECT count(*) FROM "{table}"') for table in tables}
+
+
+def kept_rows_are_the_copies() -> bool:
+    """Each kept table holds exactly the rows of its copy in ``pgtest``."""
+    return all(
+        scalar(
+            f'SELECT NOT EXISTS ((TABLE "{t}" EXCEPT TABLE pgtest."{t}") UNION ALL (TABLE pgtest."{t}" EXCEPT TABLE "{t}"))'
+        )
+        for t in KEPT_TABLES
+    )
+
+
+def post_migrate_rows() -> set[tuple]:
+    """The content types and permissions by their natural keys (ids aside)."""
+    return set(
+        sql(
+            "SELECT ct.app_label, ct.model, p.codename, p.name FROM django_content_type AS ct "
+            "LEFT JOIN auth_permission AS p ON p.content_type_id = ct.id"
+        )
+    )
+
+
+def truncations() -> int:
+    """How many times this database has made a new file for shardq_job (a
+    TRUNCATE does; a DELETE never does)."""
+    return scalar("SELECT relfilenode FROM pg_class WHERE oid = 'shardq_job'::regclass")
+
+
+def flush() -> None:
+    """The flush pytest-django runs after a transactional test (Django's
+    TransactionTestCase: no sequence reset), without the post_migrate that
+    writes the content types and permissions back."""
+    call_command("flush", interactive=False, verbosity=0, reset_sequences=False, inhibit_post_migrate=True)
+
+
+def emptied() -> dict[str, int]:
+    """The tables that still hold rows, besides the kept ones."""
+    return {table: rows for table, rows in table_sizes().items() if rows and table not in KEPT_TABLES}
+
+
+def fill(jobs: int, users: int) -> None:
+    job_factory(jobs, shard=lambda i: i % 64)
+    for i in range(users):
+        sql(
+            "INSERT INTO auth_user (password, is_superuser, username, first_name, last_name, email, is_staff, "
+            "is_active, date_joined) VALUES ('', false, %s, '', '', '', false, true, clock_timestamp())",
+            [f"user{i}"],
+        )
+    # A child row whose parent is deleted before it in the flush's order only
+    # works because the FOREIGN KEYs are deferred to the commit.
+    sql("INSERT INTO django_content_type (app_label, model) VALUES ('flush', 'probe')")
+    sql(
+        "INSERT INTO auth_permission (name, content_type_id, codename) "
+        "SELECT 'probe', id, 'probe' FROM django_content_type WHERE app_label = 'flush'"
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(jobs=st.integers(0, 30), users=st.integers(0, 3))
+def test_the_flush_of_small_tables_deletes_every_row_and_keeps_the_files_and_sequences(jobs, users):
+    fill(jobs, users)
+    next_id = scalar("SELECT last_value FROM shardq_job_id_seq")
+    before = truncations()
+    flush()
+    assert emptied() == {}
+    assert kept_rows_are_the_copies(), "the content types and permissions are put back as migrate left them"
+    assert truncations() == before, "a small flush DELETEs (no new file)"
+    assert scalar("SELECT last_value FROM shardq_job_id_seq") == next_id, "a flush resets no sequence"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_table_grown_past_the_bound_is_flushed_with_truncate():
+    fill(1, 1)
+    sql(
+        "INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, ordered, "
+        "status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at, "
+        "worker_losses) SELECT task_path, backend, queue_name, priority, run_after, mod(g, 64), g, ordered, "
+        "status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at, "
+        "worker_losses FROM shardq_job, generate_series(1, 5000) AS g"
+    )
+    assert scalar("SELECT pg_total_relation_size('shardq_job')") > TRUNCATE_ABOVE_BYTES
+    before = truncations()
+    flush()
+    assert not any(table_sizes().values()), table_sizes()
+    assert truncations() != before, "a table past the bound is TRUNCATEd"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_either_flush_post_migrate_leaves_the_content_types_and_permissions_djangos_flush_leaves():
+    from django.core.management.color import no_style
+    from django.core.management.sql import emit_post_migrate_signal
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    tables = connection.introspection.django_table_names(only_existing=True, include_views=False)
+    # Django's own flush (its TRUNCATE of every table), then its post_migrate.
+    connection.ops.execute_sql_flush(DatabaseOperations.sql_flush(connection.ops, no_style(), tables))
+    emit_post_migrate_signal(0, False, "default")
+    djangos = post_migrate_rows()
+    assert djangos and not scalar("SELECT count(*) FROM shardq_job")
+    fill(3, 1)
+    # The tests' flush, as a transactional test's teardown runs it.
+    call_command("flush", interactive=False, verbosity=0, reset_sequences=False)
+    assert post_migrate_rows() == djangos
+    assert emptied().keys() <= {"shardq_shard", "shardq_cluster"}, "post_migrate's shard rows only"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_test_database_commits_without_waiting_for_the_wal_flush():
+    assert scalar("SHOW synchronous_commit") == "off"
