@@ -25,6 +25,7 @@ from ..cron import schedules
 from ..db.store import LEASE_CHANNEL, DatabaseGuard, WorkerStore
 from ..tasks import discover
 from . import shutdown as shutdown_signals
+from .archiver import Archiver
 from .completer import Completer
 from .executor import Executor
 from .fetcher import Fetcher
@@ -104,6 +105,15 @@ class Worker:
         )
         self.pipeline.on_outcomes_written(self.resolver.wake)
         self.listener = self._listener() if settings.notify else None
+        # Moves finished jobs to shardq_job_history, on the one worker that
+        # holds its lock (shardq/worker/archiver.py); none with HISTORY off.
+        self.archiver = (
+            Archiver(
+                WorkerStore(options.database, "shardq-archiver", self.database_guard), settings.history, self.stats
+            )
+            if settings.history is not None
+            else None
+        )
         self.scheduler: Scheduler | None = None  # built in run(), once the task modules are imported
         self.gauges = (
             Gauges(
@@ -268,6 +278,8 @@ class Worker:
             self.scheduler.start()
         if self.gauges:
             self.gauges.start()
+        if self.archiver:
+            self.archiver.start()
         failed = None
         while not self._stop.wait(0.5 if self.max_tasks is None else 0.05):
             failed = self._failed_service()
@@ -314,6 +326,7 @@ class Worker:
             self.waker,
             self.listener,
             self.gauges,
+            self.archiver,
         ]
         return [service for service in found if service is not None]
 
@@ -343,6 +356,8 @@ class Worker:
             self.scheduler.stop(time.monotonic() + 10.0)
         self.resolver.stop(time.monotonic() + 10.0)
         self.waker.stop(time.monotonic() + 10.0)
+        if self.archiver:
+            self.archiver.stop(time.monotonic() + 10.0)
         self.leaser.begin_stop()
         self.fetcher.stop(time.monotonic() + 10.0)
         if self.listener:

@@ -29,3 +29,8 @@ SELECT EXISTS (SELECT 1 FROM pg_locks
 -- database's clock_timestamp(). The worker passes None; a test passes a time to jump past a
 -- lease's end or a job's run_after instead of waiting for it.
 COALESCE(%(now)s::timestamptz, clock_timestamp())
+
+-- name: set_lock_timeout
+-- How long this session's statements wait for a lock (:ms, text), until changed: the history's
+-- partition DDL gives up rather than queue the readers of shardq_job_history behind it.
+SELECT set_config('lock_timeout', %(ms)s, false);
