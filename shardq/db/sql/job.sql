@@ -819,12 +819,13 @@ SELECT jsonb_build_object('bytes', octet_length(b.t), 'value', CASE WHEN octet_l
 
 -- name: admin_job_args_bounded
 -- A job's args for the admin's list and change page (bounded_json): a large value is never
--- sent to the web process.
-({{bounded_json*}} FROM (SELECT shardq_job.args AS v, shardq_job.args::text AS t) AS b)
+-- sent to the web process. These admin_job_* expressions name the row's columns unqualified: the
+-- same expression serves the list of shardq_job and of shardq_job_history (admin/history.py).
+({{bounded_json*}} FROM (SELECT args AS v, args::text AS t) AS b)
 
 -- name: admin_job_kwargs_bounded
 -- A job's kwargs, as admin_job_args_bounded.
-({{bounded_json*}} FROM (SELECT shardq_job.kwargs AS v, shardq_job.kwargs::text AS t) AS b)
+({{bounded_json*}} FROM (SELECT kwargs AS v, kwargs::text AS t) AS b)
 
 -- name: json_excerpt
 -- The head of an expression over b.t (a jsonb value as text): {"text": its first :chars
@@ -834,11 +835,11 @@ SELECT CASE WHEN b.t IS NOT NULL THEN jsonb_build_object('text', left(b.t, %(cha
 
 -- name: admin_job_return_value_excerpt
 -- A job's return value for the admin's change page, as a bounded excerpt (json_excerpt).
-({{json_excerpt*}} FROM (SELECT shardq_job.return_value::text AS t) AS b)
+({{json_excerpt*}} FROM (SELECT return_value::text AS t) AS b)
 
 -- name: admin_job_worker_ids_excerpt
 -- A job's worker ids for the admin's change page, as a bounded excerpt (json_excerpt).
-({{json_excerpt*}} FROM (SELECT shardq_job.worker_ids::text AS t) AS b)
+({{json_excerpt*}} FROM (SELECT worker_ids::text AS t) AS b)
 
 -- name: admin_job_errors_excerpt
 -- A job's errors for the admin's change page: {"count": N, "errors": [...]}, the oldest and the
@@ -847,9 +848,9 @@ SELECT CASE WHEN b.t IS NOT NULL THEN jsonb_build_object('text', left(b.t, %(cha
 -- JSON text. A value that is not an array counts as one error.
 (WITH e AS (
      SELECT x.e, x.n, count(*) OVER () AS total
-     FROM jsonb_array_elements(CASE WHEN jsonb_typeof(shardq_job.errors) = 'array'
-                                    THEN shardq_job.errors
-                                    ELSE jsonb_build_array(shardq_job.errors) END)
+     FROM jsonb_array_elements(CASE WHEN jsonb_typeof(errors) = 'array'
+                                    THEN errors
+                                    ELSE jsonb_build_array(errors) END)
           WITH ORDINALITY AS x(e, n)
  )
  SELECT jsonb_build_object(
