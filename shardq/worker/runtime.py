@@ -105,15 +105,7 @@ class Worker:
         )
         self.pipeline.on_outcomes_written(self.resolver.wake)
         self.listener = self._listener() if settings.notify else None
-        # Moves finished jobs to shardq_job_history, on the one worker that
-        # holds its lock (shardq/worker/archiver.py); none with HISTORY off.
-        self.archiver = (
-            Archiver(
-                WorkerStore(options.database, "shardq-archiver", self.database_guard), settings.history, self.stats
-            )
-            if settings.history is not None
-            else None
-        )
+        self.archiver = self._archiver()
         self.scheduler: Scheduler | None = None  # built in run(), once the task modules are imported
         self.gauges = (
             Gauges(
@@ -135,6 +127,15 @@ class Worker:
         waker = Waker(self.store["waker"], lambda: sorted(self.leaser.held), self.stats, self.pipeline.wake_fetch)
         self.pipeline.on_suspended(waker.wake)
         return waker
+
+    def _archiver(self) -> Archiver | None:
+        """Moves finished jobs to shardq_job_history, on the one worker that
+        holds its lock (shardq/worker/archiver.py); none with HISTORY off."""
+        history = self.config.settings.history
+        if history is None:
+            return None
+        store = WorkerStore(self.options.database, "shardq-archiver", self.database_guard)
+        return Archiver(store, history, self.stats)
 
     def _listener(self) -> Listener:
         """One LISTEN connection, each channel to its subscriber."""

@@ -376,3 +376,17 @@ def test_the_history_list_uses_its_indexes_at_scale(archiver):
         plan = "\n".join(row[0] for row in sql("EXPLAIN " + statement, params))
         assert "Seq Scan" not in plan, (filters, plan)
     assert JobHistoryAdmin.paginator is not None
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("HISTORY_DAYS", -1), ("HISTORY_GRACE", "soon"), ("HISTORY_PARTITION", 10), ("HISTORY_BATCH", 0.5)],
+)
+def test_a_bad_history_setting_is_check_e014_naming_the_key(settings, key, value):
+    from django.tasks import default_task_backend as backend
+
+    from shardq.checks import backend_checks
+
+    settings.SHARDQ = {**settings.SHARDQ, key: value}
+    errors = [e for e in backend_checks(backend) if e.id == "shardq.E014"]
+    assert len(errors) == 1 and key in errors[0].msg, errors

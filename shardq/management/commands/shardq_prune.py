@@ -86,7 +86,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-progress", action="store_true", help="No progress bar (logs, cron).")
 
     def handle(self, *args, **options):
-        age = parse_duration(options["older_than"] or "7d")
+        age = parse_duration("7d" if options["older_than"] is None else options["older_than"])
         history = get_config().history
         history_keep: float | None = None
         if options["older_than"] is not None:
