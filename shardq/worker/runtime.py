@@ -105,7 +105,6 @@ class Worker:
         )
         self.pipeline.on_outcomes_written(self.resolver.wake)
         self.listener = self._listener() if settings.notify else None
-        self.archiver = self._archiver()
         self.scheduler: Scheduler | None = None  # built in run(), once the task modules are imported
         self.gauges = (
             Gauges(
@@ -128,7 +127,8 @@ class Worker:
         self.pipeline.on_suspended(waker.wake)
         return waker
 
-    def _archiver(self) -> Archiver | None:
+    @cached_property
+    def archiver(self) -> Archiver | None:
         """Moves finished jobs to shardq_job_history, on the one worker that
         holds its lock (shardq/worker/archiver.py); none with HISTORY off."""
         history = self.config.settings.history
