@@ -140,7 +140,13 @@ def drop_day(url: str) -> dict:
     _, dropped = store.maintain_history(keep, 86400, ahead_seconds=2 * 86400)
     seconds = time.monotonic() - began
     store.close()
-    return {"partition": target["name"], "rows": size, "dropped": dropped, "seconds": seconds, "load": os.getloadavg()[0]}
+    return {
+        "partition": target["name"],
+        "rows": size,
+        "dropped": dropped,
+        "seconds": seconds,
+        "load": os.getloadavg()[0],
+    }
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import django
 
@@ -44,7 +45,7 @@ def backend_cpu() -> dict[int, tuple[str, float]]:
         "WHERE datname = current_database() AND application_name LIKE 'shardq-%%'"
     ):
         try:
-            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         found[pid] = (name, (int(fields[11]) + int(fields[12])) / TICK)
