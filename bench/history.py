@@ -118,7 +118,9 @@ def drain(url: str, checkout: Path, jobs: int) -> dict:
 
 
 def drop_day(url: str) -> dict:
-    """Drop the older filled day through the archiver's statements; seconds."""
+    """Drop the older filled day through the archiver's statements (what
+    ``maintain_history`` runs for it: DETACH ... CONCURRENTLY, DROP TABLE),
+    each timed; older (empty) partitions are dropped first, untimed."""
     env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
     os.environ.update(env)
     sys.path.insert(0, str(REPO))
@@ -128,22 +130,28 @@ def drop_day(url: str) -> dict:
     from shardq.db.store import WorkerStore
 
     store = WorkerStore(application_name="shardq-bench-drop")
-    partitions = store.history_partitions()
-    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    oldest = [p for p in partitions if p["high"] <= today - timedelta(days=1)]
-    if not oldest:
+    filled = [p for p in store.history_partitions() if p["estimated_rows"] > 1_000_000]
+    if not filled:
         return {}
-    target = oldest[-1]
-    size = target["estimated_rows"]  # reltuples, after the fill's ANALYZE
+    target = filled[0]
+    # Everything older than the target first (empty partitions the drains' archivers made).
+    store.maintain_history((datetime.now(UTC) - target["low"]).total_seconds() - 5, 86400, ahead_seconds=0)
     keep = (datetime.now(UTC) - target["high"]).total_seconds() - 5  # its end is 5 s past the cutoff
-    began = time.monotonic()
-    _, dropped = store.maintain_history(keep, 86400, ahead_seconds=2 * 86400)
-    seconds = time.monotonic() - began
+    store.run("set_lock_timeout", {"ms": "2000"}, fetch="none")
+    expired = store.run("history_expired_partitions", {"keep": keep})
+    timed = {}
+    for name, detach, drop in expired:
+        began = time.monotonic()
+        store._run_generated("detach", detach)
+        detached = time.monotonic()
+        store._run_generated("drop", drop)
+        timed[name] = {"detach_seconds": detached - began, "drop_seconds": time.monotonic() - detached}
     store.close()
+    seconds = sum(t["detach_seconds"] + t["drop_seconds"] for t in timed.values())
     return {
         "partition": target["name"],
-        "rows": size,
-        "dropped": dropped,
+        "rows": target["estimated_rows"],
+        "statements": timed,
         "seconds": seconds,
         "load": os.getloadavg()[0],
     }
@@ -156,9 +164,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--baseline", type=Path, help="a checkout of the code before history (CPU comparison)")
     p.add_argument("--no-drop", action="store_true", help="skip the timed drop of a day")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="also drain a second database with an empty history each round (the spread of two equal databases)",
+    )
     args = p.parse_args()
     variants = {"none": ensure_database("shardq_hb_none", REPO), "10m": ensure_database("shardq_hb_10m", REPO)}
     checkouts = {"none": REPO, "10m": REPO}
+    if args.calibrate:
+        variants["none2"] = ensure_database("shardq_hb_none2", REPO)
+        checkouts["none2"] = REPO
     if args.baseline:
         variants["base"] = ensure_database("shardq_hb_base", args.baseline.resolve())
         checkouts["base"] = args.baseline.resolve()
@@ -178,6 +194,9 @@ def main() -> None:
         summary[name] = {k: statistics.median(r[k] for r in results if k in r) for k in sorted(keys)}
     rate_ratios = [t["jobs_per_s"] / n["jobs_per_s"] for t, n in zip(runs["10m"], runs["none"], strict=True)]
     summary["rate_10m_over_none"] = statistics.median(rate_ratios)
+    if "none2" in runs:
+        equal = [t["jobs_per_s"] / n["jobs_per_s"] for t, n in zip(runs["none2"], runs["none"], strict=True)]
+        summary["rate_none2_over_none"] = statistics.median(equal)
     if "base" in runs:
         cpu = [n["total_cpu_us"] / b["total_cpu_us"] for n, b in zip(runs["none"], runs["base"], strict=True)]
         worker = [n["worker_cpu_us"] / b["worker_cpu_us"] for n, b in zip(runs["none"], runs["base"], strict=True)]

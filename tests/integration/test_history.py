@@ -7,6 +7,7 @@ import json
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.tasks import TaskResultStatus, default_task_backend
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -325,7 +326,6 @@ def test_the_admin_lists_and_shows_archived_jobs_read_only_without_counting_them
     cancelled = job_factory(1)
     finish(cancelled, "FAILED", error="shardq.exceptions.Cancelled")
     archiver.pass_once()
-    from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as queries:
@@ -390,3 +390,24 @@ def test_a_bad_history_setting_is_check_e014_naming_the_key(settings, key, value
     settings.SHARDQ = {**settings.SHARDQ, key: value}
     errors = [e for e in backend_checks(backend) if e.id == "shardq.E014"]
     assert len(errors) == 1 and key in errors[0].msg, errors
+
+
+def test_the_archiver_walks_its_partial_index_not_the_table(archiver):
+    """archive_jobs repeats shardq_job_archivable_idx's predicate (the block
+    ``archivable``): EXPLAIN shows the walk, with dead letters and live jobs
+    beside it that it must not read."""
+    archiver.maintain()
+    dead = job_factory(300)
+    finish(dead, "FAILED", error="builtins.ValueError")
+    job_factory(3000)
+    done = job_factory(50)
+    finish(done, "SUCCESSFUL")
+    sql("ANALYZE shardq_job")
+    params = {"grace": 0.0, "batch": 5000, "floor": archiver.floor, "ceiling": archiver.ceiling}
+    from shardq.db.queries import QUERIES
+
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + QUERIES["archive_jobs"], params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "shardq_job_archivable_idx" in plan, plan
+    assert "Seq Scan on shardq_job " not in plan, plan
