@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast venv bench side-by-side bench-cancel soak faults scale clean chromium pgbouncer lint workflows limits-full durable acceptance-full fairness
+.PHONY: demo test test-fast venv bench side-by-side bench-cancel soak soak-history bench-history faults scale clean chromium pgbouncer lint workflows limits-full durable acceptance-full fairness
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found: install python3.12 (or pyenv install 3.12)"; exit 1; }
@@ -177,3 +177,15 @@ lint: $(STAMP)
 clean:
 	@if [ -x $(PY) ]; then $(PY) -c 'from shardq import embedded; embedded.stop()'; fi
 	rm -rf $(VENV) .pgdata .demo bench/results build dist
+
+# History off the hot table (issue 27 §1, docs/benchmarks.md "History"):
+# bench/history.py's drain with 10M finished rows in history against none,
+# the hot path's CPU against BASELINE (a checkout of main, when given), and a
+# day of 5M rows dropped; soak-history holds 70 % of peak with history kept
+# 10 minutes and plots the hot table's sizes (MINUTES=60 by default).
+bench-history: $(STAMP)
+	$(PY) bench/history.py $(if $(BASELINE),--baseline $(BASELINE))
+
+MINUTES ?= 60
+soak-history: $(STAMP)
+	$(PY) bench/soak_history.py --minutes $(MINUTES)

@@ -26,7 +26,7 @@ class ShardqConfig(AppConfig):
         import django.tasks  # noqa: F401
 
         from .app_checks import app_without_backend, queues_no_backend_has
-        from .db.store import ensure_shards
+        from .db.store import ensure_shards, sync_history_columns
         from .dispatch import settings_changed
         from .limits import configured_queue_limits
         from .worker.metrics import enable_if_configured
@@ -38,6 +38,7 @@ class ShardqConfig(AppConfig):
         configured_queue_limits()
 
         post_migrate.connect(ensure_shards, sender=self, dispatch_uid="shardq_ensure_shards")
+        post_migrate.connect(sync_history_columns, sender=self, dispatch_uid="shardq_sync_history_columns")
         enable_if_configured()
         setting_changed.connect(_reset_backends, dispatch_uid="shardq_reset_backends")
         # DEBUG decides what Django's default log handlers emit (dispatch.py).

@@ -14,6 +14,7 @@ Stable ids:
   shardq.E011  a key of SHARDQ is unknown (misspelled)
   shardq.E012  TASK_TIMEOUT, MAX_ZOMBIES or ZOMBIE_GRACE is not a valid value
   shardq.E013  SHARDQ["QUEUES"] names a queue no shardq backend's QUEUES has
+  shardq.E014  a HISTORY_* setting of SHARDQ is not a valid value
   shardq.W001  "shardq" is in INSTALLED_APPS but no TASKS backend is shardq's
                (E013 and W001 are in ``app_checks.py``: they need the backend
                class, and the backend imports this module)
@@ -31,7 +32,7 @@ from django.apps import apps
 from django.core import checks
 from django.db import connections
 
-from .conf import DEFAULTS, default_timeout_seconds, max_zombies, zombie_grace_seconds
+from .conf import DEFAULTS, default_timeout_seconds, history_config, max_zombies, zombie_grace_seconds
 from .exceptions import ShardqConfigurationError, ShardqNotInstalled
 
 # Every key a shardq backend reads from its OPTIONS (backend.py).
@@ -212,6 +213,12 @@ def backend_checks(backend) -> list[checks.CheckMessage]:
                     id="shardq.E012",
                 )
             )
+    try:
+        history_config(raw)
+    except ShardqConfigurationError as exc:
+        errors.append(
+            checks.Error(str(exc), hint='History settings: docs/configuration.md, "History".', id="shardq.E014")
+        )
     from .pooling import pooling_checks
 
     errors.extend(pooling_checks(backend))  # WORKER_DATABASE, a worker behind a transaction pool

@@ -54,6 +54,18 @@ DEFAULTS = {
     # new code enqueued a task the old workers lack) is handed back, not
     # failed, for this many seconds; then it is dead-lettered naming the path.
     "UNKNOWN_TASK_TIMEOUT": 600.0,
+    # History (docs/architecture.md, "History"): finished jobs leave shardq_job
+    # for shardq_job_history, moved by the one worker that holds the archiver's
+    # lock, HISTORY_GRACE seconds after they finished (fresh results are read
+    # from the hot table), HISTORY_BATCH a statement. History is kept
+    # HISTORY_DAYS days (a float: 10 / 1440 is ten minutes) in partitions of
+    # HISTORY_PARTITION seconds each (a day), dropped whole once past it.
+    # HISTORY False: nothing moves (shardq_prune deletes, as before).
+    "HISTORY": True,
+    "HISTORY_DAYS": 7.0,
+    "HISTORY_GRACE": 60.0,
+    "HISTORY_PARTITION": 86400,
+    "HISTORY_BATCH": 5000,
 }
 
 
@@ -75,6 +87,42 @@ class Config:
     max_zombies: int = 2
     zombie_grace_seconds: float = 300.0
     unknown_task_timeout_seconds: float = 600.0
+    history: "HistoryConfig | None" = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryConfig:
+    """SHARDQ's HISTORY_* settings, validated (None in Config: HISTORY off)."""
+
+    keep_seconds: float
+    grace_seconds: float
+    partition_seconds: int
+    batch: int
+
+
+def history_config(raw: dict[str, Any]) -> HistoryConfig | None:
+    """The history settings of a merged SHARDQ dict; a bad value raises
+    ShardqConfigurationError naming the key and what it should be."""
+    if not raw["HISTORY"]:
+        return None
+
+    def number(key: str, low: float, what: str) -> float:
+        value = raw[key]
+        if isinstance(value, timedelta):
+            value = value.total_seconds()
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < math.inf:
+            raise ShardqConfigurationError(f"SHARDQ[{key!r}] = {raw[key]!r} is not a number >= {low:g}: {what}.")
+        return float(value)
+
+    days = number("HISTORY_DAYS", 0, "the days finished jobs are kept in shardq_job_history (default 7)")
+    grace = number("HISTORY_GRACE", 0, "seconds a finished job stays in shardq_job before it moves (default 60)")
+    width = number("HISTORY_PARTITION", 60, "seconds of finish times a partition of shardq_job_history holds (86400)")
+    batch = number("HISTORY_BATCH", 1, "jobs the archiver moves a statement (default 5000)")
+    if width != int(width) or batch != int(batch):
+        raise ShardqConfigurationError(
+            "SHARDQ['HISTORY_PARTITION'] and SHARDQ['HISTORY_BATCH'] are whole numbers (seconds, jobs)."
+        )
+    return HistoryConfig(keep_seconds=days * 86400, grace_seconds=grace, partition_seconds=int(width), batch=int(batch))
 
 
 def get_config() -> Config:
@@ -101,6 +149,7 @@ def get_config() -> Config:
         unknown_task_timeout_seconds=_or_default(
             unknown_task_timeout_seconds, raw["UNKNOWN_TASK_TIMEOUT"], DEFAULTS["UNKNOWN_TASK_TIMEOUT"]
         ),
+        history=_or_default(history_config, raw, history_config(DEFAULTS)),
     )
 
 

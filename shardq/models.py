@@ -203,6 +203,45 @@ class Job(models.Model):
         return f"{self.task_path}#{self.pk} ({self.status})"
 
 
+def _history_fields() -> dict[str, models.Field]:
+    """Every field of Job, for JobHistory: the same columns (the archiver moves
+    rows with ``INSERT ... SELECT *``), the id a plain bigint (a moved job keeps
+    the id it was given in shardq_job)."""
+    fields: dict[str, models.Field] = {}
+    for field in Job._meta.local_fields:
+        _name, _path, args, kwargs = field.deconstruct()
+        if field.primary_key:
+            fields[field.name] = models.BigIntegerField(primary_key=True)
+        else:
+            fields[field.name] = type(field)(*args, **kwargs)
+    return fields
+
+
+class JobHistoryMeta:
+    db_table = "shardq_job_history"
+    # The table is migration 0021's SQL: partitioned by finish time, which
+    # Django's schema editor cannot create.
+    managed = False
+    verbose_name = "job history"
+    verbose_name_plural = "job history"
+    default_permissions = ("view",)
+
+
+# Finished jobs moved out of shardq_job by the archiver (shardq/worker/archiver.py,
+# docs/architecture.md "History"): read-only, the admin's "Job history" list.
+JobHistory = type(
+    "JobHistory",
+    (models.Model,),
+    {
+        **_history_fields(),
+        "__module__": __name__,
+        "__doc__": "A finished job in shardq_job_history (partitioned by finish time).",
+        "Meta": JobHistoryMeta,
+        "__str__": Job.__str__,
+    },
+)
+
+
 class Shard(models.Model):
     """One lease: a shard as one pool (a worker queue selection) holds it.
 

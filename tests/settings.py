@@ -27,6 +27,12 @@ SHARDQ = {
         "tests.taskapp.fair_tasks",
     ],
 }
+# Workers started by the process tier keep finished jobs in shardq_job for an
+# hour before the archiver moves them to shardq_job_history (the default is
+# 60 s): those tests count and read finished rows in shardq_job after minutes
+# of running. tests/integration/test_history.py steps its own archiver with no
+# grace; SHARDQ_HISTORY_GRACE sets it for a run.
+SHARDQ["HISTORY_GRACE"] = float(os.environ.get("SHARDQ_HISTORY_GRACE", "3600"))
 # The run-control tests start workers with a low zombie limit.
 for _key in ("MAX_ZOMBIES", "ZOMBIE_GRACE"):
     if os.environ.get(f"SHARDQ_{_key}"):

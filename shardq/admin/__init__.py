@@ -18,7 +18,7 @@ everywhere (``shardq.admin.redaction``); a job whose task this
 process cannot resolve has every argument hidden.
 """
 
-from . import dashboard, jobs, limits, queues, shards, workers  # noqa: F401 (each registers its model admins)
+from . import dashboard, history, jobs, limits, queues, shards, workers  # noqa: F401 (each registers its model admins)
 from .common import human_seconds  # noqa: F401
 from .shards import ShardAdmin  # noqa: F401
 from .workers import WorkerAdmin  # noqa: F401

@@ -288,6 +288,9 @@ def copy_graph(
     with transaction.atomic(using=alias), conn.cursor() as cursor:
         names: dict[int, str] = {}
         if external:
+            # A finished parent the archiver moved to shardq_job_history comes
+            # back first: the resolver moves its new children on from there.
+            cursor.execute(QUERIES["restore_history_jobs"], {"ids": list(external)})
             cursor.execute(QUERIES["link_parents"], {"ids": list(external)})
             names = name_external({job_id: path for job_id, path in cursor.fetchall()})
         from ..conf import get_config

@@ -52,6 +52,10 @@ _raw_forms: dict[str, tuple[str, tuple[str, ...]]] = {}
 #: The session advisory lock (two int4 keys: 'shrq', 1) whose holder
 #: computes the cluster gauges (``metrics_lock``).
 METRICS_LOCK = (0x73687271, 1)
+# The archiver's duty (shardq/worker/archiver.py): one session in the cluster
+# moves finished jobs to shardq_job_history and keeps its partitions.
+# (0x73687271, 2) is shardq_reshard's.
+ARCHIVER_LOCK = (0x73687271, 3)
 
 
 # The lease channel: a release NOTIFYs it (in its own statement) and a
@@ -169,6 +173,29 @@ def ensure_shards(sender: object = None, using: str = DEFAULT_DB_ALIAS, **kwargs
         return
     with connection.cursor() as cursor:
         cursor.execute(QUERIES["ensure_shards"], {"count": get_config().shard_count, "pool": pools.ALL})
+
+
+def sync_history_columns(sender: object = None, using: str = DEFAULT_DB_ALIAS, **kwargs: object) -> None:
+    """post_migrate: every column of shardq_job that shardq_job_history lacks
+    is added to it, with its type (the archiver's INSERT ... SELECT * is
+    positional; docs/architecture.md, "History"). A migration that adds a
+    column to shardq_job appends it, and so does this: the two stay in step
+    even when the migration forgets the history. The column drift that
+    remains (a column dropped, retyped or added in the middle) fails the
+    archiver's statement, never silently: the test of the two tables and
+    ``history_column_drift`` name it."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["history_present"])
+        row = cursor.fetchone()
+        if not (row and row[0]):
+            return
+        cursor.execute(QUERIES["history_add_missing_columns"], {})  # {}: "%%" read as "%"
+        for (ddl,) in cursor.fetchall():
+            logger.warning("shardq_job_history lacked a column of shardq_job: %s", ddl)
+            cursor.execute(ddl)
 
 
 def connection_kwargs(alias: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
@@ -737,6 +764,54 @@ class WorkerStore:
         """``status_fair_keys`` rows: per queue and fair key, its backlog and
         last minute (docs/fairness.md; ``shardq.fairness.summarize_fair_keys``)."""
         return self.run("status_fair_keys", {})
+
+    # -- history (shardq_job_history; docs/architecture.md, "History") -------------
+
+    def archiver_lock(self) -> bool:
+        """Does this connection hold (now, or newly) the archiver's lock?"""
+        row = self.run("metrics_lock", {"classid": ARCHIVER_LOCK[0], "objid": ARCHIVER_LOCK[1]}, fetch="one")
+        return bool(row and row[0])
+
+    def archive_jobs(self, grace_seconds: float, batch: int, floor: Any, ceiling: Any) -> tuple[int, int]:
+        """Move up to ``batch`` finished jobs to history (``archive_jobs``):
+        (jobs that left shardq_job, jobs written to history; the rest were
+        past the retention)."""
+        row = self.run(
+            "archive_jobs", {"grace": grace_seconds, "batch": batch, "floor": floor, "ceiling": ceiling}, fetch="one"
+        )
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    def history_partitions(self) -> list[NamedRow]:
+        return self.run("history_partitions", {}, named=True)
+
+    def maintain_history(
+        self, keep_seconds: float, width_seconds: int, ahead_seconds: float, lock_timeout_ms: int = 2000
+    ) -> tuple[list[str], list[str]]:
+        """Create the partitions missing from ``keep_seconds`` ago to
+        ``ahead_seconds`` ahead, and drop the ones wholly past ``keep_seconds``
+        (DETACH ... CONCURRENTLY, then DROP TABLE). Returns (created, dropped)
+        statements/names. DDL waits at most ``lock_timeout_ms`` for a lock
+        (a refusal is retried at the next pass)."""
+        self.run("set_lock_timeout", {"ms": str(lock_timeout_ms)}, fetch="none")
+        created = [
+            row[0]
+            for row in self.run(
+                "history_create_partitions", {"keep": keep_seconds, "width": width_seconds, "ahead": ahead_seconds}
+            )
+        ]
+        for ddl in created:
+            self._run_generated("history partition", ddl)
+        dropped = []
+        for name, detach, drop in self.run("history_expired_partitions", {"keep": keep_seconds}):
+            self._run_generated("history detach", detach)
+            self._run_generated("history drop", drop)
+            dropped.append(name)
+        return created, dropped
+
+    def _run_generated(self, what: str, text: str) -> None:
+        """Run a statement a named block generated (partition DDL: its names
+        and bounds come from the database's own format(), never from input)."""
+        self.guarded(what, lambda cursor: cursor.execute(text.encode()))
 
     # -- jobs -----------------------------------------------------------------
 

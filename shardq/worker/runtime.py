@@ -25,6 +25,7 @@ from ..cron import schedules
 from ..db.store import LEASE_CHANNEL, DatabaseGuard, WorkerStore
 from ..tasks import discover
 from . import shutdown as shutdown_signals
+from .archiver import Archiver
 from .completer import Completer
 from .executor import Executor
 from .fetcher import Fetcher
@@ -125,6 +126,16 @@ class Worker:
         waker = Waker(self.store["waker"], lambda: sorted(self.leaser.held), self.stats, self.pipeline.wake_fetch)
         self.pipeline.on_suspended(waker.wake)
         return waker
+
+    @cached_property
+    def archiver(self) -> Archiver | None:
+        """Moves finished jobs to shardq_job_history, on the one worker that
+        holds its lock (shardq/worker/archiver.py); none with HISTORY off."""
+        history = self.config.settings.history
+        if history is None:
+            return None
+        store = WorkerStore(self.options.database, "shardq-archiver", self.database_guard)
+        return Archiver(store, history, self.stats)
 
     def _listener(self) -> Listener:
         """One LISTEN connection, each channel to its subscriber."""
@@ -268,6 +279,8 @@ class Worker:
             self.scheduler.start()
         if self.gauges:
             self.gauges.start()
+        if self.archiver:
+            self.archiver.start()
         failed = None
         while not self._stop.wait(0.5 if self.max_tasks is None else 0.05):
             failed = self._failed_service()
@@ -314,6 +327,7 @@ class Worker:
             self.waker,
             self.listener,
             self.gauges,
+            self.archiver,
         ]
         return [service for service in found if service is not None]
 
@@ -343,6 +357,8 @@ class Worker:
             self.scheduler.stop(time.monotonic() + 10.0)
         self.resolver.stop(time.monotonic() + 10.0)
         self.waker.stop(time.monotonic() + 10.0)
+        if self.archiver:
+            self.archiver.stop(time.monotonic() + 10.0)
         self.leaser.begin_stop()
         self.fetcher.stop(time.monotonic() + 10.0)
         if self.listener:

@@ -62,6 +62,14 @@ COUNTERS = (
     # their queue was paused, or over its concurrency override here.
     "paused_handed_back",
     "over_queue_concurrency",
+    # History (archiver.py): jobs moved to shardq_job_history, jobs deleted
+    # instead (finished before the oldest partition: past the retention),
+    # partitions made ahead and dropped past the retention, passes refused.
+    "archived",
+    "expired_unarchived",
+    "history_partitions_created",
+    "history_partitions_dropped",
+    "archiver_errors",
 )
 
 

@@ -64,7 +64,7 @@ def test_every_model_admin_is_read_only_through_one_mixin():
     from shardq.admin.common import ReadOnlyMixin
 
     shardq_admins = [a for m, a in admin.site._registry.items() if m._meta.app_label == "shardq"]
-    assert len(shardq_admins) == 7  # the Queues page (shardq/admin/queues.py) too
+    assert len(shardq_admins) == 8  # the Queues page (shardq/admin/queues.py) and Job history too
     for model_admin in shardq_admins:
         assert isinstance(model_admin, ReadOnlyMixin), type(model_admin)
         assert not model_admin.has_add_permission(None)

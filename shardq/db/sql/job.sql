@@ -75,7 +75,8 @@ LEFT JOIN live ON true LEFT JOIN claim ON true LEFT JOIN job ON true;
 SELECT id, traceparent FROM shardq_job WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: get_job
--- One job by id, every column a TaskResult needs. Times Python cannot hold (±infinity, beyond year
+-- One job by id, every column a TaskResult needs, from shardq_job or, once it moved there,
+-- shardq_job_history (job_anywhere). Times Python cannot hold (±infinity, beyond year
 -- 9999: rows written by hand) come back clamped to 9999-12-31 when late, NULL when early.
 SELECT id, task_path, backend, queue_name, priority,
        CASE WHEN run_after > '9999-12-31+00' THEN '9999-12-31+00' WHEN run_after < '0001-01-03+00' THEN NULL ELSE run_after END AS run_after,
@@ -85,7 +86,7 @@ SELECT id, task_path, backend, queue_name, priority,
        CASE WHEN finished_at > '9999-12-31+00' THEN '9999-12-31+00' WHEN finished_at < '0001-01-03+00' THEN NULL ELSE finished_at END AS finished_at,
        CASE WHEN last_attempted_at > '9999-12-31+00' THEN '9999-12-31+00' WHEN last_attempted_at < '0001-01-03+00' THEN NULL ELSE last_attempted_at END AS last_attempted_at,
        attempts, max_attempts, shard, fence, status_rank
-FROM shardq_job WHERE id = %(id)s;
+FROM {{job_anywhere}} AS job;
 
 -- name: served_jobs
 -- A worker's filter on a job row (a WHERE fragment, included bare by the claims): jobs of its
@@ -712,7 +713,13 @@ RETURNING locked.claim_version;
 -- name: outcomes_applied
 -- Which of these (id, rank, fence) outcomes are already in the table, as (id, rank) pairs
 -- (resolves an ack whose COMMIT outcome is unknown).
+-- An outcome written, then moved to shardq_job_history by the archiver before
+-- this check (an outage longer than HISTORY_GRACE), is found there.
 SELECT job.id, job.status_rank FROM shardq_job AS job
+JOIN unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank)
+  ON job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank
+UNION ALL
+SELECT job.id, job.status_rank FROM shardq_job_history AS job
 JOIN unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank)
   ON job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank;
 
@@ -926,12 +933,13 @@ SELECT jsonb_build_object('bytes', octet_length(b.t), 'value', CASE WHEN octet_l
 
 -- name: admin_job_args_bounded
 -- A job's args for the admin's list and change page (bounded_json): a large value is never
--- sent to the web process.
-({{bounded_json*}} FROM (SELECT shardq_job.args AS v, shardq_job.args::text AS t) AS b)
+-- sent to the web process. These admin_job_* expressions name the row's columns unqualified: the
+-- same expression serves the list of shardq_job and of shardq_job_history (admin/history.py).
+({{bounded_json*}} FROM (SELECT args AS v, args::text AS t) AS b)
 
 -- name: admin_job_kwargs_bounded
 -- A job's kwargs, as admin_job_args_bounded.
-({{bounded_json*}} FROM (SELECT shardq_job.kwargs AS v, shardq_job.kwargs::text AS t) AS b)
+({{bounded_json*}} FROM (SELECT kwargs AS v, kwargs::text AS t) AS b)
 
 -- name: json_excerpt
 -- The head of an expression over b.t (a jsonb value as text): {"text": its first :chars
@@ -941,11 +949,11 @@ SELECT CASE WHEN b.t IS NOT NULL THEN jsonb_build_object('text', left(b.t, %(cha
 
 -- name: admin_job_return_value_excerpt
 -- A job's return value for the admin's change page, as a bounded excerpt (json_excerpt).
-({{json_excerpt*}} FROM (SELECT shardq_job.return_value::text AS t) AS b)
+({{json_excerpt*}} FROM (SELECT return_value::text AS t) AS b)
 
 -- name: admin_job_worker_ids_excerpt
 -- A job's worker ids for the admin's change page, as a bounded excerpt (json_excerpt).
-({{json_excerpt*}} FROM (SELECT shardq_job.worker_ids::text AS t) AS b)
+({{json_excerpt*}} FROM (SELECT worker_ids::text AS t) AS b)
 
 -- name: admin_job_errors_excerpt
 -- A job's errors for the admin's change page: {"count": N, "errors": [...]}, the oldest and the
@@ -954,9 +962,9 @@ SELECT CASE WHEN b.t IS NOT NULL THEN jsonb_build_object('text', left(b.t, %(cha
 -- JSON text. A value that is not an array counts as one error.
 (WITH e AS (
      SELECT x.e, x.n, count(*) OVER () AS total
-     FROM jsonb_array_elements(CASE WHEN jsonb_typeof(shardq_job.errors) = 'array'
-                                    THEN shardq_job.errors
-                                    ELSE jsonb_build_array(shardq_job.errors) END)
+     FROM jsonb_array_elements(CASE WHEN jsonb_typeof(errors) = 'array'
+                                    THEN errors
+                                    ELSE jsonb_build_array(errors) END)
           WITH ORDINALITY AS x(e, n)
  )
  SELECT jsonb_build_object(
@@ -981,8 +989,9 @@ SELECT CASE WHEN b.t IS NOT NULL THEN jsonb_build_object('text', left(b.t, %(cha
 WITH now AS MATERIALIZED (
     SELECT clock_timestamp() AS t, clock_timestamp() - make_interval(mins => %(minutes)s) AS since
 ), finished AS (
-    -- One scan of the finished jobs (finished_at has no index: one would
-    -- cost every ack a non-HOT update), per shard and in total.
+    -- One scan of the finished jobs still in shardq_job (the archiver moves
+    -- them HISTORY_GRACE seconds after they finished: a few; dead letters
+    -- stay) and of the window's in shardq_job_history, per shard and in total.
     SELECT j.shard, GROUPING(j.shard) = 1 AS is_total,
            count(*) FILTER (WHERE j.finished_at >= now.since) AS finished,
            count(*) FILTER (WHERE j.finished_at >= now.since AND j.status = 'FAILED') AS failed,
@@ -991,12 +1000,22 @@ WITH now AS MATERIALIZED (
            percentile_cont(0.99) WITHIN GROUP (ORDER BY l.s) FILTER (WHERE j.finished_at >= now.since) AS p99,
            avg(l.s) FILTER (WHERE j.finished_at >= now.since) AS mean,
            max(l.s) FILTER (WHERE j.finished_at >= now.since) AS max
-    FROM shardq_job AS j
+    FROM (
+        SELECT shard, status, attempts, max_attempts, finished_at, last_attempted_at, run_after
+        FROM shardq_job WHERE status IN ('SUCCESSFUL', 'FAILED')
+        UNION ALL
+        -- The window's jobs the archiver moved already (only the partitions
+        -- of the window are read, through their BRIN of finished_at).
+        SELECT h.shard, h.status, h.attempts, h.max_attempts, h.finished_at, h.last_attempted_at, h.run_after
+        -- statement_timestamp() (stable, unlike clock_timestamp()): the
+        -- partitions before the window are pruned when the statement starts.
+        FROM shardq_job_history AS h
+        WHERE h.finished_at >= statement_timestamp() - make_interval(mins => %(minutes)s + 1)
+    ) AS j
     CROSS JOIN now
     -- Epoch differences, not timestamp subtraction: a row with an infinite
     -- timestamp gives ±Infinity (or NaN), not "cannot subtract infinite timestamps".
     CROSS JOIN LATERAL (SELECT (extract(epoch FROM j.last_attempted_at) - extract(epoch FROM j.run_after))::float8 AS s) AS l
-    WHERE j.status IN ('SUCCESSFUL', 'FAILED')
     GROUP BY GROUPING SETS ((j.shard), ())
 )
 SELECT s.shard, s.owner, w.host, w.pid,
@@ -1034,7 +1053,7 @@ ORDER BY 1 NULLS LAST;
 -- start, the dashboard's pickup latency), or on while READY or CLAIMED. No
 -- samples are stored: READY jobs are read over shardq_job_due_idx, CLAIMED and
 -- RUNNING ones over shardq_job_inflight_idx, and the jobs finished in the
--- window by one scan (finished_at has no index, see admin_dashboard). Earlier
+-- window by one scan of each table (see admin_dashboard). Earlier
 -- attempts of a retried job, and jobs deleted since (Discard, shardq_prune),
 -- are not in it.
 WITH bounds AS MATERIALIZED (
@@ -1047,6 +1066,13 @@ WITH bounds AS MATERIALIZED (
     SELECT j.status, j.run_after, j.last_attempted_at, j.finished_at
     FROM shardq_job AS j, bounds AS b
     WHERE j.status IN ('SUCCESSFUL', 'FAILED') AND j.finished_at >= b.since
+    UNION ALL
+    -- The window's jobs the archiver moved already.
+    SELECT h.status, h.run_after, h.last_attempted_at, h.finished_at
+    FROM shardq_job_history AS h, bounds AS b
+    WHERE h.finished_at >= b.since
+      -- (stable: prunes the partitions before the window at the start)
+      AND h.finished_at >= date_trunc('minute', statement_timestamp()) - make_interval(mins => %(minutes)s)
 ), per_minute AS (
     SELECT date_trunc('minute', f.finished_at) AS m,
            count(*) FILTER (WHERE f.status = 'SUCCESSFUL') AS successful,

@@ -37,3 +37,8 @@ COALESCE(%(now)s::timestamptz, clock_timestamp())
 -- (and the outcomes that rode on those: the completer's ack flush, worker/completer.py). A
 -- transaction id alone writes no WAL, and its commit waits for no flush.
 SELECT pg_logical_emit_message(true, 'shardq_ack_flush', '')::text;
+
+-- name: set_lock_timeout
+-- How long this session's statements wait for a lock (:ms, text), until changed: the history's
+-- partition DDL gives up rather than queue the readers of shardq_job_history behind it.
+SELECT set_config('lock_timeout', %(ms)s, false);

@@ -192,18 +192,21 @@ FROM shardq_job WHERE status = 'SUSPENDED'
 GROUP BY 1 ORDER BY 2 DESC, 1;
 
 -- name: prune_orphan_steps
--- shardq_prune: the steps and signals of jobs that no longer exist (pruned or discarded), at most
+-- shardq_prune: the steps and signals of jobs that no longer exist (pruned, discarded, or in a
+-- history partition dropped; a job in shardq_job_history keeps its records for its admin page), at most
 -- :batch of each. Returns how many rows went.
 WITH steps AS (
     DELETE FROM shardq_job_step AS s
     WHERE s.job_id IN (SELECT DISTINCT o.job_id FROM shardq_job_step AS o
                        WHERE NOT EXISTS (SELECT 1 FROM shardq_job AS j WHERE j.id = o.job_id)
+                         AND NOT EXISTS (SELECT 1 FROM shardq_job_history AS h WHERE h.id = o.job_id)
                        LIMIT %(batch)s)
     RETURNING 1
 ), signals AS (
     DELETE FROM shardq_job_signal AS g
     WHERE g.job_id IN (SELECT DISTINCT o.job_id FROM shardq_job_signal AS o
                        WHERE NOT EXISTS (SELECT 1 FROM shardq_job AS j WHERE j.id = o.job_id)
+                         AND NOT EXISTS (SELECT 1 FROM shardq_job_history AS h WHERE h.id = o.job_id)
                        LIMIT %(batch)s)
     RETURNING 1
 )

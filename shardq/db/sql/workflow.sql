@@ -141,10 +141,18 @@ WHERE c.id IN (SELECT id FROM revived) AND c.status = 'FAILED'
 RETURNING c.id;
 
 -- name: parent_results
--- A job's parents (context.parent_results): the edge's name, then every column get_job returns.
+-- A job's parents (context.parent_results): the edge's name, then every column get_job returns;
+-- a parent moved to shardq_job_history is read there (a parent leaves the hot table only once
+-- every child of it has been moved on: archive_jobs).
 SELECT e.name AS step_name, j.id, j.task_path, j.backend, j.queue_name, j.priority, j.run_after, j.status, j.args, j.kwargs,
        j.return_value, j.errors, j.worker_ids, j.enqueued_at, j.started_at, j.finished_at, j.last_attempted_at
-FROM shardq_edge AS e JOIN shardq_job AS j ON j.id = e.parent
+FROM shardq_edge AS e
+CROSS JOIN LATERAL (
+    SELECT * FROM (SELECT * FROM shardq_job WHERE id = e.parent
+                   UNION ALL
+                   SELECT * FROM shardq_job_history WHERE id = e.parent) AS anywhere
+    LIMIT 1
+) AS j
 WHERE e.child = %(id)s
 ORDER BY e.name;
 

@@ -12,6 +12,13 @@ shard, and shard history older than the cutoff. ``--dry-run`` counts instead.
 A process that read a SUCCESSFUL result before it was pruned may still
 answer ``get_result`` from its cache of finished results (the result was
 real); other processes get ``TaskResultDoesNotExist``.
+
+History (docs/architecture.md, "History"): the archiver moves finished jobs
+to ``shardq_job_history`` and drops its partitions past ``HISTORY_DAYS``
+itself; this command drops them too (whole partitions, never a DELETE):
+those wholly older than ``--older-than`` when it is given, else than
+``SHARDQ["HISTORY_DAYS"]``, and creates the partitions ahead — for a
+cluster whose workers run with ``HISTORY`` off, or run rarely.
 """
 
 import re
@@ -20,7 +27,9 @@ from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
 
+from ...conf import get_config
 from ...db import operations
+from ...db.store import WorkerStore
 from ..flags import printable, whole_number
 from ..progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -61,8 +70,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument(
             "--older-than",
-            default="7d",
-            help="Age of what is deleted, by finish time: e.g. 7d (default), 12h, 30m, 90s.",
+            default=None,
+            help="Age of what is deleted, by finish time: e.g. 7d (default), 12h, 30m, 90s; history partitions "
+            "wholly older are dropped (default: SHARDQ['HISTORY_DAYS']).",
         )
         parser.add_argument(
             "--failed",
@@ -76,7 +86,13 @@ class Command(BaseCommand):
         parser.add_argument("--no-progress", action="store_true", help="No progress bar (logs, cron).")
 
     def handle(self, *args, **options):
-        age = parse_duration(options["older_than"])
+        age = parse_duration("7d" if options["older_than"] is None else options["older_than"])
+        history = get_config().history
+        history_keep: float | None = None
+        if options["older_than"] is not None:
+            history_keep = age.total_seconds()
+        else:
+            history_keep = history.keep_seconds if history is not None else None
         batch = whole_number("batch", options["batch"], maximum=MAX_BATCH)
         statuses = ["SUCCESSFUL", "FAILED"] if options["failed"] else ["SUCCESSFUL"]
         (cutoff,) = operations.run("time_before", {"age": age}, fetch="one")
@@ -85,6 +101,14 @@ class Command(BaseCommand):
         )
         if options["dry_run"]:
             keys, workers, events = operations.run("count_prunable_rest", {"cutoff": cutoff}, fetch="one")
+            expired = (
+                [row[0] for row in operations.run("history_expired_partitions", {"keep": history_keep})]
+                if history_keep is not None
+                else []
+            )
+            self.stdout.write(
+                f"would drop {len(expired)} history partitions" + (f" ({', '.join(expired)})" if expired else "")
+            )
             self.stdout.write(
                 f"would delete (finished before {cutoff:%Y-%m-%d %H:%M:%S %Z}): {prunable} jobs "
                 f"({' and '.join(statuses)}), {keys} expired unique keys, {workers} worker rows, "
@@ -92,6 +116,8 @@ class Command(BaseCommand):
             )
             return
         began = time.monotonic()
+        if history_keep is not None:
+            self._drop_history(history_keep, history.partition_seconds if history is not None else 86400)
         deleted = self._prune_jobs(statuses, cutoff, batch, prunable, first_id, last_id, options["no_progress"])
         keys = 0
         while True:
@@ -114,6 +140,21 @@ class Command(BaseCommand):
             f"deleted {deleted} jobs ({' and '.join(statuses)}, finished before "
             f"{cutoff:%Y-%m-%d %H:%M:%S %Z}), {keys} expired unique keys, {workers} worker rows, "
             f"{events} shard events in {time.monotonic() - began:.1f}s"
+        )
+
+    def _drop_history(self, keep_seconds: float, width_seconds: int) -> None:
+        """Drop the history partitions wholly past ``keep_seconds`` (and make
+        the ones ahead), as the archiver does at its passes."""
+        store = WorkerStore(application_name="shardq-prune")
+        try:
+            began = time.monotonic()
+            _, dropped = store.maintain_history(keep_seconds, width_seconds, ahead_seconds=2 * width_seconds)
+        finally:
+            store.close()
+        self.stdout.write(
+            f"dropped {len(dropped)} history partitions"
+            + (f" ({', '.join(dropped)})" if dropped else "")
+            + f" in {time.monotonic() - began:.2f}s"
         )
 
     def _prune_jobs(self, statuses, cutoff, batch, prunable, first_id, last_id, quiet) -> int:

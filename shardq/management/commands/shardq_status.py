@@ -114,6 +114,16 @@ class Command(BaseCommand):
             )
         ]
         jobs = dict(operations.run("status_jobs"))
+        # Finished jobs moved out of shardq_job (docs/architecture.md, "History"):
+        # an estimate, never a count(*) of millions of rows.
+        rows_estimate, partitions, history_from, history_to = operations.run("history_estimate", fetch="one")
+        history = {
+            "estimated_jobs": rows_estimate,
+            "partitions": partitions,
+            "finished_from": history_from.isoformat() if history_from else None,
+            "finished_to": history_to.isoformat() if history_to else None,
+            "archiver": "on" if config.history is not None else "off (SHARDQ['HISTORY'] is False)",
+        }
         (lag,) = operations.run("status_lag", fetch="one")
         every_pool = [
             {"pool": pool, "workers": live, "shards_held": held, "unowned_shards": unowned}
@@ -159,6 +169,7 @@ class Command(BaseCommand):
                         "workers": workers,
                         "pools": pools_shown,
                         "jobs": jobs,
+                        "history": history,
                         "oldest_ready_seconds": _number(lag),
                         "unowned_shards": unowned,
                         # Due READY jobs by queue that no live worker's pool serves.
@@ -261,6 +272,11 @@ class Command(BaseCommand):
                 )
             )
         self.stdout.write("jobs: " + (", ".join(f"{printable(k)} {v}" for k, v in jobs.items()) or "none"))
+        self.stdout.write(
+            f"history: about {history['estimated_jobs']} finished jobs in {history['partitions']} partitions"
+            + (f" (finished {history_from:%Y-%m-%d %H:%M} to {history_to:%Y-%m-%d %H:%M} UTC)" if history_from else "")
+            + f"; archiver {history['archiver']}"
+        )
         for entry in suspended:
             wake = f"next wakes {entry['next_wake']}" if entry["next_wake"] else "none wakes by time"
             self.stdout.write(
