@@ -14,6 +14,7 @@ Stable ids:
   shardq.E011  a key of SHARDQ is unknown (misspelled)
   shardq.E012  TASK_TIMEOUT, MAX_ZOMBIES or ZOMBIE_GRACE is not a valid value
   shardq.E013  SHARDQ["QUEUES"] names a queue no shardq backend's QUEUES has
+  shardq.E014  JOB_LOG_LEVEL or JOB_LOG_BYTES is not a valid value
   shardq.W001  "shardq" is in INSTALLED_APPS but no TASKS backend is shardq's
                (E013 and W001 are in ``app_checks.py``: they need the backend
                class, and the backend imports this module)
@@ -31,7 +32,7 @@ from django.apps import apps
 from django.core import checks
 from django.db import connections
 
-from .conf import DEFAULTS, default_timeout_seconds, max_zombies, zombie_grace_seconds
+from .conf import DEFAULTS, default_timeout_seconds, job_log_bytes, job_log_level, max_zombies, zombie_grace_seconds
 from .exceptions import ShardqConfigurationError, ShardqNotInstalled
 
 # Every key a shardq backend reads from its OPTIONS (backend.py).
@@ -210,6 +211,17 @@ def backend_checks(backend) -> list[checks.CheckMessage]:
                     str(exc),
                     hint="Run control settings: docs/configuration.md (TASK_TIMEOUT None = no limit).",
                     id="shardq.E012",
+                )
+            )
+    for key, check in (("JOB_LOG_LEVEL", job_log_level), ("JOB_LOG_BYTES", job_log_bytes)):
+        try:
+            check(raw[key])
+        except ShardqConfigurationError as exc:
+            errors.append(
+                checks.Error(
+                    str(exc),
+                    hint="Per-job logs: docs/configuration.md (JOB_LOG_LEVEL, JOB_LOG_BYTES).",
+                    id="shardq.E014",
                 )
             )
     from .pooling import pooling_checks

@@ -1,5 +1,6 @@
 """shardq's settings: ``settings.SHARDQ`` merged over the defaults."""
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +55,11 @@ DEFAULTS = {
     # new code enqueued a task the old workers lack) is handed back, not
     # failed, for this many seconds; then it is dead-lettered naming the path.
     "UNKNOWN_TASK_TIMEOUT": 600.0,
+    # Per-job logs (docs/tasks.md, "Logs"): what a task logs at this level or
+    # above during an attempt is kept with the attempt and shown on the admin's
+    # job page, at most JOB_LOG_BYTES bytes a job (0: no logs kept).
+    "JOB_LOG_LEVEL": "INFO",
+    "JOB_LOG_BYTES": 64 * 1024,
 }
 
 
@@ -75,6 +81,8 @@ class Config:
     max_zombies: int = 2
     zombie_grace_seconds: float = 300.0
     unknown_task_timeout_seconds: float = 600.0
+    job_log_level: int = logging.INFO
+    job_log_bytes: int = 64 * 1024
 
 
 def get_config() -> Config:
@@ -101,6 +109,8 @@ def get_config() -> Config:
         unknown_task_timeout_seconds=_or_default(
             unknown_task_timeout_seconds, raw["UNKNOWN_TASK_TIMEOUT"], DEFAULTS["UNKNOWN_TASK_TIMEOUT"]
         ),
+        job_log_level=_or_default(job_log_level, raw["JOB_LOG_LEVEL"], logging.INFO),
+        job_log_bytes=_or_default(job_log_bytes, raw["JOB_LOG_BYTES"], DEFAULTS["JOB_LOG_BYTES"]),
     )
 
 
@@ -176,3 +186,33 @@ def unknown_task_retry_seconds(timeout_seconds: float) -> float:
     """How long a job whose task this worker cannot resolve waits before it
     is claimed again: a twentieth of the bound, from 0.2 s to 10 s."""
     return min(10.0, max(0.2, timeout_seconds / 20))
+
+
+# The least JOB_LOG_BYTES other than 0: room for a line and the cut's mark.
+MIN_JOB_LOG_BYTES = 256
+
+
+def job_log_level(value: object) -> int:
+    """SHARDQ["JOB_LOG_LEVEL"]: a level name ("INFO") or number, as logging's number."""
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        number = value
+    elif isinstance(value, str):
+        number = logging.getLevelNamesMapping().get(value.upper())
+    if number is None:
+        raise ShardqConfigurationError(
+            f"SHARDQ['JOB_LOG_LEVEL'] = {value!r} is not a logging level: give a level name such as "
+            "'INFO' or 'DEBUG' (or its number); a task's records at that level or above are kept "
+            "with its attempt (default 'INFO')."
+        )
+    return number
+
+
+def job_log_bytes(value: object) -> int:
+    """SHARDQ["JOB_LOG_BYTES"]: 0 (no logs kept) or an int >= MIN_JOB_LOG_BYTES."""
+    if isinstance(value, bool) or not isinstance(value, int) or (value != 0 and value < MIN_JOB_LOG_BYTES):
+        raise ShardqConfigurationError(
+            f"SHARDQ['JOB_LOG_BYTES'] = {value!r} is not 0 or an int >= {MIN_JOB_LOG_BYTES}: the bytes "
+            "of log text a job keeps, its attempts together (default 65536; 0 keeps no logs)."
+        )
+    return value

@@ -25,6 +25,7 @@ SHARDQ = {
         "tests.taskapp.audit_tasks",
         "tests.taskapp.tracing_tasks",
         "tests.taskapp.fair_tasks",
+        "tests.taskapp.joblog_tasks",
     ],
 }
 # The run-control tests start workers with a low zombie limit.

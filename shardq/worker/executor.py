@@ -52,6 +52,7 @@ from ..exceptions import (
 from ..tasks import Backoff, ShardTask, resolve
 from ..tasks.redaction import redact_text, sensitive_values
 from .completer import Completer
+from .joblogs import CAPTURE, CURRENT, AttemptLog
 from .jobs import STARTED, ClaimedJob, Outcome
 from .leaser import Leaser
 from .pipeline import Pipeline, PipelineConfig
@@ -315,6 +316,10 @@ class Executor:
         self.max_result_bytes = settings.max_result_bytes
         self.default_timeout_seconds = settings.task_timeout_seconds
         self.unknown_task_timeout_seconds = settings.unknown_task_timeout_seconds
+        # Per-job logs (joblogs.py): each attempt's records kept, bounded (0: off).
+        self.job_log_bytes = settings.job_log_bytes
+        self.job_log_level = settings.job_log_level
+        self._capturing = False
         # Timeouts, cancels seen by running tasks, zombie threads (runcontrol.py).
         self.control = RunControl(
             control_store or WorkerStore(config.database, application_name="shardq-runcontrol"),
@@ -341,6 +346,9 @@ class Executor:
         self.starts = StartWrites(start_store, self.stats, config.worker_id, pipeline.signals.started)
 
     def start(self) -> None:
+        if self.job_log_bytes:
+            CAPTURE.install(self.job_log_level)
+            self._capturing = True
         self.control.start()
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="shardq-async", daemon=True)
@@ -368,6 +376,9 @@ class Executor:
             waiting[0].join(timeout=min(left, 0.25))
         finished = not waiting
         self.control.stop()
+        if self._capturing:
+            self._capturing = False
+            CAPTURE.uninstall()
         if finished and self.loop is not None and self._loop_thread is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._loop_thread.join(timeout=5)
@@ -589,8 +600,11 @@ class Executor:
         began = time.monotonic()
         state = CommittedByTask()
         controlled: list[Attempt] = []  # the attempt under run control, if any (_call)
+        log = None
+        if self._capturing and getattr(task, "log", True):
+            log = job.attempt_log = AttemptLog(self.job_log_bytes, task, job)
         try:
-            value = self._call(task, job, result, state, controlled)
+            value = self._logged_call(task, job, result, state, controlled, log)
             # Most tasks return None: its JSON needs no encoder.
             return_json = "null" if value is None else self._encode_result(value)
         except BaseException as error:
@@ -630,6 +644,7 @@ class Executor:
                 result = self._result(task, job)
             hidden = sensitive_values(task, job.args, job.kwargs)
             outcome = self._failure(task, job, rank, error, result, hidden)
+            self._attach_log(outcome, job, log)
             stand_in = None if result is None else _logged_stand_in(error, hidden)
             if stand_in is None:
                 self._finished(result, TaskResultStatus(outcome.status))
@@ -657,9 +672,41 @@ class Executor:
         if result is not None:
             object.__setattr__(result, "_return_value", json.loads(return_json))
         self._finished(result, TaskResultStatus.SUCCESSFUL)
-        return Outcome(
+        outcome = Outcome(
             job.id, job.fence, rank, "SUCCESSFUL", return_value_json=return_json, shard=job.shard, attempts=job.attempts
         )
+        if log is not None:
+            self._attach_log(outcome, job, log)
+        return outcome
+
+    def _logged_call(
+        self,
+        task: Task,
+        job: ClaimedJob,
+        result: TaskResult | None,
+        state: CommittedByTask,
+        controlled: list[Attempt],
+        log: AttemptLog | None,
+    ) -> Any:
+        """``_call``, with this attempt's log current while the task runs
+        (the records it logs are kept with the attempt, joblogs.py). The log
+        is closed as the call returns: a record logged later (a coroutine
+        cancelled at the deadline that carries on, a thread the task left
+        behind) is not the attempt's."""
+        if log is None:
+            return self._call(task, job, result, state, controlled)
+        token = CURRENT.set(log)
+        try:
+            return self._call(task, job, result, state, controlled)
+        finally:
+            CURRENT.reset(token)
+            log.close()
+
+    def _attach_log(self, outcome: Outcome, job: ClaimedJob, log: AttemptLog | None) -> None:
+        """The attempt's log rides on its outcome (nothing when it logged nothing)."""
+        if log is not None:
+            outcome.log_json = log.entry_json(job.attempts)
+            outcome.log_bytes = self.job_log_bytes
 
     def _encode_result(self, value: object) -> str:
         """The return value as JSON PostgreSQL will store, or the job's error."""
@@ -907,6 +954,9 @@ class Executor:
         error = TaskTimeout(f"job {job.id} ran past its timeout of {attempt.timeout_seconds:g}s; {how}")
         outcome = self._failure(task, job, attempt.rank, error, None)
         outcome.extra["timed_out"] = True
+        # What the task logged until its deadline (the log closes now: a
+        # stuck thread's later records are not the attempt's).
+        self._attach_log(outcome, job, job.attempt_log)
         if self.metrics is not None:
             outcome.job = job
         self.completer.put(outcome)
