@@ -97,3 +97,21 @@ async def async_leaves_a_logger() -> None:
 
 
 _LEFT: list = []
+
+
+@shard_task(max_attempts=2, backoff=exponential(base=1.0, cap=0.0, jitter=0.0), sensitive=("api_key",))
+def sync_invoices(customer_id: int, api_key: str) -> int:
+    """The admin's example (docs/admin.md, "A job's logs"): its first attempt
+    logs, warns and fails; the second logs and returns."""
+    from .models import Ledger
+
+    attempt = Ledger.objects.filter(worker=f"sync_invoices:{customer_id}").count() + 1
+    Ledger.objects.create(job_id=0, attempt=attempt, worker=f"sync_invoices:{customer_id}")
+    logger.info("attempt %d: fetching invoices of customer %d with key %s", attempt, customer_id, api_key)
+    if attempt == 1:
+        logger.warning("billing API answered 503 <b>Service Unavailable</b>; giving up this attempt")
+        raise ConnectionError("billing API unavailable")
+    for n in range(1, 4):
+        logger.info("invoice INV-%04d synced", n)
+    logger.info("done: 3 invoices")
+    return 3
