@@ -601,7 +601,7 @@ class Executor:
         state = CommittedByTask()
         controlled: list[Attempt] = []  # the attempt under run control, if any (_call)
         log = None
-        if self._capturing and getattr(task, "log", True):
+        if self._capturing and (task.log if isinstance(task, ShardTask) else True):
             log = job.attempt_log = AttemptLog(self.job_log_bytes, task, job)
         try:
             value = self._logged_call(task, job, result, state, controlled, log)

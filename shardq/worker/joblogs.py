@@ -55,12 +55,20 @@ def cut_mark(cut_bytes: int) -> str:
     return f"\n… {cut_bytes} bytes cut"
 
 
-def storable(text: str) -> bytes:
-    """``text`` as UTF-8 PostgreSQL's jsonb stores: NUL written ``\\x00``,
-    a lone surrogate as its ``\\udXXX`` escape."""
+def storable(text: str) -> str:
+    """``text`` as PostgreSQL's jsonb stores it: NUL written ``\\x00``, a
+    lone surrogate as its ``\\udXXX`` escape."""
     if "\x00" in text:
         text = text.replace("\x00", "\\x00")
-    return text.encode("utf-8", "backslashreplace")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+# Taken to add to or close an attempt's log that holds records.
+_LOCK = threading.Lock()
 
 
 class AttemptLog:
@@ -68,9 +76,11 @@ class AttemptLog:
 
     Appended to by the task's thread (or its coroutines, on the async
     loop's thread; or ``asyncio.to_thread``, which copies the context), so
-    appends take a lock; an attempt that logs nothing takes it never."""
+    appends take a lock: one for every attempt's log (``_LOCK``), since an
+    attempt that logs nothing, the usual one, should not pay for a lock of
+    its own."""
 
-    __slots__ = ("_hidden", "_lock", "_text", "cut", "job", "limit", "open", "parts", "task", "used")
+    __slots__ = ("_hidden", "_text", "cut", "job", "limit", "open", "parts", "task", "used")
 
     def __init__(self, limit: int, task: Any, job: Any) -> None:
         self.limit = limit
@@ -83,23 +93,26 @@ class AttemptLog:
         self.open = True
         self._hidden: Sequence[str] | None = None
         self._text: str | None = None
-        self._lock = threading.Lock()
 
     def hidden(self) -> Sequence[str]:
-        """The sensitive argument values to redact (found at the first record)."""
+        """The sensitive argument values to redact (found at the first
+        record), as ``storable`` writes them: redacted after the escapes, a
+        value cannot appear again through one (``0`` in ``\\x00``)."""
         if self._hidden is None:
             try:
-                self._hidden = sensitive_values(self.task, self.job.args, self.job.kwargs)
+                values = sensitive_values(self.task, self.job.args, self.job.kwargs)
             except Exception:  # an odd row's arguments: hide nothing rather than fail the record
-                self._hidden = ()
+                values = []
+            self._hidden = sorted({storable(v) for v in values}, key=len, reverse=True)
         return self._hidden
 
     def add(self, line: str) -> None:
+        line = storable(line)
         hidden = self.hidden()
         if hidden:
             line = redact_text(line, hidden)
-        data = storable(line if not self.parts else "\n" + line)
-        with self._lock:
+        data = (line if not self.parts else "\n" + line).encode("utf-8")
+        with _LOCK:
             if not self.open:
                 return
             room = self.limit - self.used
@@ -115,12 +128,15 @@ class AttemptLog:
     def close(self) -> str | None:
         """End the attempt's log: nothing is added from now on. Its text
         (the cut marked), or None when the task logged nothing."""
-        with self._lock:
+        if not self.parts:
+            # Logged nothing (a record racing with the attempt's end is not
+            # the attempt's): no lock taken.
+            self.open = False
+            return self._text
+        with _LOCK:
             if not self.open:
                 return self._text
             self.open = False
-            if not self.parts:
-                return None
             data = b"".join(self.parts)
             cut = self.cut
             self.parts = []
