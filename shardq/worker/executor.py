@@ -52,7 +52,7 @@ from ..exceptions import (
 from ..tasks import Backoff, ShardTask, resolve
 from ..tasks.redaction import redact_text, sensitive_values
 from .completer import Completer
-from .joblogs import CAPTURE, CURRENT, AttemptLog
+from .joblogs import CAPTURE, CURRENT, end_attempt, scoped, thread_scope
 from .jobs import STARTED, ClaimedJob, Outcome
 from .leaser import Leaser
 from .pipeline import Pipeline, PipelineConfig
@@ -600,11 +600,22 @@ class Executor:
         began = time.monotonic()
         state = CommittedByTask()
         controlled: list[Attempt] = []  # the attempt under run control, if any (_call)
-        log = None
-        if self._capturing and (task.log if isinstance(task, ShardTask) else True):
-            log = job.attempt_log = AttemptLog(self.job_log_bytes, task, job)
         try:
-            value = self._logged_call(task, job, result, state, controlled, log)
+            if self._capturing and (task.log if isinstance(task, ShardTask) else True):
+                # The attempt is current while its task runs: what it logs
+                # is kept with it (joblogs.py). Ended as the call returns: a
+                # record logged later (a coroutine cancelled at the deadline
+                # that carries on, a thread the task left behind) is not
+                # the attempt's.
+                scope = CURRENT.get() or thread_scope()
+                scope.attempt = (job, task, self.job_log_bytes)
+                try:
+                    value = self._call(task, job, result, state, controlled)
+                finally:
+                    scope.attempt = None
+                    end_attempt(job)
+            else:
+                value = self._call(task, job, result, state, controlled)
             # Most tasks return None: its JSON needs no encoder.
             return_json = "null" if value is None else self._encode_result(value)
         except BaseException as error:
@@ -644,7 +655,8 @@ class Executor:
                 result = self._result(task, job)
             hidden = sensitive_values(task, job.args, job.kwargs)
             outcome = self._failure(task, job, rank, error, result, hidden)
-            self._attach_log(outcome, job, log)
+            if job.attempt_log is not None:
+                self._attach_log(outcome, job)
             stand_in = None if result is None else _logged_stand_in(error, hidden)
             if stand_in is None:
                 self._finished(result, TaskResultStatus(outcome.status))
@@ -675,35 +687,13 @@ class Executor:
         outcome = Outcome(
             job.id, job.fence, rank, "SUCCESSFUL", return_value_json=return_json, shard=job.shard, attempts=job.attempts
         )
-        if log is not None:
-            self._attach_log(outcome, job, log)
+        if job.attempt_log is not None:
+            self._attach_log(outcome, job)
         return outcome
 
-    def _logged_call(
-        self,
-        task: Task,
-        job: ClaimedJob,
-        result: TaskResult | None,
-        state: CommittedByTask,
-        controlled: list[Attempt],
-        log: AttemptLog | None,
-    ) -> Any:
-        """``_call``, with this attempt's log current while the task runs
-        (the records it logs are kept with the attempt, joblogs.py). The log
-        is closed as the call returns: a record logged later (a coroutine
-        cancelled at the deadline that carries on, a thread the task left
-        behind) is not the attempt's."""
-        if log is None:
-            return self._call(task, job, result, state, controlled)
-        token = CURRENT.set(log)
-        try:
-            return self._call(task, job, result, state, controlled)
-        finally:
-            CURRENT.reset(token)
-            log.close()
-
-    def _attach_log(self, outcome: Outcome, job: ClaimedJob, log: AttemptLog | None) -> None:
+    def _attach_log(self, outcome: Outcome, job: ClaimedJob) -> None:
         """The attempt's log rides on its outcome (nothing when it logged nothing)."""
+        log = end_attempt(job)
         if log is not None:
             outcome.log_json = log.entry_json(job.attempts)
             outcome.log_bytes = self.job_log_bytes
@@ -834,7 +824,13 @@ class Executor:
                 ]
             if is_async:
                 assert self.loop is not None
-                future = asyncio.run_coroutine_threadsafe(task.func(*args, **kwargs), self.loop)
+                coroutine = task.func(*args, **kwargs)
+                scope = CURRENT.get()
+                if scope is not None and scope.attempt is not None and self._loop_thread is not None:
+                    # Its records are this attempt's, in a scope of its own
+                    # on the loop's thread (joblogs.py).
+                    coroutine = scoped(coroutine, scope.attempt, self._loop_thread.ident or 0)
+                future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
                 # Cancelled at the deadline or on a cancel (runcontrol.py):
                 # this thread is free at once, the coroutine gets
                 # CancelledError at its next await.
@@ -956,7 +952,7 @@ class Executor:
         outcome.extra["timed_out"] = True
         # What the task logged until its deadline (the log closes now: a
         # stuck thread's later records are not the attempt's).
-        self._attach_log(outcome, job, job.attempt_log)
+        self._attach_log(outcome, job)
         if self.metrics is not None:
             outcome.job = job
         self.completer.put(outcome)

@@ -1,13 +1,19 @@
 """Per-job logs: what a task logs during its attempt, kept with that attempt.
 
 One handler (``JobLogHandler``) sits on the root logger while a worker
-runs. The executor sets ``CURRENT`` to the attempt's ``AttemptLog`` around
-the task's call (a contextvar: an ``async def`` task's coroutine, and the
-tasks it creates, carry it too, since asyncio copies the context when it
-schedules them). The handler appends a record only when ``CURRENT`` holds an
-open log: a record of another thread (a fresh context holds none), of the
-worker's own ``shardq`` loggers, or logged once the attempt ended (the log is
-closed) is not attached. The attempt's text rides on its outcome, written by
+runs. ``CURRENT``, a contextvar, holds a ``Scope``: the attempt running
+there (its job, task and bound) and the thread it runs on. Each executor
+thread has one scope for good, whose attempt is set around the task's call
+(two attribute writes a job: a contextvar's own set and reset cost more than
+a no-op job can spare). An ``async def`` task's coroutine runs in a scope of
+its own, made for the attempt (``scoped``): asyncio gives each of its tasks a
+copy of the context, so the coroutine, and the asyncio tasks it creates, see
+that scope, never the next job's. The attempt's ``AttemptLog`` is made at its
+first record (``job.attempt_log``). The handler appends a record only under an
+attempt whose log is open and only on the scope's thread: a record of another
+thread (a fresh context holds no scope; one that copied the context is not
+the scope's thread), of the worker's own ``shardq`` loggers, or logged once
+the attempt ended (``end_attempt``) is not attached. The attempt's text rides on its outcome, written by
 the completer's one ``complete_jobs`` statement: no statement of its own.
 
 Levels. Under Django's default ``LOGGING`` the root logger is at WARNING, so
@@ -41,8 +47,39 @@ from typing import Any
 
 from ..tasks.redaction import redact_text, sensitive_values
 
-# The open log of the attempt whose task runs in this context, or None.
-CURRENT: contextvars.ContextVar["AttemptLog | None"] = contextvars.ContextVar("shardq_job_log", default=None)
+
+class Scope:
+    """Where a task's records go: ``attempt`` is (job, task, bound in bytes)
+    of the attempt running on ``thread``, or None between attempts. Its log
+    is ``job.attempt_log``: None until its first record, CLOSED once the
+    attempt ended without one."""
+
+    __slots__ = ("attempt", "thread")
+
+    def __init__(self, thread: int, attempt: tuple[Any, Any, int] | None = None) -> None:
+        self.thread = thread
+        self.attempt = attempt
+
+
+CURRENT: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("shardq_job_log", default=None)
+CLOSED: Any = object()
+
+
+def thread_scope() -> Scope:
+    """This thread's scope (an executor thread's, made at its first job)."""
+    scope = CURRENT.get()
+    if scope is None or scope.thread != threading.get_ident():
+        scope = Scope(threading.get_ident())
+        CURRENT.set(scope)
+    return scope
+
+
+async def scoped(coroutine: Any, attempt: tuple[Any, Any, int], thread: int) -> Any:
+    """Await an async task's coroutine in a scope of its own (set in the
+    asyncio task's own copy of the context), on the loop's ``thread``."""
+    CURRENT.set(Scope(thread, attempt))
+    return await coroutine
+
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -164,6 +201,21 @@ class AttemptLog:
         return json.dumps({"attempt": attempt, "text": text})
 
 
+def end_attempt(job: Any) -> AttemptLog | None:
+    """The attempt of ``job`` ended: its log takes nothing more. The log,
+    or None when the task logged nothing."""
+    log = job.attempt_log
+    if log is None:
+        # No lock: a record that races with the attempt's end (from a
+        # thread or coroutine the task left running) is not the attempt's.
+        job.attempt_log = CLOSED
+        return None
+    if log is CLOSED:
+        return None
+    log.close()
+    return log
+
+
 class _KeepOutput(logging.Filter):
     """On each of the project's handlers while the root logger is lowered:
     lets through only what the handler got before, i.e. drops a record below
@@ -233,11 +285,23 @@ class JobLogHandler(logging.Handler):
             # This handler on the root would hide logging's last resort from
             # a project with no handler: the record goes there, as before.
             last_resort.handle(record)
-        log = CURRENT.get()
-        if log is None or not log.open or record.levelno < self.capture_level:
+        scope = CURRENT.get()
+        if scope is None or record.levelno < self.capture_level:
             return
+        attempt = scope.attempt
+        if attempt is None or scope.thread != threading.get_ident():
+            return  # between attempts, or a thread that copied the context
         if record.name == "shardq" or record.name.startswith("shardq."):
             return  # the worker's own lines, not the task's
+        job, task, limit = attempt
+        log = job.attempt_log
+        if log is None:
+            with _LOCK:
+                log = job.attempt_log
+                if log is None:
+                    log = job.attempt_log = AttemptLog(limit, task, job)
+        if log is CLOSED or not log.open:
+            return
         try:
             line = self.format(record)
         except Exception as exc:  # bad %-arguments, a __str__ that raises: the task's code

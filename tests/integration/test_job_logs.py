@@ -2,7 +2,9 @@
 attempt is kept with that attempt, bounded, redacted, and written with the
 attempt's outcome; other threads', shardq's own and later records are not."""
 
+import html
 import logging
+import re
 
 import pytest
 
@@ -137,3 +139,43 @@ def test_the_root_level_and_the_projects_handlers_are_restored_when_the_worker_s
     assert root.level == level
     assert root.handlers == handlers
     assert {id(h): list(h.filters) for h in handlers} == filters
+
+
+def test_an_attempt_that_timed_out_keeps_what_it_logged_until_its_deadline(stepped):
+    result = joblog_tasks.logs_then_hangs.enqueue()
+    [outcome] = stepped.step()
+    assert (outcome.status, outcome.extra.get("timed_out")) == ("FAILED", True)
+    [entry] = logs_of(result)
+    assert entry["text"].endswith("INFO tests.taskapp.joblog_tasks: before the deadline")
+
+
+@pytest.mark.parametrize(
+    ("stored", "shown"),
+    [
+        ([{"attempt": 1, "text": "<i>one</i>"}, {"attempt": 2, "text": "two"}], ["Attempt 1", "<i>one</i>", "two"]),
+        ({"not": "an array"}, ['{"not": "an array"}']),
+        (["a bare string", 7], ["a bare string", "7"]),
+        ([{"attempt": 1, "text": "x" * 70_000}], ["… (70000 bytes)"]),
+    ],
+)
+def test_the_job_page_shows_each_attempts_log_and_odd_rows_as_they_are(admin_client, stored, shown):
+    import json
+
+    from tests.helpers import job_factory, sql
+
+    [job_id] = job_factory()
+    sql("UPDATE shardq_job SET logs = %s::jsonb WHERE id = %s", [json.dumps(stored), job_id])
+    page = admin_client.get(f"/admin/shardq/job/{job_id}/change/").content.decode()
+    section = page[page.index("field-logs_display") : page.index("</fieldset>", page.index("field-logs_display"))]
+    for text in shown:
+        assert text in html.unescape(section), (text, section)
+    assert "<i>one</i>" not in page, "the text is escaped"
+
+
+def test_the_job_page_says_none_when_nothing_was_logged(admin_client):
+    from tests.helpers import job_factory
+
+    [job_id] = job_factory()
+    page = admin_client.get(f"/admin/shardq/job/{job_id}/change/").content.decode()
+    section = page[page.index("field-logs_display") :]
+    assert re.search(r'<div class="readonly">none</div>', section)

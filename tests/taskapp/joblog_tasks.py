@@ -115,3 +115,15 @@ def sync_invoices(customer_id: int, api_key: str) -> int:
         logger.info("invoice INV-%04d synced", n)
     logger.info("done: 3 invoices")
     return 3
+
+
+@shard_task(timeout=0.5)
+def logs_then_hangs() -> None:
+    """Logs, then runs past its timeout (TaskTimeout ends it at its next bytecode)."""
+    import time
+
+    logger.info("before the deadline")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+    logger.info("never reached: TaskTimeout is raised in the loop")

@@ -877,9 +877,10 @@ SELECT CASE WHEN b.t IS NOT NULL THEN jsonb_build_object('text', left(b.t, %(cha
 -- name: admin_job_logs_excerpt
 -- A job's logs for the admin's change page (per-job logs, shardq/worker/joblogs.py): one object an
 -- attempt, oldest first, with its attempt number and the first :chars characters of its text (and
--- the text's size); an element that is not an object (an odd row) as its raw JSON text. NULL: none.
+-- the text's size); an element that is not an object with a string "text" (an odd row) as its raw
+-- JSON text. NULL: none.
 (SELECT jsonb_agg(
-     CASE WHEN jsonb_typeof(x.e) = 'object' THEN jsonb_build_object(
+     CASE WHEN jsonb_typeof(x.e -> 'text') = 'string' THEN jsonb_build_object(
          'n', x.n,
          'attempt', left(x.e ->> 'attempt', 20),
          'text', left(x.e ->> 'text', %(chars)s),
