@@ -52,7 +52,7 @@ from ..exceptions import (
 from ..tasks import Backoff, ShardTask, resolve
 from ..tasks.redaction import redact_text, sensitive_values
 from .completer import Completer
-from .joblogs import CAPTURE, CURRENT, end_attempt, scoped, thread_scope
+from .joblogs import CAPTURE, CURRENT, AttemptLog, end_attempt, scoped, thread_scope
 from .jobs import STARTED, ClaimedJob, Outcome
 from .leaser import Leaser
 from .pipeline import Pipeline, PipelineConfig
@@ -600,6 +600,7 @@ class Executor:
         began = time.monotonic()
         state = CommittedByTask()
         controlled: list[Attempt] = []  # the attempt under run control, if any (_call)
+        log = None  # what the attempt logged (joblogs.py), once it ended
         try:
             if self._capturing and (task.log if isinstance(task, ShardTask) else True):
                 # The attempt is current while its task runs: what it logs
@@ -613,7 +614,7 @@ class Executor:
                     value = self._call(task, job, result, state, controlled)
                 finally:
                     scope.attempt = None
-                    end_attempt(job)
+                    log = end_attempt(job)
             else:
                 value = self._call(task, job, result, state, controlled)
             # Most tasks return None: its JSON needs no encoder.
@@ -655,8 +656,8 @@ class Executor:
                 result = self._result(task, job)
             hidden = sensitive_values(task, job.args, job.kwargs)
             outcome = self._failure(task, job, rank, error, result, hidden)
-            if job.attempt_log is not None:
-                self._attach_log(outcome, job)
+            if log is not None:
+                self._attach_log(outcome, job, log)
             stand_in = None if result is None else _logged_stand_in(error, hidden)
             if stand_in is None:
                 self._finished(result, TaskResultStatus(outcome.status))
@@ -687,13 +688,12 @@ class Executor:
         outcome = Outcome(
             job.id, job.fence, rank, "SUCCESSFUL", return_value_json=return_json, shard=job.shard, attempts=job.attempts
         )
-        if job.attempt_log is not None:
-            self._attach_log(outcome, job)
+        if log is not None:
+            self._attach_log(outcome, job, log)
         return outcome
 
-    def _attach_log(self, outcome: Outcome, job: ClaimedJob) -> None:
+    def _attach_log(self, outcome: Outcome, job: ClaimedJob, log: AttemptLog | None) -> None:
         """The attempt's log rides on its outcome (nothing when it logged nothing)."""
-        log = end_attempt(job)
         if log is not None:
             outcome.log_json = log.entry_json(job.attempts)
             outcome.log_bytes = self.job_log_bytes
@@ -952,7 +952,7 @@ class Executor:
         outcome.extra["timed_out"] = True
         # What the task logged until its deadline (the log closes now: a
         # stuck thread's later records are not the attempt's).
-        self._attach_log(outcome, job)
+        self._attach_log(outcome, job, end_attempt(job))
         if self.metrics is not None:
             outcome.job = job
         self.completer.put(outcome)

@@ -13,8 +13,9 @@ first record (``job.attempt_log``). The handler appends a record only under an
 attempt whose log is open and only on the scope's thread: a record of another
 thread (a fresh context holds no scope; one that copied the context is not
 the scope's thread), of the worker's own ``shardq`` loggers, or logged once
-the attempt ended (``end_attempt``) is not attached. The attempt's text rides on its outcome, written by
-the completer's one ``complete_jobs`` statement: no statement of its own.
+the attempt ended (``end_attempt``) is not attached. The attempt's text
+rides on its outcome, written by the completer's one ``complete_jobs``
+statement: no statement of its own.
 
 Levels. Under Django's default ``LOGGING`` the root logger is at WARNING, so
 a task's ``logging.getLogger(__name__).info(...)`` is dropped before any
