@@ -30,7 +30,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--database", default="shardq_bench")
+    p.add_argument(
+        "--micro",
+        action="store_true",
+        help="only time, in-process, what the feature adds to one attempt that logs nothing (best of 5)",
+    )
     args = p.parse_args()
+    if args.micro:
+        micro()
+        return
     sys.path[:] = [str(REPO), *(q for q in sys.path if Path(q or ".").resolve() != REPO / "bench")]
     os.chdir(REPO)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
@@ -65,6 +73,61 @@ def main() -> None:
             f" {statistics.median(r[what] for r in runs['on']):,.1f}"
             f" {'µs/job (worker CPU, steady state)' if what == 'cpu_us_per_job' else 'jobs/s'}"
         )
+
+
+def micro(number: int = 200_000) -> None:
+    """What ``Executor.execute`` does for per-job logs around a task that logs
+    nothing (the scope's attempt set and cleared, ``end_attempt``, the test
+    of the log), against the same call without it; best of 5."""
+    import timeit
+
+    sys.path[:] = [str(REPO), *(q for q in sys.path if Path(q or ".").resolve() != REPO / "bench")]
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS["on"])
+    import django
+
+    django.setup()
+    from django.tasks import task
+
+    from shardq.tasks import ShardTask
+    from shardq.worker.joblogs import CURRENT, end_attempt, thread_scope
+    from shardq.worker.jobs import ClaimedJob
+
+    job = ClaimedJob.__new__(ClaimedJob)
+
+    def body() -> None:
+        return None
+
+    body.__module__ = "tests.taskapp.tasks"
+    noop = task()(body)
+
+    def call() -> None:
+        noop.func()
+
+    def call_with_logs() -> None:
+        job.attempt_log = None  # a fresh claim's
+        log = None
+        if noop.log if isinstance(noop, ShardTask) else True:
+            scope = CURRENT.get() or thread_scope()
+            scope.attempt = (job, noop, 65536)
+            try:
+                noop.func()
+            finally:
+                scope.attempt = None
+                log = end_attempt(job)
+        if log is not None:
+            raise AssertionError("nothing was logged")
+
+    def plain() -> None:
+        job.attempt_log = None
+        call()
+
+    best = {}
+    for name, fn in (("without", plain), ("with", call_with_logs)):
+        best[name] = min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
+    print(
+        f"one attempt that logs nothing: {best['without']:.3f} µs without per-job logs, {best['with']:.3f} µs "
+        f"with: {best['with'] - best['without']:.3f} µs added (best of 5 × {number:,}; load {os.getloadavg()[0]:.1f})"
+    )
 
 
 if __name__ == "__main__":
