@@ -86,19 +86,12 @@ def micro(number: int = 200_000) -> None:
     import django
 
     django.setup()
-    from django.tasks import task
-
     from shardq.tasks import ShardTask
     from shardq.worker.joblogs import CURRENT, end_attempt, thread_scope
     from shardq.worker.jobs import ClaimedJob
+    from tests.taskapp.tasks import noop
 
     job = ClaimedJob.__new__(ClaimedJob)
-
-    def body() -> None:
-        return None
-
-    body.__module__ = "tests.taskapp.tasks"
-    noop = task()(body)
 
     def call() -> None:
         noop.func()
