@@ -159,6 +159,13 @@ bench-bulk: $(STAMP)
 bench-pause: $(STAMP)
 	DJANGO_SETTINGS_MODULE=tests.settings PYTHONPATH=. $(PY) manage.py migrate -v 0
 	DJANGO_SETTINGS_MODULE=tests.settings PYTHONPATH=. $(PY) bench/pause.py
+# bench-joblogs: per-job logs' cost (bench/ab_job_logs.py): what the feature adds
+# to one attempt, timed in-process, then the no-op drain with it on and off,
+# alternated (8 rounds of 20,000 jobs); figures in docs/benchmarks.md.
+.PHONY: bench-joblogs
+bench-joblogs: $(STAMP)
+	$(PY) bench/ab_job_logs.py --micro
+	$(PY) bench/ab_job_logs.py --rounds 8
 
 soak: $(STAMP)
 	$(PY) bench/soak.py

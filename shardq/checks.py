@@ -15,6 +15,7 @@ Stable ids:
   shardq.E012  TASK_TIMEOUT, MAX_ZOMBIES or ZOMBIE_GRACE is not a valid value
   shardq.E013  SHARDQ["QUEUES"] names a queue no shardq backend's QUEUES has
   shardq.E014  a HISTORY_* setting of SHARDQ is not a valid value
+  shardq.E015  JOB_LOG_LEVEL or JOB_LOG_BYTES is not a valid value
   shardq.W001  "shardq" is in INSTALLED_APPS but no TASKS backend is shardq's
                (E013 and W001 are in ``app_checks.py``: they need the backend
                class, and the backend imports this module)
@@ -32,7 +33,15 @@ from django.apps import apps
 from django.core import checks
 from django.db import connections
 
-from .conf import DEFAULTS, default_timeout_seconds, history_config, max_zombies, zombie_grace_seconds
+from .conf import (
+    DEFAULTS,
+    default_timeout_seconds,
+    history_config,
+    job_log_bytes,
+    job_log_level,
+    max_zombies,
+    zombie_grace_seconds,
+)
 from .exceptions import ShardqConfigurationError, ShardqNotInstalled
 
 # Every key a shardq backend reads from its OPTIONS (backend.py).
@@ -219,6 +228,17 @@ def backend_checks(backend) -> list[checks.CheckMessage]:
         errors.append(
             checks.Error(str(exc), hint='History settings: docs/configuration.md, "History".', id="shardq.E014")
         )
+    for key, check in (("JOB_LOG_LEVEL", job_log_level), ("JOB_LOG_BYTES", job_log_bytes)):
+        try:
+            check(raw[key])
+        except ShardqConfigurationError as exc:
+            errors.append(
+                checks.Error(
+                    str(exc),
+                    hint="Per-job logs: docs/configuration.md (JOB_LOG_LEVEL, JOB_LOG_BYTES).",
+                    id="shardq.E015",
+                )
+            )
     from .pooling import pooling_checks
 
     errors.extend(pooling_checks(backend))  # WORKER_DATABASE, a worker behind a transaction pool

@@ -1,5 +1,6 @@
 """shardq's settings: ``settings.SHARDQ`` merged over the defaults."""
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +67,11 @@ DEFAULTS = {
     "HISTORY_GRACE": 60.0,
     "HISTORY_PARTITION": 86400,
     "HISTORY_BATCH": 5000,
+    # Per-job logs (docs/tasks.md, "Logs"): what a task logs at this level or
+    # above during an attempt is kept with the attempt and shown on the admin's
+    # job page, at most JOB_LOG_BYTES bytes a job (0: no logs kept).
+    "JOB_LOG_LEVEL": "INFO",
+    "JOB_LOG_BYTES": 64 * 1024,
 }
 
 
@@ -123,6 +129,8 @@ def history_config(raw: dict[str, Any]) -> HistoryConfig | None:
             "SHARDQ['HISTORY_PARTITION'] and SHARDQ['HISTORY_BATCH'] are whole numbers (seconds, jobs)."
         )
     return HistoryConfig(keep_seconds=days * 86400, grace_seconds=grace, partition_seconds=int(width), batch=int(batch))
+    job_log_level: int = logging.INFO
+    job_log_bytes: int = 64 * 1024
 
 
 def get_config() -> Config:
@@ -150,6 +158,8 @@ def get_config() -> Config:
             unknown_task_timeout_seconds, raw["UNKNOWN_TASK_TIMEOUT"], DEFAULTS["UNKNOWN_TASK_TIMEOUT"]
         ),
         history=_or_default(history_config, raw, history_config(DEFAULTS)),
+        job_log_level=_or_default(job_log_level, raw["JOB_LOG_LEVEL"], logging.INFO),
+        job_log_bytes=_or_default(job_log_bytes, raw["JOB_LOG_BYTES"], DEFAULTS["JOB_LOG_BYTES"]),
     )
 
 
@@ -225,3 +235,33 @@ def unknown_task_retry_seconds(timeout_seconds: float) -> float:
     """How long a job whose task this worker cannot resolve waits before it
     is claimed again: a twentieth of the bound, from 0.2 s to 10 s."""
     return min(10.0, max(0.2, timeout_seconds / 20))
+
+
+# The least JOB_LOG_BYTES other than 0: room for a line and the cut's mark.
+MIN_JOB_LOG_BYTES = 256
+
+
+def job_log_level(value: object) -> int:
+    """SHARDQ["JOB_LOG_LEVEL"]: a level name ("INFO") or number, as logging's number."""
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        number = value
+    elif isinstance(value, str):
+        number = logging.getLevelNamesMapping().get(value.upper())
+    if number is None:
+        raise ShardqConfigurationError(
+            f"SHARDQ['JOB_LOG_LEVEL'] = {value!r} is not a logging level: give a level name such as "
+            "'INFO' or 'DEBUG' (or its number); a task's records at that level or above are kept "
+            "with its attempt (default 'INFO')."
+        )
+    return number
+
+
+def job_log_bytes(value: object) -> int:
+    """SHARDQ["JOB_LOG_BYTES"]: 0 (no logs kept) or an int >= MIN_JOB_LOG_BYTES."""
+    if isinstance(value, bool) or not isinstance(value, int) or (value != 0 and value < MIN_JOB_LOG_BYTES):
+        raise ShardqConfigurationError(
+            f"SHARDQ['JOB_LOG_BYTES'] = {value!r} is not 0 or an int >= {MIN_JOB_LOG_BYTES}: the bytes "
+            "of log text a job keeps, its attempts together (default 65536; 0 keeps no logs)."
+        )
+    return value

@@ -97,6 +97,11 @@ def record_is_seen(logger: logging.Logger, level: int) -> bool:
     current: logging.Logger | None = logger
     while current is not None:
         for handler in current.handlers:
+            if getattr(handler, "captures_job_logs", False):
+                # Per-job logs' handler (worker/joblogs.py) keeps only a task's
+                # own records, never these signals' (sent outside an attempt),
+                # and passes on to the last resort what logging would have.
+                continue
             found += 1
             if level >= handler.level and _handler_sees(handler):
                 return True

@@ -55,6 +55,10 @@ class Job(models.Model):
     return_value = models.JSONField(null=True, blank=True)
     errors = models.JSONField(default=list)
     worker_ids = models.JSONField(default=list)
+    # Per-job logs (shardq/worker/joblogs.py): one {"attempt": n, "text": ...}
+    # an attempt whose task logged something, oldest first, at most
+    # SHARDQ["JOB_LOG_BYTES"] of text in all. NULL: nothing logged.
+    logs = models.JSONField(null=True, blank=True)
     enqueued_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db import connection
 
-JSON_COLUMNS = {"args", "kwargs", "return_value", "errors", "worker_ids"}
+JSON_COLUMNS = {"args", "kwargs", "return_value", "errors", "worker_ids", "logs"}
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05, message: Any = ""):

@@ -25,6 +25,7 @@ SHARDQ = {
         "tests.taskapp.audit_tasks",
         "tests.taskapp.tracing_tasks",
         "tests.taskapp.fair_tasks",
+        "tests.taskapp.joblog_tasks",
     ],
 }
 # Workers started by the process tier keep finished jobs in shardq_job for an

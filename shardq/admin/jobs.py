@@ -105,7 +105,11 @@ BOTH_LOCATIONS = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
 # The job's timestamp columns, read through with_safe_times.
 TIMES = ("enqueued_at", "run_after", "started_at", "last_attempted_at", "finished_at")
 # Loaded only as bounded excerpts on the job's page (get_object).
-OUTCOME_FIELDS = ("return_value", "errors", "worker_ids")
+OUTCOME_FIELDS = ("return_value", "errors", "worker_ids", "logs")
+# A job's logs are shown whole up to this many characters an attempt (the
+# worker keeps SHARDQ["JOB_LOG_BYTES"], 64 KiB, a job; a row written
+# otherwise is cut here).
+LOG_SHOWN_CHARS = 64 * 1024
 # The only fields a URL may filter on (JobAdmin.lookup_allowed): what the
 # list filters, the shard map's and the dashboard's links and the id search
 # use. Everything else -- arguments, outcomes, the shard key and its hash,
@@ -199,6 +203,7 @@ class JobAdmin(BulkActionsMixin, ShardqModelAdmin):
         ),
         ("Arguments", {"fields": ("args_display", "kwargs_display", "redaction")}),
         ("Outcome", {"fields": ("return_value_display", "errors_display", "worker_ids_display")}),
+        ("Logs", {"fields": ("logs_display",)}),
         (
             "Shard and attempts",
             {
@@ -242,6 +247,7 @@ class JobAdmin(BulkActionsMixin, ShardqModelAdmin):
         "return_value_display",
         "errors_display",
         "worker_ids_display",
+        "logs_display",
         "shard_key_display",
         "key_hash_display",
         "worker_losses_display",
@@ -291,6 +297,7 @@ class JobAdmin(BulkActionsMixin, ShardqModelAdmin):
             errors_excerpt=operations.expression(
                 "admin_job_errors_excerpt", {**chars, "each_end": ERRORS_SHOWN_EACH_END}, JSONField()
             ),
+            logs_excerpt=operations.expression("admin_job_logs_excerpt", {"chars": LOG_SHOWN_CHARS}, JSONField()),
         )
         field = Job._meta.pk if from_field is None else Job._meta.get_field(from_field)
         try:
@@ -666,6 +673,24 @@ class JobAdmin(BulkActionsMixin, ShardqModelAdmin):
             "admin/shardq/fragments/errors.html",
             {"errors": items, "more": count > len(errors), "count": count, "each_end": ERRORS_SHOWN_EACH_END},
         )
+
+    @admin.display(description="logged by the task (per attempt)")
+    def logs_display(self, obj):
+        """Each attempt's log (per-job logs, shardq/worker/joblogs.py),
+        oldest first, escaped, in a monospace block."""
+        shown = getattr(obj, "logs_excerpt", None)
+        if not shown or not isinstance(shown, list):
+            return "none"
+        items = []
+        for entry in shown:
+            if not isinstance(entry, dict):
+                continue
+            if "raw" in entry:  # not an object: the raw JSON
+                items.append(("?", excerpt(entry["raw"] or "", entry.get("raw_bytes"), LOG_SHOWN_CHARS)))
+            else:
+                text = excerpt(entry.get("text") or "", entry.get("text_bytes"), LOG_SHOWN_CHARS)
+                items.append((truncate(str(entry.get("attempt") or "?"), 20), text))
+        return render_to_string("admin/shardq/fragments/logs.html", {"logs": items})
 
     @admin.display(description="worker ids (one per attempt)")
     def worker_ids_display(self, obj):

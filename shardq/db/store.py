@@ -155,6 +155,10 @@ class OutcomeRef(Protocol):
     def error_json(self) -> str | None: ...
     @property
     def delay(self) -> float: ...
+    @property
+    def log_json(self) -> str | None: ...
+    @property
+    def log_bytes(self) -> int: ...
 
 
 #: Rows by name, as ``named=True`` statements return them.
@@ -346,7 +350,14 @@ def outcome_batch_json(outcomes: Iterable[OutcomeRef]) -> str:
     """
     parts = []
     for o in outcomes:
-        if o.status == "SUCCESSFUL" and o.error_json is None and o.return_value_json == "null" and not o.delay:
+        log = o.log_json
+        if (
+            log is None
+            and o.status == "SUCCESSFUL"
+            and o.error_json is None
+            and o.return_value_json == "null"
+            and not o.delay
+        ):
             # The usual ack (a task that returned None), formatted once.
             parts.append('{"id":%d,"fence":%d,"rank":%d,%s' % (o.id, o.fence, o.rank, _NULL_SUCCESS))  # noqa: UP031
             continue
@@ -355,6 +366,10 @@ def outcome_batch_json(outcomes: Iterable[OutcomeRef]) -> str:
             extra += ',"return_value":' + o.return_value_json
         if o.error_json is not None:
             extra += ',"error":' + o.error_json
+        if log is not None:
+            # The attempt's per-job log entry, and the job's bound for the
+            # SQL that keeps its attempts' logs within it.
+            extra += ',"log":%s,"log_bytes":%d' % (log, o.log_bytes)  # noqa: UP031
         # %-formatting on purpose: %d renders any integral number as an integer.
         parts.append(
             '{"id":%d,"fence":%d,"rank":%d,"status":"%s","delay":%r%s}'  # noqa: UP031

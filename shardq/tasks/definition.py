@@ -116,6 +116,9 @@ class ShardTask(Task):
     fair_key_value: str | None = None
     fair_weight: int | None = None
     fair_by: str = "count"
+    # Per-job logs (shardq/worker/joblogs.py): False keeps nothing this task
+    # logs with its attempts (a task that logs what no operator should read).
+    log: bool = True
 
     @property
     def timeout_seconds(self) -> float | None:
@@ -193,6 +196,7 @@ def shard_task(
     fair_key=None,
     fair_weight=None,
     fair_by="count",
+    log=True,
 ):
     """Decorate a module-level function as a shardq task (see ``ShardTask``)."""
     if isinstance(sensitive, (list, set, frozenset)):
@@ -221,6 +225,7 @@ def shard_task(
             fair_key=fair_key,
             fair_weight=fair_weight,
             fair_by=fair_by,
+            log=log,
         )
 
     if function is not None:
@@ -253,6 +258,10 @@ def validate_shard_options(task: Task) -> None:
             f"(at-most-once), not {task.on_worker_lost!r}."
         )
     _check_timeout(task)
+    if not isinstance(task.log, bool):
+        raise InvalidTask(
+            f"{name}: log must be True (keep what the task logs with each attempt) or False, not {task.log!r}."
+        )
 
 
 def _check_timeout(task: "ShardTask") -> None:

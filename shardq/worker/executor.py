@@ -52,6 +52,7 @@ from ..exceptions import (
 from ..tasks import Backoff, ShardTask, resolve
 from ..tasks.redaction import redact_text, sensitive_values
 from .completer import Completer
+from .joblogs import CAPTURE, CURRENT, AttemptLog, end_attempt, scoped, thread_scope
 from .jobs import STARTED, ClaimedJob, Outcome
 from .leaser import Leaser
 from .pipeline import Pipeline, PipelineConfig
@@ -321,6 +322,10 @@ class Executor:
         self.max_result_bytes = settings.max_result_bytes
         self.default_timeout_seconds = settings.task_timeout_seconds
         self.unknown_task_timeout_seconds = settings.unknown_task_timeout_seconds
+        # Per-job logs (joblogs.py): each attempt's records kept, bounded (0: off).
+        self.job_log_bytes = settings.job_log_bytes
+        self.job_log_level = settings.job_log_level
+        self._capturing = False
         # Timeouts, cancels seen by running tasks, zombie threads (runcontrol.py).
         self.control = RunControl(
             control_store or WorkerStore(config.database, application_name="shardq-runcontrol"),
@@ -369,6 +374,9 @@ class Executor:
         return 2 * average + GATHER_SLACK_SECONDS
 
     def start(self) -> None:
+        if self.job_log_bytes:
+            CAPTURE.install(self.job_log_level)
+            self._capturing = True
         self.control.start()
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="shardq-async", daemon=True)
@@ -396,6 +404,9 @@ class Executor:
             waiting[0].join(timeout=min(left, 0.25))
         finished = not waiting
         self.control.stop()
+        if self._capturing:
+            self._capturing = False
+            CAPTURE.uninstall()
         if finished and self.loop is not None and self._loop_thread is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._loop_thread.join(timeout=5)
@@ -617,8 +628,23 @@ class Executor:
         began = time.monotonic()
         state = CommittedByTask()
         controlled: list[Attempt] = []  # the attempt under run control, if any (_call)
+        log = None  # what the attempt logged (joblogs.py), once it ended
         try:
-            value = self._call(task, job, result, state, controlled)
+            if self._capturing and (task.log if isinstance(task, ShardTask) else True):
+                # The attempt is current while its task runs: what it logs
+                # is kept with it (joblogs.py). Ended as the call returns: a
+                # record logged later (a coroutine cancelled at the deadline
+                # that carries on, a thread the task left behind) is not
+                # the attempt's.
+                scope = CURRENT.get() or thread_scope()
+                scope.attempt = (job, task, self.job_log_bytes)
+                try:
+                    value = self._call(task, job, result, state, controlled)
+                finally:
+                    scope.attempt = None
+                    log = end_attempt(job)
+            else:
+                value = self._call(task, job, result, state, controlled)
             # Most tasks return None: its JSON needs no encoder.
             return_json = "null" if value is None else self._encode_result(value)
         except BaseException as error:
@@ -658,6 +684,8 @@ class Executor:
                 result = self._result(task, job)
             hidden = sensitive_values(task, job.args, job.kwargs)
             outcome = self._failure(task, job, rank, error, result, hidden)
+            if log is not None:
+                self._attach_log(outcome, job, log)
             stand_in = None if result is None else _logged_stand_in(error, hidden)
             if stand_in is None:
                 self._finished(result, TaskResultStatus(outcome.status))
@@ -685,9 +713,18 @@ class Executor:
         if result is not None:
             object.__setattr__(result, "_return_value", json.loads(return_json))
         self._finished(result, TaskResultStatus.SUCCESSFUL)
-        return Outcome(
+        outcome = Outcome(
             job.id, job.fence, rank, "SUCCESSFUL", return_value_json=return_json, shard=job.shard, attempts=job.attempts
         )
+        if log is not None:
+            self._attach_log(outcome, job, log)
+        return outcome
+
+    def _attach_log(self, outcome: Outcome, job: ClaimedJob, log: AttemptLog | None) -> None:
+        """The attempt's log rides on its outcome (nothing when it logged nothing)."""
+        if log is not None:
+            outcome.log_json = log.entry_json(job.attempts)
+            outcome.log_bytes = self.job_log_bytes
 
     def _encode_result(self, value: object) -> str:
         """The return value as JSON PostgreSQL will store, or the job's error."""
@@ -815,7 +852,13 @@ class Executor:
                 ]
             if is_async:
                 assert self.loop is not None
-                future = asyncio.run_coroutine_threadsafe(task.func(*args, **kwargs), self.loop)
+                coroutine = task.func(*args, **kwargs)
+                scope = CURRENT.get()
+                if scope is not None and scope.attempt is not None and self._loop_thread is not None:
+                    # Its records are this attempt's, in a scope of its own
+                    # on the loop's thread (joblogs.py).
+                    coroutine = scoped(coroutine, scope.attempt, self._loop_thread.ident or 0)
+                future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
                 # Cancelled at the deadline or on a cancel (runcontrol.py):
                 # this thread is free at once, the coroutine gets
                 # CancelledError at its next await.
@@ -935,6 +978,9 @@ class Executor:
         error = TaskTimeout(f"job {job.id} ran past its timeout of {attempt.timeout_seconds:g}s; {how}")
         outcome = self._failure(task, job, attempt.rank, error, None)
         outcome.extra["timed_out"] = True
+        # What the task logged until its deadline (the log closes now: a
+        # stuck thread's later records are not the attempt's).
+        self._attach_log(outcome, job, end_attempt(job))
         if self.metrics is not None:
             outcome.job = job
         self.completer.put(outcome)

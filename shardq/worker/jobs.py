@@ -76,6 +76,9 @@ class ClaimedJob:
     # The verdict of this job's start write (starter.py; None: not written:
     # the executor fails it without running, or has not begun it).
     start_verdict: tuple | None = None
+    # The log of its attempt running here (worker/joblogs.py; None: not
+    # kept): read at the deadline for the outcome written then.
+    attempt_log: Any = None
     # Ran here under an earlier claim whose outcome was refused: the return
     # value's JSON to write under this claim instead of running it again
     # (Fetcher.take, Executor.execute).
@@ -151,6 +154,10 @@ class Outcome:
     shard: int = -1
     attempts: int = 0
     extra: dict = field(default_factory=dict)
+    # The attempt's entry of the job's per-job logs (JSON; None: nothing
+    # logged), and the job's bound, SHARDQ["JOB_LOG_BYTES"] (worker/joblogs.py).
+    log_json: str | None = None
+    log_bytes: int = 0
     # The job it ends, for the metrics' labels (set only when metrics are on).
     job: ClaimedJob | None = None
     # Called once the completer is done with it (written, refused or given

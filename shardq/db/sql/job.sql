@@ -618,7 +618,10 @@ RETURNING job.id, job.attempts, job.status_rank, job.started_at, job.last_attemp
 -- JSON array, fenced twice: the job still carries this claim's fence and rank, and that fence is
 -- still its shard's claim version (the shard has not changed hands since the claim). The (id,
 -- rank) pairs returned were written; the rest lost ownership. children_pending says which of them
--- is a workflow parent whose children wait for the resolver.
+-- is a workflow parent whose children wait for the resolver. An outcome's log (the attempt's entry
+-- of per-job logs, shardq/worker/joblogs.py) is appended to the job's logs; when the job's entries
+-- would pass log_bytes (SHARDQ["JOB_LOG_BYTES"]) of text together, the oldest ones' text gives way
+-- to a mark of the bytes cut (the newest is within the bound on its own: the worker cut it so).
 UPDATE shardq_job AS job
 SET status = a.status,
     status_rank = a.rank,
@@ -626,12 +629,25 @@ SET status = a.status,
     errors = CASE WHEN a.error IS NULL THEN job.errors
                   WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors || jsonb_build_array(a.error)
                   ELSE jsonb_build_array(a.error) END,
+    logs = CASE WHEN a.log IS NULL THEN job.logs
+                WHEN jsonb_typeof(job.logs) IS DISTINCT FROM 'array' THEN jsonb_build_array(a.log)
+                WHEN octet_length(job.logs::text) + octet_length(a.log::text) <= a.log_bytes
+                    THEN job.logs || jsonb_build_array(a.log)
+                ELSE (SELECT jsonb_agg(CASE WHEN w.kept THEN w.e
+                                            ELSE jsonb_build_object('attempt', w.e -> 'attempt', 'text',
+                                                     format('… %%s bytes cut', octet_length(w.e ->> 'text')))
+                                       END ORDER BY w.n)
+                      FROM (SELECT x.e, x.n,
+                                   sum(octet_length(x.e ->> 'text')) OVER (ORDER BY x.n DESC) <= a.log_bytes AS kept
+                            FROM jsonb_array_elements(job.logs || jsonb_build_array(a.log))
+                                 WITH ORDINALITY AS x(e, n)) AS w) END,
     finished_at = CASE WHEN a.status = 'READY' THEN NULL ELSE clock_timestamp() END,
     run_after = CASE WHEN a.status = 'READY'
                      THEN {{now}} + make_interval(secs => a.delay)
                      ELSE job.run_after END
 FROM jsonb_to_recordset(%(batch)s::jsonb)
-         AS a(id bigint, fence bigint, rank int, status text, return_value jsonb, error jsonb, delay float8),
+         AS a(id bigint, fence bigint, rank int, status text, return_value jsonb, error jsonb, delay float8,
+              log jsonb, log_bytes int),
      shardq_shard AS s
 WHERE job.id = ANY(%(ids)s::bigint[]) AND job.id = a.id
   AND job.fence <= a.fence AND job.status_rank < a.rank
@@ -979,6 +995,23 @@ SELECT CASE WHEN b.t IS NOT NULL THEN jsonb_build_object('text', left(b.t, %(cha
                                  'raw_bytes', octet_length(e.e::text)) END
          ORDER BY e.n) FILTER (WHERE e.n <= %(each_end)s OR e.n > e.total - %(each_end)s), '[]'::jsonb))
  FROM e)
+
+-- name: admin_job_logs_excerpt
+-- A job's logs for the admin's change page (per-job logs, shardq/worker/joblogs.py): one object an
+-- attempt, oldest first, with its attempt number and the first :chars characters of its text (and
+-- the text's size); an element that is not an object with a string "text" (an odd row) as its raw
+-- JSON text. NULL: none.
+(SELECT jsonb_agg(
+     CASE WHEN jsonb_typeof(x.e -> 'text') = 'string' THEN jsonb_build_object(
+         'n', x.n,
+         'attempt', left(x.e ->> 'attempt', 20),
+         'text', left(x.e ->> 'text', %(chars)s),
+         'text_bytes', octet_length(x.e ->> 'text'))
+     ELSE jsonb_build_object('n', x.n, 'raw', left(x.e::text, %(chars)s), 'raw_bytes', octet_length(x.e::text)) END
+     ORDER BY x.n)
+ FROM jsonb_array_elements(CASE WHEN jsonb_typeof(shardq_job.logs) = 'array' THEN shardq_job.logs
+                                ELSE jsonb_build_array(shardq_job.logs) END) WITH ORDINALITY AS x(e, n)
+ WHERE shardq_job.logs IS NOT NULL)
 
 -- name: admin_dashboard
 -- Admin dashboard, one row a shard plus one totals row (shard NULL): owner and seconds of lease

@@ -20,7 +20,7 @@
 -- workflow parent whose children the resolver has not moved on yet, or one with a WAITING child
 -- (as shardq_prune). Returns how many left shardq_job and how many of them were written to history.
 -- The INSERT is positional (SELECT *): the two tables have the same columns in the same order
--- (migration 0021, shardq.history.sync_history_columns, and a test that checks it).
+-- (migration 0022, shardq.db.store.sync_history_columns, and a test that checks it).
 WITH picked AS MATERIALIZED (
     SELECT id FROM shardq_job AS j
     WHERE {{archivable*}}
@@ -115,7 +115,7 @@ ORDER BY COALESCE(hot.place, history.place);
 -- name: history_add_missing_columns
 -- The DDL that adds to shardq_job_history each column of shardq_job it lacks, with its type, in
 -- shardq_job's order (appended: a column appended to shardq_job lands at the same place); one
--- statement a row (run by shardq.history.sync_history_columns after migrate).
+-- statement a row (run by shardq.db.store.sync_history_columns after migrate).
 SELECT format('ALTER TABLE shardq_job_history ADD COLUMN %%I %%s', a.attname, format_type(a.atttypid, a.atttypmod))
 FROM pg_attribute AS a
 WHERE a.attrelid = 'shardq_job'::regclass AND a.attnum > 0 AND NOT a.attisdropped

@@ -22,7 +22,7 @@ items (retry, discard; shardq_prune --failed).
 
 A column a later migration adds to ``shardq_job`` must be added to
 ``shardq_job_history`` in the same migration, at the same place (the
-post-migrate hook ``shardq.history.sync_history_columns`` adds any that is
+post-migrate hook ``shardq.db.store.sync_history_columns`` adds any that is
 missing, at the end, so a migration that forgets still leaves the two
 tables matching when both append).
 """
@@ -57,7 +57,7 @@ def history_fields():
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("shardq", "0020_bulk_operations"),
+        ("shardq", "0021_fair_round"),
     ]
 
     operations = [
