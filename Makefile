@@ -154,6 +154,15 @@ bench-bulk: $(STAMP)
 	DJANGO_SETTINGS_MODULE=tests.settings PYTHONPATH=. $(PY) manage.py migrate -v 0
 	DJANGO_SETTINGS_MODULE=tests.settings PYTHONPATH=. $(PY) bench/bulk_retry.py
 
+# bench-admin: the admin at 10,000,000 jobs, every page timed server-side (bench/admin_10m.py;
+# its own database, filled once, ~10 min). bench-search-cost: the argument index on the hot path.
+.PHONY: bench-admin bench-search-cost
+bench-admin: $(STAMP)
+	$(PY) bench/admin_10m.py
+
+bench-search-cost: $(STAMP)
+	$(PY) bench/search_index_cost.py
+
 soak: $(STAMP)
 	$(PY) bench/soak.py
 

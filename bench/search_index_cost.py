@@ -1,10 +1,13 @@
-"""What the search index on arguments (``shardq_job_kwargs_idx``, GIN
-jsonb_path_ops on kwargs) costs the hot path: enqueue rate and a no-op
-drain, with the index and without it, alternated round by round in one run.
+"""What the admin's search indexes cost the hot path: enqueue rate and a
+no-op drain, with the indexes and without them, alternated round by round
+in one run. By default the three every job is in: ``shardq_job_kwargs_idx``
+(GIN jsonb_path_ops on kwargs), ``shardq_job_task_idx`` and
+``shardq_job_key_idx`` (``--indexes`` names others; the tag and dead-letter
+indexes hold only tagged jobs and dead letters, which these jobs are not).
 
     DATABASE_URL=... .venv/bin/python bench/search_index_cost.py [--rounds 8] [--jobs 20000] [--enqueue 3000]
 
-Each round, for each side (which goes first alternates): the index is
+Each round, for each side (which goes first alternates): the indexes are
 created (on) or dropped (off) on the emptied table, then ``--enqueue`` jobs
 of ``tests.taskapp.tasks.keyed(user_id=..., note=...)`` are enqueued one by
 one in autocommit through the public API (this process), then ``--jobs``
@@ -24,8 +27,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-INDEX = "shardq_job_kwargs_idx"
-CREATE = f"CREATE INDEX IF NOT EXISTS {INDEX} ON shardq_job USING gin (kwargs jsonb_path_ops)"
+INDEXES = ("shardq_job_kwargs_idx", "shardq_job_task_idx", "shardq_job_key_idx")
 KEYED = "tests.taskapp.tasks.keyed"
 
 
@@ -56,6 +58,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=20_000, help="jobs a drain")
     p.add_argument("--enqueue", type=int, default=3000, help="jobs enqueued one by one a round")
     p.add_argument("--database", default="shardq_search_bench")
+    p.add_argument("--indexes", default=",".join(INDEXES), help="the indexes toggled (comma-separated)")
     args = p.parse_args()
     sys.path[:] = [str(REPO), *(q for q in sys.path if Path(q or ".").resolve() != REPO / "bench")]
     os.chdir(REPO)
@@ -74,6 +77,17 @@ def main() -> None:
     connections["default"].settings_dict["NAME"] = args.database
     e2e.limit.fill = lambda url, n: fill_keyed(url, n)  # the drain's jobs: keyed, with kwargs
     bench = e2e.Bench(e2e.Options(database_url=url, jobs=args.jobs))
+    names = [n.strip() for n in args.indexes.split(",") if n.strip()]
+    found = dict(bench.sql("SELECT indexname, indexdef FROM pg_indexes WHERE indexname = ANY(%s)", [names]))
+    missing = sorted(set(names) - set(found))
+    if missing:
+        sys.exit(f"no index {', '.join(missing)} in {args.database}: migrate it, or name others with --indexes")
+    create = [d.replace("CREATE INDEX", "CREATE INDEX IF NOT EXISTS", 1) for d in found.values()]
+
+    def toggle(on: bool) -> None:
+        for index, definition in zip(found, create, strict=True):
+            bench.sql(definition if on else f"DROP INDEX IF EXISTS {index}")
+
     runs: dict[str, list[dict]] = {"on": [], "off": []}
     load = []
     try:
@@ -81,7 +95,7 @@ def main() -> None:
             order = ["on", "off"] if round_ % 2 == 0 else ["off", "on"]
             for side in order:
                 bench.reset()
-                bench.sql(CREATE if side == "on" else f"DROP INDEX IF EXISTS {INDEX}")
+                toggle(side == "on")
                 started = time.perf_counter()
                 for i in range(args.enqueue):
                     keyed.enqueue(user_id=i % 50_000, note=f"invoice {i}")
@@ -91,7 +105,7 @@ def main() -> None:
                 runs[side].append(result)
                 load.append(os.getloadavg()[0])
                 print(
-                    f"round {round_ + 1} index {side:3}  enqueue {enqueue_rate:7,.0f} jobs/s"
+                    f"round {round_ + 1} indexes {side:3}  enqueue {enqueue_rate:7,.0f} jobs/s"
                     f"  drain wall {result['wall_rate']:7,.0f} jobs/s"
                     f"  steady {result['steady_rate'] or 0:7,.0f} jobs/s"
                     f"  cpu {result.get('cpu_us_per_job') or 0:6.1f} µs/job  load {load[-1]:.2f}",
@@ -99,7 +113,7 @@ def main() -> None:
                 )
     finally:
         bench.reset()
-        bench.sql(CREATE)
+        toggle(True)
         bench.conn.close()
     for what in ("enqueue_rate", "wall_rate", "steady_rate", "cpu_us_per_job"):
         ratios = [a[what] / b[what] for a, b in zip(runs["on"], runs["off"], strict=True) if a[what] and b[what]]

@@ -6,7 +6,9 @@ filters match, which at millions of rows reads them all (seconds). This one
 asks PostgreSQL's planner first (``EXPLAIN``: its row estimate from the
 table's statistics, no rows read); only when the estimate is small
 (≤ ``EXACT_BELOW``) does it count, and then a bounded count
-(``LIMIT EXACT_BELOW + 1``) that stops early whatever the estimate missed.
+(``LIMIT EXACT_BELOW + 1``) that stops early whatever the estimate missed,
+in the list's own order (newest first), so it walks the rows the page's own
+query walks rather than the whole table.
 A count that is an estimate is marked (``estimated``), and the page says
 "about N jobs".
 """
@@ -18,7 +20,7 @@ from django.db import connections
 from django.utils.functional import cached_property
 
 #: Below this many rows (estimated), the count is exact.
-EXACT_BELOW = 10_000
+EXACT_BELOW = 1000
 
 
 def estimated_rows(queryset) -> int | None:
@@ -44,7 +46,9 @@ class EstimatedCountPaginator(Paginator):
         if estimate is not None and estimate > EXACT_BELOW:
             self.estimated = True
             return estimate
-        bounded = queryset.values("pk").order_by()[: EXACT_BELOW + 1].count()
+        # Sliced, the count keeps the list's ordering (Django clears it
+        # only from an unsliced query).
+        bounded = queryset.values("pk")[: EXACT_BELOW + 1].count()
         if bounded > EXACT_BELOW:
             # More than the estimate said: at least this many.
             self.estimated = True
