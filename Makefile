@@ -166,6 +166,14 @@ bench-pause: $(STAMP)
 bench-joblogs: $(STAMP)
 	$(PY) bench/ab_job_logs.py --micro
 	$(PY) bench/ab_job_logs.py --rounds 8
+# bench-admin: the admin at 10,000,000 jobs, every page timed server-side (bench/admin_10m.py;
+# its own database, filled once, ~10 min). bench-search-cost: the argument index on the hot path.
+.PHONY: bench-admin bench-search-cost
+bench-admin: $(STAMP)
+	$(PY) bench/admin_10m.py
+
+bench-search-cost: $(STAMP)
+	$(PY) bench/search_index_cost.py
 
 soak: $(STAMP)
 	$(PY) bench/soak.py

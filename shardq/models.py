@@ -23,6 +23,16 @@ JOB_STATUSES = [
 ]
 
 
+class GinIndex(models.Index):
+    """A GIN index (``USING gin``) without django.contrib.postgres, whose
+    GinIndex needs it in INSTALLED_APPS: the same CREATE INDEX."""
+
+    suffix = "gin"
+
+    def create_sql(self, model, schema_editor, using="", **kwargs):
+        return super().create_sql(model, schema_editor, using=" USING gin", **kwargs)
+
+
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
     task_path = models.CharField(max_length=300)
@@ -94,6 +104,13 @@ class Job(models.Model):
     # for a job without one, which is claimed and run exactly as before.
     fair_key = models.TextField(null=True, blank=True)
     fair_weight = models.IntegerField(null=True, blank=True)
+    # Labels for finding jobs (docs/admin.md, "Tags and search"):
+    # @shard_task(tags=[...]) or .using(tags=[...]), a JSON array of text,
+    # sorted and without duplicates; NULL for a job without tags, which is
+    # then in no tag index. jsonb rather than text[], as limit_keys: the same
+    # GIN index and ``@>`` test, with no need for django.contrib.postgres in
+    # INSTALLED_APPS.
+    tags = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "shardq_job"
@@ -185,6 +202,33 @@ class Job(models.Model):
                 fields=["shard", "shard_key"],
                 condition=Q(ordered=True, status="SUSPENDED"),
                 name="shardq_job_ordered_susp_idx",
+            ),
+            # Jobs by tag (``tags @> ARRAY['billing']``): only tagged jobs are
+            # in it, so an untagged job's writes never touch it.
+            GinIndex(
+                fields=["tags"],
+                opclasses=["jsonb_path_ops"],
+                condition=Q(tags__isnull=False),
+                name="shardq_job_tags_idx",
+            ),
+            # Jobs by a keyword argument's value (``kwargs @> '{"customer_id": 7}'``;
+            # shardq.jobs(where=...), the admin's ``customer_id=7`` search).
+            # jsonb_path_ops: one hashed entry per value path, smaller and
+            # cheaper to write than jsonb_ops; it answers @> only, all the
+            # search needs. Its cost on the hot path: docs/benchmarks.md,
+            # "Search index cost".
+            GinIndex(fields=["kwargs"], opclasses=["jsonb_path_ops"], name="shardq_job_kwargs_idx"),
+            # The admin's job list at ten million rows (docs/admin.md): a
+            # task's jobs newest first, however rare the task (the list is
+            # ordered by -id, so the walk stops after a page).
+            models.Index(fields=["task_path", "-id"], name="shardq_job_task_idx"),
+            # The exact shard-key search (jobs without a key are not in it).
+            models.Index(fields=["shard_key"], condition=Q(shard_key__isnull=False), name="shardq_job_key_idx"),
+            # The dead-letter queue, newest first: only dead letters are in it.
+            models.Index(
+                F("id").desc(),
+                condition=Q(status="FAILED", attempts__gte=F("max_attempts")),
+                name="shardq_job_dead_idx",
             ),
         ]
         # A fair key fits shardq_job_fair_idx (a btree entry holds at most

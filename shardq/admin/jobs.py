@@ -2,6 +2,7 @@
 dead-letter actions (Retry, Discard), each one compare-and-set statement."""
 
 import json
+from urllib.parse import quote
 
 from django.contrib import admin, messages
 from django.contrib.admin import ActionLocation, helpers
@@ -26,8 +27,10 @@ from django.utils.html import format_html, format_html_join
 
 from .. import charts
 from ..conf import get_config
+from ..core.tags import normalize_tags
 from ..db import operations
 from ..models import Job
+from ..search import argument_filter, parse_argument_search, tags_filter
 from .bulk import BulkActionsMixin
 from .common import (
     ARGUMENTS_MAX_BYTES,
@@ -51,7 +54,24 @@ from .common import (
     truncate,
     with_safe_times,
 )
+from .paginator import EstimatedCountPaginator
 from .redaction import REDACTED, redact_arguments, shard_key_is_sensitive
+
+
+def searchable_task_paths(name: str) -> list[str]:
+    """Registered tasks whose keyword argument ``name`` the admin shows (not
+    sensitive, and an argument of the function): the only jobs an argument
+    search may match."""
+    paths = []
+    for task_path in known_task_paths():
+        task = task_of(task_path)
+        if task is None:
+            continue
+        _, shown = redact_arguments(task, [], {name: 0})
+        if isinstance(shown, dict) and shown.get(name) != REDACTED:
+            paths.append(task_path)
+    return paths
+
 
 # Jobs drawn at most in a workflow graph (the ones with the lowest ids).
 WORKFLOW_GRAPH_LIMIT = 200
@@ -98,6 +118,32 @@ class TaskPathFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         return queryset.filter(task_path=self.value()) if self.value() else queryset
+
+
+class TagFilter(admin.SimpleListFilter):
+    """Jobs carrying a tag (``tags @> '["billing"]'``, over shardq_job_tags_idx).
+    The choices are the registered tasks' tags; ``?tag=`` takes any other."""
+
+    title = "tag"
+    parameter_name = "tag"
+
+    def lookups(self, request, model_admin):
+        # From the task registry, not a scan of the table.
+        tags = {tag for path in known_task_paths() for tag in getattr(task_of(path), "tags", ())}
+        value = self.value()
+        if value and value not in tags:
+            tags.add(value)  # a tag given with .using(tags=...), shown while selected
+        return [(t, t) for t in sorted(tags)]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        try:
+            tags = normalize_tags([self.value()], "tag")
+        except ValueError as exc:
+            messages.warning(request, f"{exc} No job is shown for it.")
+            return queryset.none()
+        return queryset.filter(tags_filter(tags))
 
 
 BOTH_LOCATIONS = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
@@ -184,22 +230,51 @@ class JobAdmin(BulkActionsMixin, ShardqModelAdmin):
         "shard",
         "shard_key_display",
         "arguments_display",
+        "tags_display",
         "enqueued_at_display",
         "waited_display",
         "ran_display",
         "finished_at_display",
     )
-    list_filter = ("status", DeadLetterFilter, QueueFilter, TaskPathFilter)
-    # The exact shard key is searched too (get_search_results), among the
-    # jobs whose key the admin shows only.
-    search_fields = ("=id", "task_path")
-    search_help_text = "A job id, part of a task path, or an exact shard key."
+    list_filter = (
+        "status",
+        DeadLetterFilter,
+        QueueFilter,
+        TaskPathFilter,
+        TagFilter,
+        ("enqueued_at", admin.DateFieldListFilter),
+    )
+    # get_search_results reads the term itself (every kind of term through
+    # an index); search_fields only makes Django show the search box.
+    search_fields = ("=id",)
+    search_help_text = (
+        "A job id, an exact shard key, part of a task's path, or a keyword argument's value: "
+        'customer_id=7 (also args.customer_id=7; "7" for text only, {"a": 1} for part of a nested value). '
+        "Sensitive arguments are never searched."
+    )
+    # Ten million rows (docs/admin.md): no COUNT(*) over the table. The
+    # paginator counts exactly only what the planner estimates small, the
+    # "N total" beside the search is not shown, nor the filters' facet counts.
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
     ordering = ("-id",)
     actions = ["retry_failed", "discard_failed"]
     fieldsets = (
         (
             None,
-            {"fields": ("id", "task_path", "status_display", "queue_name", "priority", "backend", "workflow_display")},
+            {
+                "fields": (
+                    "id",
+                    "task_path",
+                    "status_display",
+                    "queue_name",
+                    "priority",
+                    "backend",
+                    "tags_display",
+                    "workflow_display",
+                )
+            },
         ),
         ("Arguments", {"fields": ("args_display", "kwargs_display", "redaction")}),
         ("Outcome", {"fields": ("return_value_display", "errors_display", "worker_ids_display")}),
@@ -241,6 +316,7 @@ class JobAdmin(BulkActionsMixin, ShardqModelAdmin):
         "signals_display",
         "status_display",
         "workflow_display",
+        "tags_display",
         "args_display",
         "kwargs_display",
         "redaction",
@@ -423,14 +499,42 @@ class JobAdmin(BulkActionsMixin, ShardqModelAdmin):
         return super().changelist_view(request, extra_context)
 
     def get_search_results(self, request, queryset, search_term):
-        """Job id, part of a task path, or an exact shard key — the key only
-        of jobs whose key is shown (a registered task whose key is not
-        sensitive): a match would confirm a guessed hidden value."""
-        found, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        """One of, each through an index (ten million rows: docs/admin.md):
+
+        - ``name=value`` (``args.name=value``, ``kwargs.name=value``): jobs
+          enqueued with that keyword argument's value (shardq_job_kwargs_idx),
+          among the tasks whose argument ``name`` the admin shows: a match on
+          a sensitive (or unknown) task's argument would confirm a guess;
+        - anything else: the job of that id (digits), the jobs of that exact
+          shard key (shardq_job_key_idx) among the tasks whose key the admin
+          shows, and the jobs of the registered tasks whose path holds the
+          term (shardq_job_task_idx; the paths come from the registry, not
+          from a scan of the table)."""
         term = search_term.strip()
-        if term:
-            found = found | queryset.filter(shard_key=term, task_path__in=shown_key_task_paths())
-        return found, may_have_duplicates
+        if not term:
+            return queryset, False
+        parsed = parse_argument_search(term)
+        if parsed is not None:
+            name, values = parsed
+            paths = searchable_task_paths(name)
+            if not paths:
+                messages.info(
+                    request,
+                    f"No task defined in this process has an argument {name!r} the admin shows "
+                    "(a sensitive argument is never searched): no job matches.",
+                )
+                return queryset.none(), False
+            match = Q()
+            for value in values:
+                match |= argument_filter({name: value})
+            return queryset.filter(match, task_path__in=paths), False
+        found = Q(shard_key=term, task_path__in=shown_key_task_paths())
+        if term.isdigit() and int(term) < 2**63:
+            found |= Q(id=int(term))
+        paths = [p for p in known_task_paths() if term.lower() in p.lower()]
+        if paths:
+            found |= Q(task_path__in=paths)
+        return queryset.filter(found), False
 
     def has_retry_permission(self, request):
         return request.user.has_perm(f"{self.opts.app_label}.retry_job")
@@ -544,6 +648,18 @@ class JobAdmin(BulkActionsMixin, ShardqModelAdmin):
     @admin.display(description="enqueued → finished")
     def total_display(self, obj):
         return seconds_html(obj.total_seconds)
+
+    @admin.display(description="tags")
+    def tags_display(self, obj):
+        tags = obj.tags if isinstance(obj.tags, list) else []
+        if not tags:
+            return "—"
+        url = reverse("admin:shardq_job_changelist")
+        return format_html_join(
+            " ",
+            '<a class="shardq-tag" href="{}?tag={}">{}</a>',
+            ((url, quote(str(t)), truncate(str(t), 40)) for t in tags),
+        )
 
     @admin.display(description="task path", ordering="task_path")
     def task_path_display(self, obj):

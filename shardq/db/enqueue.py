@@ -62,6 +62,7 @@ _COPY_ORDER = (
     "traceparent",
     "fair_key",
     "fair_weight",
+    "tags",
 )
 JOB_COLUMNS = tuple(name.strip() for name in QUERIES["job_columns"].split(","))
 if JOB_COLUMNS != _COPY_ORDER:
@@ -187,6 +188,7 @@ def copy_jobs(
         static_limits = _COPY_NULL if params["limit_keys"] is None else copy_json(params["limit_keys"])
         # One enqueue span for the whole call (shardq/tracing.py): its context, or NULL.
         traceparent = _COPY_NULL if params.get("traceparent") is None else copy_text(params["traceparent"])
+        tags = tags_field(params)
         lines: list[str] = []
         with conn.wrap_database_errors, cursor.copy(QUERIES["copy_jobs"]) as copy:
             for index, (job_id, row) in enumerate(zip(ids, rows, strict=True)):
@@ -196,7 +198,7 @@ def copy_jobs(
                     f"{_COPY_NULL if key is None else copy_text(key)}\t{middle}\t"
                     f"{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t{tail}"
                     f"{static_limits if 'limit_keys' not in row else limits_field(row)}\t"
-                    f"{'t' if row.get('key_limited') else 'f'}\t{traceparent}\t{fair_fields(row, params)}\n"
+                    f"{'t' if row.get('key_limited') else 'f'}\t{traceparent}\t{fair_fields(row, params)}\t{tags}\n"
                 )
                 on_job(index, job_id, enqueued_at)
                 flush_chunk(copy, lines)
@@ -234,6 +236,12 @@ def fair_fields(row: dict[str, Any], params: dict[str, Any]) -> str:
     key = row["fair_key"] if "fair_key" in row else params.get("fair_key")
     weight = row["fair_weight"] if "fair_weight" in row else params.get("fair_weight")
     return f"{_COPY_NULL if key is None else copy_text(key)}\t{_COPY_NULL if weight is None else weight}"
+
+
+def tags_field(row: dict[str, Any]) -> str:
+    """A row's tags (JSON text or None) as a COPY field."""
+    tags = row.get("tags")
+    return _COPY_NULL if tags is None else copy_json(tags)
 
 
 def copy_text(value: str) -> str:
@@ -317,7 +325,7 @@ def copy_graph(
                     f"{'t' if row['ordered'] else 'f'}\t{'WAITING' if row['waiting'] else 'READY'}\t0\t0\t0\t"
                     f"{row['max_attempts']}\t{copy_json(row['args'])}\t{copy_json(row['kwargs'])}\t"
                     f"[]\t[]\t{stamp}\t{limits_field(row)}\t{'t' if row.get('key_limited') else 'f'}\t"
-                    f"{traceparent_field(row)}\t{fair_fields(row, row)}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
+                    f"{traceparent_field(row)}\t{fair_fields(row, row)}\t{tags_field(row)}\t{row['waiting']}\t{'t' if row['has_children'] else 'f'}\t{name_field}\n"
                 )
                 flush_chunk(copy, lines)
             flush_chunk(copy, lines, last=True)

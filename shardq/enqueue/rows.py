@@ -108,4 +108,7 @@ class JobRows:
             # sets a key computed per call) and the job's own weight.
             "fair_key": getattr(task, "fair_key_value", None),
             "fair_weight": getattr(task, "fair_weight", None),
+            # The task's tags (or .using(tags=...)'s) as a JSON array; NULL
+            # without any, so the job stays out of shardq_job_tags_idx.
+            "tags": json.dumps(list(task.tags)) if getattr(task, "tags", None) else None,
         }

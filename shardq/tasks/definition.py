@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from .. import conf
 from ..core.limits import LimitError, check_concurrency, parse_rate
+from ..core.tags import normalize_tags
 from .keys import key_to_str
 
 
@@ -119,6 +120,10 @@ class ShardTask(Task):
     # Per-job logs (shardq/worker/joblogs.py): False keeps nothing this task
     # logs with its attempts (a task that logs what no operator should read).
     log: bool = True
+    # Labels an operator finds the task's jobs by (docs/admin.md, "Tags and
+    # search"): sorted, without duplicates (shardq.core.tags). .using(tags=...)
+    # replaces them for one call.
+    tags: tuple[str, ...] = ()
 
     @property
     def timeout_seconds(self) -> float | None:
@@ -146,6 +151,7 @@ class ShardTask(Task):
         on_parent_failure=None,
         fair_key=None,
         fair_weight=None,
+        tags=None,
         **changes,
     ):
         if isinstance(changes.get("run_after"), timedelta):
@@ -170,6 +176,11 @@ class ShardTask(Task):
             task = replace(
                 task, fair_weight=check_fair_weight(fair_weight, f"{self.module_path}: using(fair_weight=...)")
             )
+        if tags is not None:
+            try:
+                task = replace(task, tags=normalize_tags(tags, f"{self.module_path}: using(tags=...)"))
+            except ValueError as exc:
+                raise InvalidTask(str(exc)) from None
         return task
 
 
@@ -197,12 +208,17 @@ def shard_task(
     fair_weight=None,
     fair_by="count",
     log=True,
+    tags=(),
 ):
     """Decorate a module-level function as a shardq task (see ``ShardTask``)."""
     if isinstance(sensitive, (list, set, frozenset)):
         sensitive = tuple(sensitive)
 
     def wrapper(func):
+        try:
+            checked_tags = normalize_tags(tags, f"{func.__module__}.{func.__qualname__}: tags")
+        except ValueError as exc:
+            raise InvalidTask(str(exc)) from None
         return ShardTask(
             func=func,
             key=key,
@@ -226,6 +242,7 @@ def shard_task(
             fair_weight=fair_weight,
             fair_by=fair_by,
             log=log,
+            tags=checked_tags,
         )
 
     if function is not None:

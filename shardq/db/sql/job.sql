@@ -6,7 +6,7 @@
 -- this list (shardq/db/enqueue.py writes COPY rows in this order and checks it at import).
 id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key, ordered, status,
     status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at, limit_keys,
-    key_limited, traceparent, fair_key, fair_weight
+    key_limited, traceparent, fair_key, fair_weight, tags
 
 -- name: insert_job
 -- Insert one READY job on the caller's connection; when :notify, NOTIFY its shard and priority,
@@ -17,7 +17,7 @@ WITH job AS (
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb,
-        %(key_limited)s, %(traceparent)s, %(fair_key)s, %(fair_weight)s)
+        %(key_limited)s, %(traceparent)s, %(fair_key)s, %(fair_weight)s, %(tags)s::jsonb)
     RETURNING id, shard, priority, enqueued_at, run_after
 )
 SELECT id, enqueued_at, run_after,
@@ -57,7 +57,7 @@ WITH live AS MATERIALIZED (
         COALESCE(%(run_after)s::timestamptz, statement_timestamp()), %(key_hash)s & ({{shard_count_now}} - 1), %(key_hash)s,
         %(shard_key)s, %(ordered)s, 'READY', 0, 0, 0, %(max_attempts)s, %(args)s::jsonb,
         %(kwargs)s::jsonb, '[]'::jsonb, '[]'::jsonb, statement_timestamp(), %(limit_keys)s::jsonb,
-        %(key_limited)s, %(traceparent)s, %(fair_key)s, %(fair_weight)s
+        %(key_limited)s, %(traceparent)s, %(fair_key)s, %(fair_weight)s, %(tags)s::jsonb
     FROM new_job JOIN claim ON claim.job_id = new_job.id
     RETURNING id, shard, priority, enqueued_at, run_after
 )

@@ -4,6 +4,7 @@ matching the flags, in batches beside running workers (shardq/bulk.py).
     manage.py shardq_jobs retry --status FAILED --queue emails --older-than 1h
     manage.py shardq_jobs cancel --task myapp.tasks.send_digest --dry-run
     manage.py shardq_jobs run-now --queue reports
+    manage.py shardq_jobs retry --tag billing --dead-letter
 
 Each action applies only to jobs in the statuses it can act on (retry and
 discard: FAILED; cancel: unfinished; run-now: READY and not due yet), so a
@@ -19,7 +20,9 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from ... import bulk
+from ...core.tags import normalize_tags
 from ...models import Job
+from ...search import tags_filter
 from ..flags import printable, whole_number
 from ..progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from .shardq_prune import parse_duration
@@ -28,13 +31,18 @@ STATUSES = ("READY", "CLAIMED", "RUNNING", "WAITING", "SUSPENDED", "SUCCESSFUL",
 
 
 class Command(BaseCommand):
-    help = "Retry, cancel, discard or run now every job matching --task/--status/--queue/--older-than, in batches."
+    help = (
+        "Retry, cancel, discard or run now every job matching --task/--status/--queue/--tag/--older-than, in batches."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("action", choices=list(bulk.ACTIONS), help="What to do to every matching job.")
         parser.add_argument("--task", action="append", default=[], help="A task path (repeat for several).")
         parser.add_argument("--status", action="append", default=[], help="A status (repeat for several).")
         parser.add_argument("--queue", action="append", default=[], help="A queue name (repeat for several).")
+        parser.add_argument(
+            "--tag", action="append", default=[], help="Only jobs carrying this tag (repeat: every one of them)."
+        )
         parser.add_argument(
             "--older-than", help="Only jobs enqueued longer ago than this: e.g. 30m, 12h, 7d (default: any age)."
         )
@@ -67,6 +75,13 @@ class Command(BaseCommand):
         if options["queue"]:
             queryset = queryset.filter(queue_name__in=options["queue"])
             parts.append("queue=" + ",".join(options["queue"]))
+        if options["tag"]:
+            try:
+                tags = normalize_tags(options["tag"], "--tag")
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+            queryset = queryset.filter(tags_filter(tags))
+            parts.append("tag=" + ",".join(tags))
         if options["older_than"]:
             age: timedelta = parse_duration(options["older_than"])
             queryset = queryset.filter(enqueued_at__lt=Now() - age)
