@@ -94,6 +94,8 @@ class Config:
     zombie_grace_seconds: float = 300.0
     unknown_task_timeout_seconds: float = 600.0
     history: "HistoryConfig | None" = None
+    job_log_level: int = logging.INFO
+    job_log_bytes: int = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +131,6 @@ def history_config(raw: dict[str, Any]) -> HistoryConfig | None:
             "SHARDQ['HISTORY_PARTITION'] and SHARDQ['HISTORY_BATCH'] are whole numbers (seconds, jobs)."
         )
     return HistoryConfig(keep_seconds=days * 86400, grace_seconds=grace, partition_seconds=int(width), batch=int(batch))
-    job_log_level: int = logging.INFO
-    job_log_bytes: int = 64 * 1024
 
 
 def get_config() -> Config:

@@ -45,7 +45,7 @@ class JobHistoryAdmin(JobAdmin):
     """Finished jobs in shardq_job_history: the job list's columns, read-only."""
 
     list_filter: tuple = ("status", QueueFilter, TaskPathFilter)
-    search_fields = ("=id", "=task_path")
+    search_fields: tuple = ("=id", "=task_path")
     search_help_text = "A job id or an exact task path."
     actions = []
     paginator = EstimatedPaginator
