@@ -1009,9 +1009,9 @@ SELECT CASE WHEN b.t IS NOT NULL THEN jsonb_build_object('text', left(b.t, %(cha
          'text_bytes', octet_length(x.e ->> 'text'))
      ELSE jsonb_build_object('n', x.n, 'raw', left(x.e::text, %(chars)s), 'raw_bytes', octet_length(x.e::text)) END
      ORDER BY x.n)
- FROM jsonb_array_elements(CASE WHEN jsonb_typeof(shardq_job.logs) = 'array' THEN shardq_job.logs
-                                ELSE jsonb_build_array(shardq_job.logs) END) WITH ORDINALITY AS x(e, n)
- WHERE shardq_job.logs IS NOT NULL)
+ FROM jsonb_array_elements(CASE WHEN jsonb_typeof(logs) = 'array' THEN logs
+                                ELSE jsonb_build_array(logs) END) WITH ORDINALITY AS x(e, n)
+ WHERE logs IS NOT NULL)
 
 -- name: admin_dashboard
 -- Admin dashboard, one row a shard plus one totals row (shard NULL): owner and seconds of lease
