@@ -95,3 +95,21 @@ def test_a_ride_whose_answer_is_lost_hands_the_outcome_back_uncertain_and_the_co
     stepped.write()
     assert job_row(first.id)["status"] == "SUCCESSFUL"
     assert (stats["succeeded"], stats["fence_rejections"], completer.pending) == (1, 0, 0)
+
+
+def test_an_outcome_that_rides_keeps_its_attempts_log_as_the_completers_own_write_does(stepped):
+    first, second, third = claimed(stepped, 3)
+    starts, completer = stepped.worker.executor.starts, stepped.worker.completer
+    entry = '{"attempt": 1, "text": "INFO charged the card"}'
+    assert starts.start(first) == (STARTED, None)
+    assert starts.start(second) == (STARTED, None)
+    ridden = success(first)
+    ridden.log_json, ridden.log_bytes = entry, 65536
+    completer.put(ridden)
+    assert starts.start(third) == (STARTED, None)  # the outcome rides on this start write
+    assert job_row(first.id)["status"] == "SUCCESSFUL"
+    alone = success(second)
+    alone.log_json, alone.log_bytes = entry, 65536
+    completer.put(alone)
+    stepped.write()  # written by the completer's own statement
+    assert job_row(first.id)["logs"] == job_row(second.id)["logs"] == [{"attempt": 1, "text": "INFO charged the card"}]

@@ -613,6 +613,25 @@ WHERE job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank AND (jo
   AND s.shard = job.shard AND s.claim_version = job.fence
 RETURNING job.id, job.attempts, job.status_rank, job.started_at, job.last_attempted_at;
 
+-- name: outcome_logs
+-- The logs an outcome leaves on its job (complete_jobs, complete_and_start_jobs; job is the row, a
+-- the outcome): the attempt's entry of per-job logs (a.log, shardq/worker/joblogs.py) appended;
+-- when the job's entries would pass a.log_bytes (SHARDQ["JOB_LOG_BYTES"]) of text together, the
+-- oldest ones' text gives way to a mark of the bytes cut (the newest is within the bound on its
+-- own: the worker cut it so).
+CASE WHEN a.log IS NULL THEN job.logs
+     WHEN jsonb_typeof(job.logs) IS DISTINCT FROM 'array' THEN jsonb_build_array(a.log)
+     WHEN octet_length(job.logs::text) + octet_length(a.log::text) <= a.log_bytes
+         THEN job.logs || jsonb_build_array(a.log)
+     ELSE (SELECT jsonb_agg(CASE WHEN w.kept THEN w.e
+                                 ELSE jsonb_build_object('attempt', w.e -> 'attempt', 'text',
+                                          format('… %%s bytes cut', octet_length(w.e ->> 'text')))
+                            END ORDER BY w.n)
+           FROM (SELECT x.e, x.n,
+                        sum(octet_length(x.e ->> 'text')) OVER (ORDER BY x.n DESC) <= a.log_bytes AS kept
+                 FROM jsonb_array_elements(job.logs || jsonb_build_array(a.log))
+                      WITH ORDINALITY AS x(e, n)) AS w) END
+
 -- name: complete_jobs
 -- Write outcomes (SUCCESSFUL, FAILED, or READY again for a retry after delay seconds) given as one
 -- JSON array, fenced twice: the job still carries this claim's fence and rank, and that fence is
@@ -629,18 +648,7 @@ SET status = a.status,
     errors = CASE WHEN a.error IS NULL THEN job.errors
                   WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors || jsonb_build_array(a.error)
                   ELSE jsonb_build_array(a.error) END,
-    logs = CASE WHEN a.log IS NULL THEN job.logs
-                WHEN jsonb_typeof(job.logs) IS DISTINCT FROM 'array' THEN jsonb_build_array(a.log)
-                WHEN octet_length(job.logs::text) + octet_length(a.log::text) <= a.log_bytes
-                    THEN job.logs || jsonb_build_array(a.log)
-                ELSE (SELECT jsonb_agg(CASE WHEN w.kept THEN w.e
-                                            ELSE jsonb_build_object('attempt', w.e -> 'attempt', 'text',
-                                                     format('… %%s bytes cut', octet_length(w.e ->> 'text')))
-                                       END ORDER BY w.n)
-                      FROM (SELECT x.e, x.n,
-                                   sum(octet_length(x.e ->> 'text')) OVER (ORDER BY x.n DESC) <= a.log_bytes AS kept
-                            FROM jsonb_array_elements(job.logs || jsonb_build_array(a.log))
-                                 WITH ORDINALITY AS x(e, n)) AS w) END,
+    logs = {{outcome_logs}},
     finished_at = CASE WHEN a.status = 'READY' THEN NULL ELSE clock_timestamp() END,
     run_after = CASE WHEN a.status = 'READY'
                      THEN {{now}} + make_interval(secs => a.delay)
@@ -675,12 +683,14 @@ WITH done AS (
         errors = CASE WHEN a.error IS NULL THEN job.errors
                       WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors || jsonb_build_array(a.error)
                       ELSE jsonb_build_array(a.error) END,
+        logs = {{outcome_logs}},
         finished_at = CASE WHEN a.status = 'READY' THEN NULL ELSE clock_timestamp() END,
         run_after = CASE WHEN a.status = 'READY'
                          THEN {{now}} + make_interval(secs => a.delay)
                          ELSE job.run_after END
     FROM jsonb_to_recordset(%(batch)s::jsonb)
-             AS a(id bigint, fence bigint, rank int, status text, return_value jsonb, error jsonb, delay float8),
+             AS a(id bigint, fence bigint, rank int, status text, return_value jsonb, error jsonb, delay float8,
+                  log jsonb, log_bytes int),
          shardq_shard AS s
     WHERE job.id = ANY(%(done_ids)s::bigint[]) AND job.id = a.id
       AND job.fence <= a.fence AND job.status_rank < a.rank
