@@ -149,3 +149,46 @@ def test_threads_beginning_back_to_back_each_get_their_own_start_once(claimed_jo
     assert stats["started"] == len(jobs) and 1 <= stats["start_writes"] <= len(jobs)
     assert not starts._writing and not starts._asked and not starts._waiters
     assert sql("SELECT count(*) FROM shardq_job WHERE status = 'RUNNING' AND attempts = 1") == [(len(jobs),)]
+
+
+@pytest.mark.parametrize("arriving", [3, 2])
+def test_a_start_write_gathers_the_threads_still_in_short_tasks_until_the_last_asks_or_its_time_is_up(
+    claimed_job_factory, arriving
+):
+    """The writing thread waits (``Gather.seconds()``) for the other
+    threads not asleep for work (``Gather.others()``: three here) to ask
+    too: when the last of them asks it writes at once, one statement for
+    all; when one never comes, it writes those that came once its time is
+    up. The first thread asks alone, the others a moment later, as threads
+    leaving no-op tasks do."""
+    import time
+
+    from shardq.worker.starter import Gather
+
+    store = WorkerStore(application_name="shardq-test-gather")
+    wait = 10.0 if arriving == 3 else 1.5
+    starts = StartWrites(store, Stats(), claimed_job_factory.worker, gather=Gather(lambda: wait, lambda: 3))
+    jobs = claimed_job_factory(1 + arriving)
+    verdicts: dict[int, tuple] = {}
+
+    def begin(job: ClaimedJob) -> None:
+        verdicts[job.id] = starts.start(job)
+
+    began = time.monotonic()
+    first = threading.Thread(target=begin, args=(jobs[0],))
+    first.start()
+    wait_until(lambda: starts._gathering is not None, message="the first thread to gather")
+    others = [threading.Thread(target=begin, args=(job,)) for job in jobs[1:]]
+    for thread in others:
+        thread.start()
+    for thread in [first, *others]:
+        thread.join(timeout=30)
+    elapsed = time.monotonic() - began
+    store.close()
+    assert all(verdict == (STARTED, None) for verdict in verdicts.values()) and len(verdicts) == 1 + arriving
+    assert (starts.stats["start_writes"], starts.stats["started"]) == (1, 1 + arriving)
+    if arriving == 3:
+        assert elapsed < wait, f"the last thread's ask did not end the wait ({elapsed:.2f} s)"
+    else:
+        assert elapsed >= wait, "the write went before its time was up with a thread missing"
+    assert not starts._writing and starts._gathering is None
