@@ -23,10 +23,6 @@ JOB_STATUSES = [
 ]
 
 
-# Claimed or running: the statuses shardq_job_inflight_idx holds.
-IN_FLIGHT = ["CLAIMED", "RUNNING"]
-
-
 class GinIndex(models.Index):
     """A GIN index (``USING gin``) without django.contrib.postgres, whose
     GinIndex needs it in INSTALLED_APPS: the same CREATE INDEX."""
@@ -212,18 +208,9 @@ class Job(models.Model):
             # shardq.jobs(where=...), the admin's ``customer_id=7`` search).
             # jsonb_path_ops: one hashed entry per value path, smaller and
             # cheaper to write than jsonb_ops; it answers @> only, all the
-            # search needs. Every version of a row is a new entry, and a job
-            # has four (insert, claim, start, ack: none is HOT), so the
-            # in-flight ones (CLAIMED, RUNNING) are left out: two entries a
-            # job. The search finds those through shardq_job_inflight_idx
-            # (shardq.search.argument_filter). Its cost on the hot path:
-            # docs/benchmarks.md, "Search index cost".
-            GinIndex(
-                fields=["kwargs"],
-                opclasses=["jsonb_path_ops"],
-                condition=~Q(status__in=IN_FLIGHT),
-                name="shardq_job_kwargs_idx",
-            ),
+            # search needs. Its cost on the hot path: docs/benchmarks.md,
+            # "Search index cost".
+            GinIndex(fields=["kwargs"], opclasses=["jsonb_path_ops"], name="shardq_job_kwargs_idx"),
             # The admin's job list at ten million rows (docs/admin.md): a
             # task's jobs newest first, however rare the task (the list is
             # ordered by -id, so the walk stops after a page).

@@ -115,15 +115,8 @@ def check_where(where: Any, task: Task | None = None) -> dict[str, Any]:
 
 
 def argument_filter(where: Mapping[str, Any]) -> Q:
-    """``kwargs @> where``, written as two halves the planner answers with
-    one index each: the jobs not in flight through shardq_job_kwargs_idx
-    (which leaves CLAIMED and RUNNING versions out, to halve its writes),
-    the in-flight ones through shardq_job_inflight_idx (a few thousand rows
-    at most), OR-ed as a BitmapOr."""
-    from .models import IN_FLIGHT
-
-    contains = Q(kwargs__contains=dict(where))
-    return (contains & ~Q(status__in=IN_FLIGHT)) | (contains & Q(status__in=IN_FLIGHT))
+    """``kwargs @> where``: answered by shardq_job_kwargs_idx."""
+    return Q(kwargs__contains=dict(where))
 
 
 def tags_filter(tags: Iterable[str]) -> Q:

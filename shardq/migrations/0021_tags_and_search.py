@@ -31,12 +31,7 @@ class Migration(migrations.Migration):
         ),
         AddIndexConcurrently(
             model_name="job",
-            index=shardq.models.GinIndex(
-                condition=models.Q(("status__in", ["CLAIMED", "RUNNING"]), _negated=True),
-                fields=["kwargs"],
-                name="shardq_job_kwargs_idx",
-                opclasses=["jsonb_path_ops"],
-            ),
+            index=shardq.models.GinIndex(fields=["kwargs"], name="shardq_job_kwargs_idx", opclasses=["jsonb_path_ops"]),
         ),
         AddIndexConcurrently(
             model_name="job",
