@@ -165,3 +165,13 @@ def test_shardq_jobs_command_acts_on_a_tag(admin_user):
     call_command("shardq_jobs", "cancel", "--tag", "billing", "--no-progress", stdout=StringIO())
     assert job_row(billed.id)["status"] == "FAILED"
     assert Job.objects.filter(status="READY").count() == 1
+
+
+def test_an_argument_search_finds_jobs_in_every_status():
+    ids = {
+        status: int(charge.enqueue(customer_id=9).id)
+        for status in ("READY", "CLAIMED", "RUNNING", "WAITING", "SUSPENDED", "SUCCESSFUL", "FAILED")
+    }
+    for status, job_id in ids.items():
+        sql("UPDATE shardq_job SET status = %s WHERE id = %s", [status, job_id])
+    assert {j.id: j.status for j in shardq.jobs(charge, where={"customer_id": 9})} == {v: k for k, v in ids.items()}
