@@ -209,20 +209,43 @@ status = 'READY'
 -- the fair round takes the best fair level, claim_fair) and the better of the two. A shard with
 -- no fair job pays one probe of an empty range.
 SELECT held.shard, held.claim_version, held.ord, held.shared, held.family,
-       GREATEST(top.plain_priority, top.fair_priority) AS priority, top.plain_priority, top.fair_priority
+       GREATEST(plain.plain_priority, fair.fair_priority) AS priority, plain.plain_priority, fair.fair_priority
 FROM held
 CROSS JOIN LATERAL (
-    -- max(): the planner's one-row probe of the index (its min/max rewrite; an
-    -- aggregate with FILTER or an ORDER BY .. LIMIT 1 of a range it thinks
-    -- empty may be planned as a sort of the range).
-    SELECT (SELECT max(priority) FROM shardq_job
-            WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}}
-              AND {{fair_column}} IS FALSE) AS plain_priority,
-           (SELECT max(priority) FROM shardq_job
-            WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}}
-              AND {{fair_column}} IS TRUE) AS fair_priority
-) AS top
-WHERE top.plain_priority IS NOT NULL OR top.fair_priority IS NOT NULL
+    SELECT max(t.priority) AS plain_priority FROM (
+        (SELECT priority FROM shardq_job
+             WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}} AND {{fair_column}} IS FALSE
+             ORDER BY priority DESC, run_after, id
+             LIMIT 1)
+        UNION ALL
+        -- Never a row (priorities end at 100): a second branch, so that max() over the
+        -- two is the planner's min/max probe of both, ordered index scans (a lone
+        -- ORDER BY .. LIMIT 1 or max() of a range its statistics think empty may be
+        -- planned as a bitmap scan of the range, dead entries and all, and a sort).
+        (SELECT priority FROM shardq_job
+             WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}} AND {{fair_column}} IS FALSE AND priority > 100
+             ORDER BY priority DESC, run_after, id
+             LIMIT 1)
+    ) AS t
+) AS plain
+CROSS JOIN LATERAL (
+    SELECT max(t.priority) AS fair_priority FROM (
+        (SELECT priority FROM shardq_job
+             WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}} AND {{fair_column}} IS TRUE
+             ORDER BY priority DESC, run_after, id
+             LIMIT 1)
+        UNION ALL
+        -- Never a row (priorities end at 100): a second branch, so that max() over the
+        -- two is the planner's min/max probe of both, ordered index scans (a lone
+        -- ORDER BY .. LIMIT 1 or max() of a range its statistics think empty may be
+        -- planned as a bitmap scan of the range, dead entries and all, and a sort).
+        (SELECT priority FROM shardq_job
+             WHERE shard = held.shard AND priority >= %(min_priority)s AND {{claim_walk*}} AND {{fair_column}} IS TRUE AND priority > 100
+             ORDER BY priority DESC, run_after, id
+             LIMIT 1)
+    ) AS t
+) AS fair
+WHERE plain.plain_priority IS NOT NULL OR fair.fair_priority IS NOT NULL
 
 -- name: job_problem
 -- What makes a job row unreadable for the worker, naming the column and its value (NULL: nothing):
