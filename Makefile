@@ -42,7 +42,7 @@ test: $(STAMP) chromium pgbouncer
 	$(PYTEST) -q $(XDIST)
 
 # The fast tier: every test that starts no process (tests/conftest.py marks
-# the others `process`), in about 2.5 minutes on 2 cores.
+# the others `process`); CONTRIBUTING.md gives its measured times.
 test-fast: $(STAMP)
 	$(PYTEST) -q $(XDIST) -m "not process"
 

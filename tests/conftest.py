@@ -194,6 +194,23 @@ def django_db_setup(django_db_setup, django_db_blocker):
 
 
 @pytest.fixture(autouse=True)
+def forget_unique_keys():
+    """After each test, the backends' caches of unique keys are emptied with
+    the database they describe: a key cached by one test (its job since
+    flushed or rolled back) would otherwise hand the next test, within the
+    key's time to live, the id of a job that no longer exists. The faster
+    the suite, the likelier (tests/integration/test_reshard.py met
+    test_notify_payloads.py's key once)."""
+    yield
+    from django.tasks import task_backends
+
+    for backend in task_backends.all(initialized_only=True):
+        cache = getattr(getattr(backend, "unique", None), "cache", None)
+        if cache is not None:
+            cache.clear()
+
+
+@pytest.fixture(autouse=True)
 def restore_signal_handlers():
     """A test that runs the worker command in this process (call_command)
     installs the worker's stop handlers; put pytest's back afterwards, so a

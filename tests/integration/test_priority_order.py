@@ -88,9 +88,24 @@ def test_priority_100_jobs_start_before_every_priority_0_job_still_waiting_when_
         )
 
         urgent = enqueue_with_priority(100, 8)
-        # Read after the commit: a job of the backlog the worker had not claimed
-        # yet is still READY here (a claim that began before the commit may have
-        # taken some meanwhile; those count as already in the worker's hands).
+        committed = scalar("SELECT clock_timestamp()")
+        # A claim that began before the commit did not see the urgent jobs and
+        # may still be taking backlog jobs (READY to this connection until it
+        # commits): those are already in the worker's hands. Wait for such a
+        # claim to end, then read what is left: a job of the backlog still
+        # READY now can only be taken by a claim that sees the urgent jobs.
+        wait_until(
+            lambda: (
+                not scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name IN ('shardq-fetcher', 'shardq-outrank') AND state <> 'idle' "
+                    "AND xact_start < %s",
+                    [committed],
+                )
+            ),
+            timeout=30,
+            message="the claims begun before the urgent jobs' commit to end",
+        )
         waiting = {row[0] for row in sql("SELECT id FROM shardq_job WHERE status = 'READY' AND priority = 0")}
         assert len(waiting) > 1000, "the backlog must still be large when the urgent jobs arrive"
         wait_until(
