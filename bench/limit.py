@@ -65,6 +65,7 @@ def insert_params(key_hash: int | None = None) -> dict:
         "traceparent": None,
         "fair_key": None,
         "fair_weight": None,
+        "tags": None,
         "key_hash": key_hash,
         "shard_key": None,
         "args": "[]",
@@ -105,6 +106,7 @@ def copy_enqueue(url: str, n: int) -> float:
                             "[]",
                             "[]",
                             now,
+                            None,  # tags
                         )
                     )
             cursor.execute("SELECT pg_notify(%s, '0')", (CHANNEL,))

@@ -45,7 +45,7 @@ class Migration(migrations.Migration):
         ),
         AddIndexConcurrently(
             model_name="job",
-            index=models.Index(
+            index=shardq.models.HashIndex(
                 condition=models.Q(("shard_key__isnull", False)), fields=["shard_key"], name="shardq_job_key_idx"
             ),
         ),

@@ -128,6 +128,18 @@ def test_the_admin_search_finds_an_id_an_exact_shard_key_and_a_task_path(rf, adm
     assert listed(changelist(rf, admin_user, "/admin/shardq/job/?q=admin_tasks.sh")) == [int(shipped.id)]
 
 
+@pytest.mark.parametrize("length", [1, 2_704, 8_000, 100_000])
+def test_a_shard_key_of_any_length_is_enqueued_and_found_by_the_admin_search(rf, admin_user, length):
+    # A btree index refuses an entry over 2,704 bytes: the key's index is a
+    # hash index, so no key the enqueue accepts makes its INSERT fail.
+    # Incompressible (PostgreSQL compresses a long entry before it measures it).
+    key = "".join(chr(0x4E00 + (i * 7919) % 20_000) for i in range(length))
+    charged = charge.enqueue(customer_id=key)
+    charge.enqueue(customer_id=key[:-1] + "x")
+    assert job_row(charged.id)["shard_key"] == key
+    assert listed(changelist(rf, admin_user, f"/admin/shardq/job/?q={key}")) == [int(charged.id)]
+
+
 def test_the_admin_filters_by_tag_and_shows_the_tags(rf, admin_user):
     billed = charge.enqueue(customer_id=1)
     vip = charge.using(tags=["vip"]).enqueue(customer_id=2)
