@@ -279,7 +279,7 @@ def _history_fields() -> dict[str, models.Field]:
 
 class JobHistoryMeta:
     db_table = "shardq_job_history"
-    # The table is migration 0021's SQL: partitioned by finish time, which
+    # The table is migration 0022's SQL: partitioned by finish time, which
     # Django's schema editor cannot create.
     managed = False
     verbose_name = "job history"

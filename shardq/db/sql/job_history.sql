@@ -6,7 +6,7 @@
 -- The finished jobs that leave shardq_job (a WHERE fragment over an unqualified shardq_job row,
 -- included bare): SUCCESSFUL, and FAILED by a cancel. Dead letters (FAILED otherwise) stay: they
 -- are the operator's work items (retry, discard), read and acted on in the hot table. Word for word
--- the predicate of shardq_job_archivable_idx (migration 0021): the planner uses that partial index
+-- the predicate of shardq_job_archivable_idx (migration 0022): the planner uses that partial index
 -- only for a query that repeats it.
 (status = 'SUCCESSFUL'
        OR (status = 'FAILED' AND errors -> -1 ->> 'exception_class_path' = 'shardq.exceptions.Cancelled'))
