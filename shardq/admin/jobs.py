@@ -252,7 +252,7 @@ class JobAdmin(BulkActionsMixin, ShardqModelAdmin):
         "Sensitive arguments are never searched."
     )
     # Ten million rows (docs/admin.md): no COUNT(*) over the table. The
-    # paginator counts exactly only what the planner estimates small, the
+    # paginator counts at most 1,001 rows and estimates past that, the
     # "N total" beside the search is not shown, nor the filters' facet counts.
     paginator = EstimatedCountPaginator
     show_full_result_count = False

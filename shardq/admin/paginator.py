@@ -3,12 +3,15 @@ million rows (docs/admin.md, "At ten million jobs").
 
 Django's paginator runs ``SELECT COUNT(*)`` over everything the list's
 filters match, which at millions of rows reads them all (seconds). This one
-asks PostgreSQL's planner first (``EXPLAIN``: its row estimate from the
-table's statistics, no rows read); only when the estimate is small
-(≤ ``EXACT_BELOW``) does it count, and then a bounded count
-(``LIMIT EXACT_BELOW + 1``) that stops early whatever the estimate missed,
-in the list's own order (newest first), so it walks the rows the page's own
-query walks rather than the whole table.
+counts at most ``EXACT_BELOW + 1`` rows (``LIMIT``), in the list's own
+order (newest first), so it walks the rows the page's own query walks
+rather than the whole table: when that count stops short of the bound, it
+is exact. Only past the bound does it ask PostgreSQL's planner (``EXPLAIN``:
+its row estimate from the table's statistics, no rows read). The bounded
+count comes first because statistics go stale: after the archiver or a
+prune deleted most of the table, and before autovacuum analyzes it, the
+planner still estimates the old size, and a list of 1 job would read
+"about 20,000 jobs" over 200 empty pages.
 A count that is an estimate is marked (``estimated``), and the page says
 "about N jobs".
 """
@@ -42,15 +45,11 @@ class EstimatedCountPaginator(Paginator):
     @cached_property
     def count(self) -> int:
         queryset = self.object_list
-        estimate = estimated_rows(queryset)
-        if estimate is not None and estimate > EXACT_BELOW:
-            self.estimated = True
-            return estimate
         # Sliced, the count keeps the list's ordering (Django clears it
         # only from an unsliced query).
         bounded = queryset.values("pk")[: EXACT_BELOW + 1].count()
-        if bounded > EXACT_BELOW:
-            # More than the estimate said: at least this many.
-            self.estimated = True
-            return max(bounded, estimate or 0)
-        return bounded
+        if bounded <= EXACT_BELOW:
+            return bounded
+        # At least this many: the planner's estimate, if it says more.
+        self.estimated = True
+        return max(bounded, estimated_rows(queryset) or 0)
