@@ -19,52 +19,18 @@ twice). Prints each round and the medians.
 """
 
 import argparse
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import time
 
 import django
 
 django.setup()
 
-from django.db import connection  # noqa: E402
 
 import shardq  # noqa: E402
+from bench.bulk_retry import sql, start_workers, stop  # noqa: E402  (the same two-worker harness)
 from shardq import queues  # noqa: E402
 from tests.taskapp.tasks import stamp  # noqa: E402
-
-
-def sql(statement, params=None):
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        return cursor.fetchall() if cursor.description else None
-
-
-def start_workers(n: int) -> list[subprocess.Popen]:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    return [
-        subprocess.Popen(
-            [sys.executable, "manage.py", "shardq_worker", "--concurrency", "4"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(n)
-    ]
-
-
-def stop(workers: list[subprocess.Popen]) -> None:
-    for w in workers:
-        w.send_signal(signal.SIGTERM)
-    for w in workers:
-        try:
-            w.wait(60)
-        except subprocess.TimeoutExpired:
-            w.kill()
-            w.wait()
 
 
 def wait_for(query: str, done, seconds: float, what: str):

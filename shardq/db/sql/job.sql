@@ -655,40 +655,48 @@ CASE WHEN a.log IS NULL THEN job.logs
                  FROM jsonb_array_elements(job.logs || jsonb_build_array(a.log))
                       WITH ORDINALITY AS x(e, n)) AS w) END
 
+-- name: outcome_columns
+-- What an outcome writes (complete_jobs, complete_and_start_jobs; job is the row, a the outcome of
+-- the JSON batch, s its shard for outcome_fence): the status and rank, the return value, the error
+-- appended, the attempt's log (outcome_logs), the finish time, and a retry's due time.
+status = a.status,
+status_rank = a.rank,
+return_value = a.return_value,
+errors = CASE WHEN a.error IS NULL THEN job.errors
+              WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors || jsonb_build_array(a.error)
+              ELSE jsonb_build_array(a.error) END,
+logs = {{outcome_logs}},
+finished_at = CASE WHEN a.status = 'READY' THEN NULL ELSE clock_timestamp() END,
+run_after = CASE WHEN a.status = 'READY'
+                 THEN {{now}} + make_interval(secs => a.delay)
+                 ELSE job.run_after END
+FROM jsonb_to_recordset(%(batch)s::jsonb)
+         AS a(id bigint, fence bigint, rank int, status text, return_value jsonb, error jsonb, delay float8,
+              log jsonb, log_bytes int),
+     shardq_shard AS s
+
+-- name: outcome_fence
+-- An outcome is written only while it is its claim's, fenced twice: the job still carries this
+-- claim's fence and rank, and that fence is still its shard's claim version. Only a job in flight:
+-- a READY row under the same fence is one whose claim or start was lost with the server
+-- (asynchronous commits) while the attempt ran; its outcome is refused and the job runs again, so
+-- every recorded outcome belongs to a recorded start. Written "(...) IS TRUE", as in start_jobs,
+-- so the planner keeps to the ids.
+job.id = a.id
+  AND job.fence <= a.fence AND job.status_rank < a.rank
+  AND (job.status IN ('CLAIMED', 'RUNNING')) IS TRUE
+  AND s.shard = job.shard AND s.claim_version = job.fence
+
 -- name: complete_jobs
 -- Write outcomes (SUCCESSFUL, FAILED, or READY again for a retry after delay seconds) given as one
 -- JSON array, fenced twice: the job still carries this claim's fence and rank, and that fence is
 -- still its shard's claim version (the shard has not changed hands since the claim). The (id,
 -- rank) pairs returned were written; the rest lost ownership. children_pending says which of them
--- is a workflow parent whose children wait for the resolver. An outcome's log (the attempt's entry
--- of per-job logs, shardq/worker/joblogs.py) is appended to the job's logs; when the job's entries
--- would pass log_bytes (SHARDQ["JOB_LOG_BYTES"]) of text together, the oldest ones' text gives way
--- to a mark of the bytes cut (the newest is within the bound on its own: the worker cut it so).
+-- is a workflow parent whose children wait for the resolver. What is written: outcome_columns
+-- (the attempt's log appended, bounded: outcome_logs); when: outcome_fence.
 UPDATE shardq_job AS job
-SET status = a.status,
-    status_rank = a.rank,
-    return_value = a.return_value,
-    errors = CASE WHEN a.error IS NULL THEN job.errors
-                  WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors || jsonb_build_array(a.error)
-                  ELSE jsonb_build_array(a.error) END,
-    logs = {{outcome_logs}},
-    finished_at = CASE WHEN a.status = 'READY' THEN NULL ELSE clock_timestamp() END,
-    run_after = CASE WHEN a.status = 'READY'
-                     THEN {{now}} + make_interval(secs => a.delay)
-                     ELSE job.run_after END
-FROM jsonb_to_recordset(%(batch)s::jsonb)
-         AS a(id bigint, fence bigint, rank int, status text, return_value jsonb, error jsonb, delay float8,
-              log jsonb, log_bytes int),
-     shardq_shard AS s
-WHERE job.id = ANY(%(ids)s::bigint[]) AND job.id = a.id
-  AND job.fence <= a.fence AND job.status_rank < a.rank
-  -- Only a job in flight: a READY row under the same fence is one whose
-  -- claim or start was lost with the server (asynchronous commits) while the
-  -- attempt ran; its outcome is refused and the job runs again, so every
-  -- recorded outcome belongs to a recorded start. Written "(...) IS TRUE", as
-  -- in start_jobs, so the planner keeps to the ids.
-  AND (job.status IN ('CLAIMED', 'RUNNING')) IS TRUE
-  AND s.shard = job.shard AND s.claim_version = job.fence
+SET {{outcome_columns*}}
+WHERE job.id = ANY(%(ids)s::bigint[]) AND {{outcome_fence*}}
 RETURNING job.id, job.status_rank, job.children_pending;
 
 -- name: complete_and_start_jobs
@@ -700,25 +708,8 @@ RETURNING job.id, job.status_rank, job.children_pending;
 -- leaves out an outcome of a job it starts).
 WITH done AS (
     UPDATE shardq_job AS job
-    SET status = a.status,
-        status_rank = a.rank,
-        return_value = a.return_value,
-        errors = CASE WHEN a.error IS NULL THEN job.errors
-                      WHEN jsonb_typeof(job.errors) = 'array' THEN job.errors || jsonb_build_array(a.error)
-                      ELSE jsonb_build_array(a.error) END,
-        logs = {{outcome_logs}},
-        finished_at = CASE WHEN a.status = 'READY' THEN NULL ELSE clock_timestamp() END,
-        run_after = CASE WHEN a.status = 'READY'
-                         THEN {{now}} + make_interval(secs => a.delay)
-                         ELSE job.run_after END
-    FROM jsonb_to_recordset(%(batch)s::jsonb)
-             AS a(id bigint, fence bigint, rank int, status text, return_value jsonb, error jsonb, delay float8,
-                  log jsonb, log_bytes int),
-         shardq_shard AS s
-    WHERE job.id = ANY(%(done_ids)s::bigint[]) AND job.id = a.id
-      AND job.fence <= a.fence AND job.status_rank < a.rank
-      AND (job.status IN ('CLAIMED', 'RUNNING')) IS TRUE
-      AND s.shard = job.shard AND s.claim_version = job.fence
+    SET {{outcome_columns*}}
+    WHERE job.id = ANY(%(done_ids)s::bigint[]) AND {{outcome_fence*}}
     RETURNING job.id, job.status_rank, job.children_pending
 ), started AS (
     UPDATE shardq_job AS job
