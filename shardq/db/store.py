@@ -1044,6 +1044,20 @@ class WorkerStore:
         rows = self.run("cancelled_attempts", {"ids": [a[0] for a in attempts], "ranks": [a[1] for a in attempts]})
         return {row[0] for row in rows}
 
+    def return_lost_starts(self, outcomes: Sequence[OutcomeRef]) -> set[int]:
+        """Of these refused outcomes, the jobs whose start write was lost
+        (CLAIMED at the claim's rank under the claim's fence): back to
+        READY to run again (``return_lost_starts`` in sql/job.sql); their ids."""
+        rows = self.run(
+            "return_lost_starts",
+            {
+                "ids": [o.id for o in outcomes],
+                "fences": [o.fence for o in outcomes],
+                "ranks": [o.rank for o in outcomes],
+            },
+        )
+        return {row[0] for row in rows}
+
     def queue_controls(self) -> list[TupleRow]:
         """Every queue paused or with a concurrency override: (queue_name,
         paused, concurrency) rows (shardq/queues.py)."""

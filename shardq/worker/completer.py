@@ -37,6 +37,10 @@ from .service import Service
 
 logger = logging.getLogger("shardq.worker.completer")
 
+#: How long the completer keeps trying to put back jobs whose start write
+#: was lost while the database is away (Completer._lost_starts).
+_LOST_STARTS_SECONDS = 30.0
+
 # Outcomes that rode on start writes are flushed (made durable, then counted
 # as landed) when the oldest has waited this long, or at once for a workflow
 # parent whose children wait, or when this thread stops: about one
@@ -346,6 +350,7 @@ class Completer(Service):
             outcomes_rejected = outcomes
         rejected = [o for o in outcomes_rejected if (o.id, o.rank) not in applied]
         cancelled = self._cancelled(rejected)
+        lost_starts = self._lost_starts([o for o in rejected if o.id not in cancelled])
         for outcome in outcomes_rejected:
             if (outcome.id, outcome.rank) in applied:
                 counts[_COUNTER_OF[outcome.status]] += 1
@@ -354,6 +359,14 @@ class Completer(Service):
                 # outcome is the cancel working, not a lost lease.
                 counts["fence_rejections"] += 1
                 logger.info("job %s was cancelled while it ran: the cancelled job's outcome was dropped", outcome.id)
+            elif outcome.id in lost_starts:
+                counts["fence_rejections"] += 1
+                logger.warning(
+                    "job %s: its start write was lost (an asynchronous commit the server lost, as in a "
+                    "failover), so its %s outcome was not written; the job is READY again and runs once more",
+                    outcome.id,
+                    outcome.status,
+                )
             else:
                 counts["fence_rejections"] += 1
                 logger.warning(
@@ -380,6 +393,29 @@ class Completer(Service):
             return self.store.cancelled_attempts([(o.id, o.rank) for o in rejected])
         except (DatabaseUnavailable, StatementRejected):
             return set()
+
+    def _lost_starts(self, rejected: list[Outcome]) -> set[int]:
+        """The ids among these refused outcomes whose start write was lost,
+        put back READY (``return_lost_starts``; one statement, only when an
+        outcome was refused). Written again while the database is away: a
+        job left CLAIMED under this worker's own fence would wait for the
+        shard to change hands."""
+        if not rejected:
+            return set()
+        try:
+            ids, _ = self._retrying(
+                lambda: self.store.return_lost_starts(rejected), "lost starts", time.monotonic() + _LOST_STARTS_SECONDS
+            )
+        except DatabaseUnavailable:
+            logger.error(
+                "jobs %s: could not tell whether their start writes were lost (the database is away); "
+                "any that were stay claimed until their shard changes hands",
+                sorted(o.id for o in rejected),
+            )
+            return set()
+        except StatementRejected:
+            return set()
+        return ids
 
     def _write_batch(
         self, outcomes: list[Outcome], deadline: float | None, parents: set[int] | None = None

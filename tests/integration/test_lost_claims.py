@@ -70,3 +70,47 @@ def test_a_lost_claim_that_started_its_job_has_the_start_taken_back_and_the_job_
         "SELECT attempts, jsonb_array_length(worker_ids), worker_losses FROM shardq_job WHERE id = %s",
         [int(result.id)],
     ) == [(1, 1, 0)]
+
+
+@pytest.mark.parametrize("outcome", ["SUCCESSFUL", "retry"])
+def test_an_attempt_whose_start_write_was_lost_has_its_outcome_refused_and_runs_again(worker, outcome):
+    # A start write commits asynchronously: a failover can lose it while the
+    # attempt runs, so the new primary reads the job CLAIMED under the same
+    # fence. The attempt's outcome must not be recorded without its start
+    # (a retry's error would count an attempt the row never had), and the
+    # job must not stay CLAIMED under its live owner: it runs again.
+    tasks.GATE.clear()
+    try:
+        # gated_flaky's first run fails (a retry outcome, due at once) once
+        # the gate opens; gate's succeeds.
+        result = tasks.gated_flaky.enqueue(f"lost-start-{worker.id}") if outcome == "retry" else tasks.gate.enqueue()
+        job_id = int(result.id)
+        wait_until(
+            lambda: sql("SELECT status FROM shardq_job WHERE id = %s", [job_id]) == [("RUNNING",)],
+            timeout=30,
+            message="the job to be claimed and started",
+        )
+        lost = sql(
+            "UPDATE shardq_job SET status = 'CLAIMED', status_rank = status_rank - 1, attempts = attempts - 1, "
+            "started_at = NULL, last_attempted_at = NULL, worker_ids = '[]'::jsonb "
+            "WHERE id = %s AND status = 'RUNNING' RETURNING id",
+            [job_id],
+        )
+        assert lost == [(job_id,)], "the job was not RUNNING: its attempt ended before the test took its start back"
+    finally:
+        tasks.GATE.set()
+    wait_until(
+        lambda: (result.refresh(), result.status)[1] == "SUCCESSFUL",
+        timeout=30,
+        message="the job whose start was lost to run again and succeed",
+    )
+    attempts, workers, errors = sql(
+        "SELECT attempts, jsonb_array_length(worker_ids), jsonb_array_length(COALESCE(errors, '[]'::jsonb)) "
+        "FROM shardq_job WHERE id = %s",
+        [job_id],
+    )[0]
+    # Every recorded outcome belongs to a recorded start: the lost attempt's
+    # outcome (and its error) is not there; the runs after it are.
+    assert workers == attempts
+    assert errors == attempts - 1
+    assert attempts >= 1

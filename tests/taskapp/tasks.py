@@ -83,6 +83,14 @@ def flaky(fail_times: int, tag: str) -> int:
     return attempts + 1
 
 
+@shard_task(max_attempts=3, backoff=exponential(base=1.0, cap=0.0, jitter=0.0))
+def gated_flaky(tag: str) -> int:
+    """Holds its thread until GATE is set, then fails its first run (counted
+    in the ledger, as flaky) and succeeds after."""
+    GATE.wait(timeout=60)
+    return flaky.func(1, tag)
+
+
 def write_ledger_row(context: TaskContext) -> None:
     """One ledger row for this attempt (job, attempt, fence, worker), in its own transaction."""
     with transaction.atomic():

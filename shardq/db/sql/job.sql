@@ -680,11 +680,14 @@ FROM jsonb_to_recordset(%(batch)s::jsonb)
 -- claim's fence and rank, and that fence is still its shard's claim version. Only a job in flight:
 -- a READY row under the same fence is one whose claim or start was lost with the server
 -- (asynchronous commits) while the attempt ran; its outcome is refused and the job runs again, so
--- every recorded outcome belongs to a recorded start. Written "(...) IS TRUE", as in start_jobs,
--- so the planner keeps to the ids.
+-- every recorded outcome belongs to a recorded start. A CLAIMED row takes only the outcome of a
+-- job that never started (rank: the claim's + 1): the outcome of an attempt (the start's rank + 1)
+-- meeting a CLAIMED row is one whose start write was lost (asynchronous commit, then a failover);
+-- it is refused, and return_lost_starts puts the job back to run again. Written "(...) IS TRUE",
+-- as in start_jobs, so the planner keeps to the ids.
 job.id = a.id
   AND job.fence <= a.fence AND job.status_rank < a.rank
-  AND (job.status IN ('CLAIMED', 'RUNNING')) IS TRUE
+  AND (job.status = 'RUNNING' OR (job.status = 'CLAIMED' AND job.status_rank = a.rank - 1)) IS TRUE
   AND s.shard = job.shard AND s.claim_version = job.fence
 
 -- name: complete_jobs
@@ -783,6 +786,22 @@ FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[], %(started
 WHERE job.id = a.id AND job.fence <= a.fence AND job.status_rank < a.rank
   AND job.status = CASE WHEN a.started THEN 'RUNNING' ELSE 'CLAIMED' END
 RETURNING job.id, job.shard;
+
+-- name: return_lost_starts
+-- The jobs among refused outcomes (id, fence, rank) whose start write was lost: the row reads
+-- CLAIMED at the claim's rank (the outcome's rank - 2) under this claim's fence, still its shard's
+-- claim version. An asynchronous start commit lost in a failover leaves that: the attempt ran, but
+-- neither its start nor (refused by outcome_fence) its outcome is recorded. Back to READY at the
+-- outcome's rank, due now, no attempt counted, to run again (at least once); without this the row
+-- would stay CLAIMED under a live owner that believes it finished. Returns the ids put back.
+UPDATE shardq_job AS job
+SET status = 'READY', status_rank = a.rank, run_after = clock_timestamp()
+FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ranks)s::int[]) AS a(id, fence, rank),
+     shardq_shard AS s
+WHERE job.id = a.id AND job.fence = a.fence AND job.status_rank = a.rank - 2
+  AND (job.status = 'CLAIMED') IS TRUE
+  AND s.shard = job.shard AND s.claim_version = job.fence
+RETURNING job.id;
 
 -- name: defer_unknown_jobs
 -- Claimed jobs whose task path this worker cannot resolve (a deploy under way: new code enqueued a
