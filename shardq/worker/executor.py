@@ -8,6 +8,7 @@ and hands the outcome to the completer. Signals ``task_started`` and
 """
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -671,6 +672,10 @@ class Executor:
             if isinstance(error, FenceLost):
                 # Not an error of the task: this attempt lost the job; its
                 # transaction rolled back and nothing of it is written.
+                # Where the row reads CLAIMED under this claim (its start
+                # write lost with the server), the fenced hand-back puts it
+                # back READY to run again; anywhere else it changes nothing.
+                self.handback.return_jobs([dataclasses.replace(job, started=False)])
                 self.stats.add("fence_rejections")
                 if self.metrics is not None:
                     self.metrics.fence_rejected(job)

@@ -72,7 +72,7 @@ def test_a_lost_claim_that_started_its_job_has_the_start_taken_back_and_the_job_
     ) == [(1, 1, 0)]
 
 
-@pytest.mark.parametrize("outcome", ["SUCCESSFUL", "retry"])
+@pytest.mark.parametrize("outcome", ["SUCCESSFUL", "retry", "in_transaction"])
 def test_an_attempt_whose_start_write_was_lost_has_its_outcome_refused_and_runs_again(worker, outcome):
     # A start write commits asynchronously: a failover can lose it while the
     # attempt runs, so the new primary reads the job CLAIMED under the same
@@ -83,7 +83,10 @@ def test_an_attempt_whose_start_write_was_lost_has_its_outcome_refused_and_runs_
     try:
         # gated_flaky's first run fails (a retry outcome, due at once) once
         # the gate opens; gate's succeeds.
-        result = tasks.gated_flaky.enqueue(f"lost-start-{worker.id}") if outcome == "retry" else tasks.gate.enqueue()
+        # gated_in_transaction's outcome is written in the task's own
+        # transaction with a ledger row (shardq.complete_in_transaction).
+        task = {"SUCCESSFUL": tasks.gate, "in_transaction": tasks.gated_in_transaction}.get(outcome)
+        result = tasks.gated_flaky.enqueue(f"lost-start-{worker.id}") if task is None else task.enqueue()
         job_id = int(result.id)
         wait_until(
             lambda: sql("SELECT status FROM shardq_job WHERE id = %s", [job_id]) == [("RUNNING",)],
@@ -114,3 +117,7 @@ def test_an_attempt_whose_start_write_was_lost_has_its_outcome_refused_and_runs_
     assert workers == attempts
     assert errors == attempts - 1
     assert attempts >= 1
+    if outcome == "in_transaction":
+        # The lost attempt's transaction (its ledger row) was refused with
+        # its outcome: one ledger row, the run that counted.
+        assert sql("SELECT attempt FROM taskapp_ledger WHERE job_id = %s", [job_id]) == [(attempts,)]

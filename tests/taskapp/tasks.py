@@ -91,6 +91,19 @@ def gated_flaky(tag: str) -> int:
     return flaky.func(1, tag)
 
 
+@task(takes_context=True)
+def gated_in_transaction(context: TaskContext) -> int:
+    """Holds its thread until GATE is set, then completes itself with a
+    ledger row in one transaction (``shardq.complete_in_transaction``)."""
+    import shardq
+
+    GATE.wait(timeout=60)
+    with transaction.atomic():
+        shardq.complete_in_transaction(context, return_value=7)
+        Ledger.objects.create(job_id=int(context.task_result.id), attempt=context.attempt, worker="in-transaction")
+    return 7
+
+
 def write_ledger_row(context: TaskContext) -> None:
     """One ledger row for this attempt (job, attempt, fence, worker), in its own transaction."""
     with transaction.atomic():

@@ -750,7 +750,9 @@ SET status = 'SUCCESSFUL', status_rank = %(rank)s, return_value = %(return_value
     finished_at = clock_timestamp()
 FROM locked
 WHERE job.id = %(id)s AND job.fence <= %(fence)s AND job.status_rank < %(rank)s
-  AND (job.status IN ('CLAIMED', 'RUNNING')) IS TRUE
+  -- As outcome_fence: a CLAIMED row is one whose start write was lost (the
+  -- executor hands it back on FenceLost, to run again).
+  AND (job.status = 'RUNNING' OR (job.status = 'CLAIMED' AND job.status_rank = %(rank)s - 1)) IS TRUE
 RETURNING locked.claim_version;
 
 -- name: outcomes_applied
