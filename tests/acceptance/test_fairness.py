@@ -241,10 +241,10 @@ def test_a_priority_job_starts_at_once_and_an_ordered_key_keeps_its_order_under_
     at = enqueued_at(urgent)
     pickups = [started - at[job] for event, job, started, _, _ in rows if event == "start" and job in at]
     print(f"[fairness] priority 100 past a fair backlog: pickups {[round(p * 1000) for p in pickups]} ms")
-    # The figure is 50 ms (docs/fairness.md records the full run);
-    # the bound leaves room for a loaded 2-core machine (measured 106 ms at
-    # a load of 16).
-    assert max(pickups) <= 0.25, pickups
+    # The figure is 50 ms (make fairness: docs/fairness.md records
+    # the full run); CI's bound leaves room for a loaded 2-core machine
+    # (measured 106 ms at a load of 16).
+    assert max(pickups) <= (0.05 if FULL else 0.25), pickups
     runs = [(event, int(part.rsplit("/", 1)[1])) for event, _, _, _, part in rows if part.startswith("C/acct-1/")]
     assert runs == [(event, n) for n in range(30) for event in ("start", "end")], "the ordered key ran out of order"
 
