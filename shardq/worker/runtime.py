@@ -242,6 +242,7 @@ class Worker:
             name=self.name,
             pool=self.pool,
             shard_count=self.config.settings.shard_count,
+            identity=self.leaser.detect_dead_owners,
         )
         logger.info(
             "worker %s started (pid %s, concurrency %s, queues %s, pool %s, %s shards, lease TTL %gs)",
