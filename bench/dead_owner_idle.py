@@ -45,9 +45,10 @@ def run(bench, workers: int, seconds: float, detection: bool) -> dict:
     procs = [bench.start_worker(1, env=env, name=f"idle-{i}", concurrency=4) for i in range(workers)]
     try:
         deadline = time.monotonic() + 120
-        while len(worker_pids(bench, procs)) < workers or bench.sql(
-            "SELECT count(*) FROM shardq_shard WHERE pool = '*' AND owner IS NOT NULL"
-        )[0][0] < 64:
+        while (
+            len(worker_pids(bench, procs)) < workers
+            or bench.sql("SELECT count(*) FROM shardq_shard WHERE pool = '*' AND owner IS NOT NULL")[0][0] < 64
+        ):
             if time.monotonic() > deadline:
                 raise RuntimeError("the workers did not start")
             time.sleep(0.2)
