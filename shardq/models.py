@@ -399,6 +399,10 @@ class Worker(models.Model):
     backend_pid = models.IntegerField(null=True, blank=True)
     backend_start = models.DateTimeField(null=True, blank=True)
     server_started = models.DateTimeField(null=True, blank=True)
+    # Its LISTEN session, on the same server: gone with the lease session,
+    # the whole process is gone (no grace before its shards are taken).
+    listener_pid = models.IntegerField(null=True, blank=True)
+    listener_start = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "shardq_worker"

@@ -691,12 +691,13 @@ class WorkerStore:
         rows = self.guarded("heartbeat", work, raw="heartbeat" in RAW_QUERIES)
         return [str(row[0]) for row in rows], (rows[0][2] if rows else None)
 
-    def dead_owners(self, worker: str, ttl: float, pool: str = pools.ALL) -> list[tuple[str, int, bool]]:
+    def dead_owners(self, worker: str, ttl: float, pool: str = pools.ALL) -> list[tuple[str, int, bool, bool]]:
         """Dead-owner detection's check: the other workers of ``pool``
         (heartbeat within ``ttl``) whose lease session is gone from this
-        server: (worker id, recorded backend pid, holds a live lease)."""
+        server: (worker id, recorded backend pid, holds a live lease, its
+        LISTEN session is recorded and gone too)."""
         rows = self.run("dead_owners", {"worker": worker, "ttl": ttl, "pool": pool})
-        return [(str(w), int(pid), bool(holds)) for w, pid, holds in rows]
+        return [(str(w), int(pid), bool(holds), bool(whole)) for w, pid, holds, whole in rows]
 
     def claim_shards(
         self,

@@ -30,4 +30,14 @@ class Migration(migrations.Migration):
             name="server_started",
             field=models.DateTimeField(blank=True, null=True),
         ),
+        migrations.AddField(
+            model_name="worker",
+            name="listener_pid",
+            field=models.IntegerField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="worker",
+            name="listener_start",
+            field=models.DateTimeField(blank=True, null=True),
+        ),
     ]

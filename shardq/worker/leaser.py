@@ -35,7 +35,8 @@ server session of this thread's connection (its backend pid and start, the
 server's start) with each heartbeat, and between rounds looks every
 ``DEAD_OWNER_CHECK`` seconds (one small statement) for peers of its pool
 whose recorded session is gone from the server. A peer seen gone for two
-intervals is dead: the round that follows does not count it live (the
+intervals is dead, or at once when its LISTEN session (recorded the same
+way by the listener) is gone too: a whole process gone, not a connection: the round that follows does not count it live (the
 shares grow) and claims its shards as if they had expired, the takeover's
 new ``claim_version`` fencing it as an expiry does. The two intervals are
 for a live worker whose connection dropped: its own check fails, and the
@@ -315,18 +316,25 @@ class Leaser(Service):
             return False
         self.stats.add("dead_owner_checks")
         now = time.monotonic()
-        holding = {worker for worker, _, holds in rows if holds}
-        self._suspects = {(w, pid): self._suspects.get((w, pid), now) for w, pid, _ in rows}
+        holding = {worker for worker, _, holds, _ in rows if holds}
+        # Its LISTEN session gone too: the process, not a connection, is
+        # gone (a dropped connection leaves the other): no grace.
+        self._suspects = {
+            (w, pid): min(self._suspects.get((w, pid), now), now - self.dead_owner_grace if whole else now)
+            for w, pid, _, whole in rows
+        }
         dead = frozenset(w for (w, _), since in self._suspects.items() if now - since >= self.dead_owner_grace)
         found = dead - self.dead_owners
         self.dead_owners = dead
         if found:
             self.stats.add("dead_owners", len(found))
+            whole = {w for w, _, _, gone in rows if gone}
             logger.warning(
-                "worker(s) %s: lease session gone from the database for %.2fs or more (the process died): "
-                "taking over their shards now, not when their leases expire",
+                "worker(s) %s: %s (the process died): taking over their shards now, not when their leases expire",
                 ", ".join(sorted(found)),
-                self.dead_owner_grace,
+                "lease and LISTEN sessions gone from the database"
+                if found <= whole
+                else f"lease session gone from the database for {self.dead_owner_grace:.2f}s or more",
             )
             return True
         return bool(dead & holding) and self.wants_shards()

@@ -19,9 +19,12 @@ import threading
 import time
 import uuid
 from functools import cached_property
+
+import psycopg
 from typing import TYPE_CHECKING
 
 from ..cron import schedules
+from ..db.queries import QUERIES
 from ..db.store import LEASE_CHANNEL, DatabaseGuard, WorkerStore
 from ..tasks import discover
 from . import shutdown as shutdown_signals
@@ -144,7 +147,27 @@ class Worker:
             LEASE_CHANNEL: self.leaser.subscription(),
             CANCEL_CHANNEL: Subscription(self.executor.control.notified),
         }
-        return Listener(self.options.database, self.stats, subscriptions, on_connected=self.pipeline.wake_fetch)
+        return Listener(
+            self.options.database,
+            self.stats,
+            subscriptions,
+            on_connected=self.pipeline.wake_fetch,
+            on_session=self._record_listener_session,
+        )
+
+    def _record_listener_session(self, conn: "psycopg.Connection") -> None:
+        """Dead-owner detection: record the LISTEN session beside the lease
+        session (``record_listener`` in worker.sql). Both gone at once is a
+        dead process: its peers take its shards at their next check, not two
+        checks later. A connection error reconnects the listener; the server
+        refusing the statement only costs that speed-up (logged)."""
+        client_pid = conn.info.backend_pid if self.leaser.detect_dead_owners else None
+        try:
+            conn.execute(QUERIES["record_listener"], {"worker": self.id, "client_pid": client_pid})
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            raise
+        except psycopg.Error as exc:
+            logger.warning("could not record the LISTEN session for dead-owner detection: %s", exc)
 
     # -- what the options say ------------------------------------------------------
 

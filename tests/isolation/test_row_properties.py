@@ -298,6 +298,8 @@ DEAD_OWNER_VALUES = {
     "backend_pid": st.one_of(st.none(), integers(*INT_RANGES["integer"]).map(str), st.just("pg_backend_pid()")),
     "backend_start": st.one_of(st.none(), timestamps(), st.just(DEAD_OWNER_LIVE_START)),
     "server_started": st.one_of(st.none(), timestamps(), st.just("pg_postmaster_start_time()")),
+    "listener_pid": st.one_of(st.none(), integers(*INT_RANGES["integer"]).map(str), st.just("pg_backend_pid()")),
+    "listener_start": st.one_of(st.none(), timestamps(), st.just(DEAD_OWNER_LIVE_START)),
 }
 
 
@@ -315,8 +317,8 @@ def sql_value(value: str | None) -> tuple[str, list[str]]:
 @pytest.mark.timeout(1800 if FULL else 600)
 def test_any_recorded_lease_session_of_a_peer_leaves_the_worker_up_and_its_shards_held(fast_poll):
     """A peer (STOPPING: read by the dead-owner check, not counted a member
-    of the pool) holds one shard for a second, its recorded session any
-    values of the three columns: the worker's check and heartbeat go on, no
+    of the pool) holds one shard for a second, its recorded sessions any
+    values of the five columns (lease and LISTEN sessions): the worker's check and heartbeat go on, no
     service fails, and the worker holds all 64 shards again (the peer's
     taken as a dead owner's, or once its lease ends), and runs jobs."""
     columns = {
@@ -333,22 +335,25 @@ def test_any_recorded_lease_session_of_a_peer_leaves_the_worker_up_and_its_shard
             DEAD_OWNER_VALUES["backend_pid"],
             DEAD_OWNER_VALUES["backend_start"],
             DEAD_OWNER_VALUES["server_started"],
+            st.tuples(DEAD_OWNER_VALUES["listener_pid"], DEAD_OWNER_VALUES["listener_start"]),
             st.integers(0, 63),
         )
         # Always: a session gone from this server (the shard taken as a dead
         # owner's) and a live one (kept until its lease ends).
-        @hypothesis_example("2147483647", None, "pg_postmaster_start_time()", 5)
-        @hypothesis_example("pg_backend_pid()", DEAD_OWNER_LIVE_START, "pg_postmaster_start_time()", 6)
-        def example(pid, start, server, shard):
+        @hypothesis_example("2147483647", None, "pg_postmaster_start_time()", (None, None), 5)
+        @hypothesis_example("2147483647", None, "pg_postmaster_start_time()", ("2147483646", None), 4)
+        @hypothesis_example("pg_backend_pid()", DEAD_OWNER_LIVE_START, "pg_postmaster_start_time()", (None, None), 6)
+        def example(pid, start, server, listener, shard):
             peer = str(uuid.uuid4())
-            parts = [sql_value(v) for v in (pid, start, server)]
+            parts = [sql_value(v) for v in (pid, start, server, *listener)]
             try:
                 sql(
                     "INSERT INTO shardq_worker (id, host, pid, queues, pool, started_at, heartbeat_at, state, stats, "
-                    "name, backend_pid, backend_start, server_started) VALUES (%s, 'odd', 1, '[]', '*', "
-                    "clock_timestamp(), clock_timestamp(), 'STOPPING', '{}', '', "
-                    f"({parts[0][0]})::int, ({parts[1][0]})::timestamptz, ({parts[2][0]})::timestamptz)",
-                    [peer, *parts[0][1], *parts[1][1], *parts[2][1]],
+                    "name, backend_pid, backend_start, server_started, listener_pid, listener_start) VALUES "
+                    "(%s, 'odd', 1, '[]', '*', clock_timestamp(), clock_timestamp(), 'STOPPING', '{}', '', "
+                    f"({parts[0][0]})::int, ({parts[1][0]})::timestamptz, ({parts[2][0]})::timestamptz, "
+                    f"({parts[3][0]})::int, ({parts[4][0]})::timestamptz)",
+                    [peer, *(param for _, params in parts for param in params)],
                 )
             except DataError as exc:  # a timestamp PostgreSQL's own range refuses
                 if "out of range" in str(exc):
@@ -369,9 +374,13 @@ def test_any_recorded_lease_session_of_a_peer_leaves_the_worker_up_and_its_shard
                         or failed(worker)
                     ),
                     timeout=30,
-                    message=lambda: f"the worker beside a peer's session ({pid!r}, {start!r}, {server!r})",
+                    message=lambda: (
+                        f"the worker beside a peer's session ({pid!r}, {start!r}, {server!r}, {listener!r})"
+                    ),
                 )
-                assert not failed(worker), f"a peer's session ({pid!r}, {start!r}, {server!r}) stopped {failed(worker)}"
+                assert not failed(worker), (
+                    f"a peer's session ({pid!r}, {start!r}, {server!r}, {listener!r}) stopped {failed(worker)}"
+                )
                 takeovers.append(worker.stats["dead_owner_takeovers"])
             finally:
                 sql("DELETE FROM shardq_job WHERE task_path = 'tests.taskapp.tasks.noop'")

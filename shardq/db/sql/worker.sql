@@ -21,6 +21,17 @@ CASE WHEN %(client_pid)s::int = pg_backend_pid()
      THEN (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) AS a) END,
 CASE WHEN %(client_pid)s::int = pg_backend_pid() THEN pg_postmaster_start_time() END
 
+-- name: record_listener
+-- Dead-owner detection: the worker's LISTEN session (listener.py, at each connect), recorded beside
+-- its lease session, on the same server only (server_started, as the lease session recorded it) and
+-- only when the client was told this backend's pid (no pooler between: backend_identity).
+UPDATE shardq_worker
+SET listener_pid = CASE WHEN %(client_pid)s::int = pg_backend_pid() AND server_started = pg_postmaster_start_time()
+                        THEN pg_backend_pid() END,
+    listener_start = CASE WHEN %(client_pid)s::int = pg_backend_pid() AND server_started = pg_postmaster_start_time()
+                          THEN (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) AS a) END
+WHERE id = %(worker)s;
+
 -- name: backend_gone
 -- Dead-owner detection: is the lease session recorded in the shardq_worker row w gone from this
 -- server? Only for an identity recorded on this very server (a pid of another server, before a
@@ -36,10 +47,16 @@ AND NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(w.backend_pid) AS a
 -- name: dead_owners
 -- Dead-owner detection's check (every DEAD_OWNER_CHECK seconds on each worker's lease connection):
 -- the other workers of pool :pool, not stopped, heartbeat within :ttl, whose lease session is gone
--- (backend_gone): id, the recorded pid, and whether it still holds a live lease of the pool.
+-- (backend_gone): id, the recorded pid, whether it still holds a live lease of the pool, and whether
+-- its LISTEN session (record_listener) is recorded and gone too: the whole process is gone.
 SELECT w.id::text, w.backend_pid,
        EXISTS (SELECT 1 FROM shardq_shard AS s
-               WHERE s.pool = %(pool)s AND s.owner = w.id AND s.lease_expires > clock_timestamp())
+               WHERE s.pool = %(pool)s AND s.owner = w.id AND s.lease_expires > clock_timestamp()),
+       w.listener_pid IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(w.listener_pid) AS a
+                       WHERE a.pid = w.listener_pid
+                         AND (a.backend_start IS NULL OR w.listener_start IS NULL
+                              OR a.backend_start = w.listener_start))
 FROM shardq_worker AS w
 WHERE w.pool = %(pool)s AND w.state <> 'STOPPED' AND w.id <> %(worker)s AND w.backend_pid IS NOT NULL
   AND w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)
@@ -55,7 +72,9 @@ WHERE w.pool = %(pool)s AND w.state <> 'STOPPED' AND w.id <> %(worker)s AND w.ba
 -- identity (backend_identity).
 WITH me AS (
     UPDATE shardq_worker SET heartbeat_at = {{now}}, stats = %(stats)s::jsonb,
-        (backend_pid, backend_start, server_started) = ({{backend_identity*}})
+        (backend_pid, backend_start, server_started) = ({{backend_identity*}}),
+        -- A LISTEN session recorded on another server (before a failover) is forgotten.
+        listener_pid = CASE WHEN server_started = pg_postmaster_start_time() THEN listener_pid END
     WHERE id = %(worker)s
     RETURNING id
 )
