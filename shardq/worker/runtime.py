@@ -19,9 +19,9 @@ import threading
 import time
 import uuid
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import psycopg
-from typing import TYPE_CHECKING
 
 from ..cron import schedules
 from ..db.queries import QUERIES
