@@ -303,6 +303,16 @@ def listen(conn: psycopg.Connection[Any], *channels: str) -> None:
         conn.execute(listen_statement(channel))
 
 
+def record_listener(conn: psycopg.Connection[Any], worker: str, identity: bool = True) -> None:
+    """Dead-owner detection: record ``conn`` (a listener's LISTEN session)
+    beside ``worker``'s lease session (``record_listener`` in worker.sql);
+    ``identity`` False records nothing (detection off)."""
+    conn.execute(
+        QUERIES["record_listener"],
+        {"worker": worker, "client_pid": conn.info.backend_pid if identity else None},
+    )
+
+
 class DatabaseGuard:
     """One circuit breaker for all of a worker's connections.
 

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from ..cron import schedules
-from ..db.queries import QUERIES
-from ..db.store import LEASE_CHANNEL, DatabaseGuard, WorkerStore
+from ..db.store import LEASE_CHANNEL, DatabaseGuard, WorkerStore, record_listener
 from ..tasks import discover
 from . import shutdown as shutdown_signals
 from .archiver import Archiver
@@ -161,9 +160,8 @@ class Worker:
         dead process: its peers take its shards at their next check, not two
         checks later. A connection error reconnects the listener; the server
         refusing the statement only costs that speed-up (logged)."""
-        client_pid = conn.info.backend_pid if self.leaser.detect_dead_owners else None
         try:
-            conn.execute(QUERIES["record_listener"], {"worker": self.id, "client_pid": client_pid})
+            record_listener(conn, self.id, self.leaser.detect_dead_owners)
         except (psycopg.OperationalError, psycopg.InterfaceError):
             raise
         except psycopg.Error as exc:

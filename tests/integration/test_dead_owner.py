@@ -154,7 +154,7 @@ def test_a_worker_whose_lease_and_listen_sessions_both_ended_is_gone_whole(store
     a, b = register(store_a), register(store_b)
     store_a.claim_shards(a, 4, TTL, SHARDS, 3)
     listener = scalar_pid(listen_a)
-    listen_a.run("record_listener", {"worker": a, "client_pid": listener}, fetch="none")
+    listen_a.run("record_listener", {"worker": a, "client_pid": listener}, fetch="none")  # as store.record_listener
     assert scalar("SELECT listener_pid FROM shardq_worker WHERE id = %s", [a]) == listener
     pid = end_session(store_a)
     assert store_b.dead_owners(b, TTL) == [(a, pid, True, False)]
