@@ -336,7 +336,10 @@ def kill(bench, noisy_jobs: int, seconds: float, lease_ttl: float) -> dict:
     read after the drain: jobs lost (not SUCCESSFUL, or never run to their
     end), run to their end twice, and B's pickups: over all of B's jobs, and
     without those enqueued after the kill on the dead worker's shards (they
-    wait for its leases to expire: ``lease_ttl``)."""
+    wait for the takeover: dead-owner detection's, a fraction of a second;
+    with SHARDQ_DEAD_OWNER_DETECTION=false in the environment, the leases'
+    expiry, ``lease_ttl``); and how long after the kill the last of the dead
+    worker's shards was taken over."""
     import os
     import signal
     import tempfile
@@ -380,6 +383,13 @@ def kill(bench, noisy_jobs: int, seconds: float, lease_ttl: float) -> dict:
         for proc in procs:
             bench.stop_worker(proc)
     jobs = bench.sql("SELECT id, status, shard, extract(epoch FROM enqueued_at)::float8, worker_losses FROM shardq_job")
+    # When the dead worker's shards were all taken over (dead-owner detection:
+    # a fraction of a second; without it, its leases' expiry).
+    [(taken, last_taken)] = bench.sql(
+        "SELECT count(*), extract(epoch FROM max(at))::float8 FROM shardq_shard_event "
+        "WHERE reason = 'takeover' AND shard = ANY(%s) AND at >= to_timestamp(%s)",
+        [sorted(dead_shards), killed_at],
+    )
     ends: dict[int, list[int]] = {}
     first_start: dict[int, float] = {}
     for line in ledger.read_text().splitlines():
@@ -409,6 +419,9 @@ def kill(bench, noisy_jobs: int, seconds: float, lease_ttl: float) -> dict:
         "ran_to_end_twice": len(twice),
         "twice_first_on_killed_worker": sum(1 for job in twice if ends[job][0] == victim_pid),
         "rerun_after_loss": sum(1 for *_, losses in jobs if losses),
+        "dead_shards": len(dead_shards),
+        "taken_over": taken,
+        "takeover_s": (last_taken - killed_at) if last_taken is not None else None,
         "b_jobs": len(pickups),
         "b_p50_ms": 1000 * pct(pickups, 0.5),
         "b_p99_ms": 1000 * pct(pickups, 0.99),
@@ -570,7 +583,8 @@ def main() -> None:
     if "kill" in raw:
         r = raw["kill"]
         print(
-            f"across a SIGKILL (3 workers, LEASE_TTL {r['lease_ttl']:g} s): {r['lost']} of {r['jobs']} jobs lost, "
+            f"across a SIGKILL (3 workers, LEASE_TTL {r['lease_ttl']:g} s): the dead worker's {r['dead_shards']} shards "
+            f"taken over {r['takeover_s']:.2f} s after the kill; {r['lost']} of {r['jobs']} jobs lost, "
             f"{r['ran_to_end_twice']} ran to their end twice ({r['twice_first_on_killed_worker']} first on the "
             f"killed worker); B pickup p50 {r['b_p50_ms']:.0f} ms, p99 {r['b_p99_ms']:.0f} ms, max "
             f"{r['b_max_ms']:.0f} ms over {r['b_jobs']}; without the {r['b_held_up']} enqueued on the dead "

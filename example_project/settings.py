@@ -116,6 +116,10 @@ SHARDQ = {
     "HEARTBEAT": env.float("SHARDQ_HEARTBEAT", default=10.0),
     "POLL_INTERVAL": env.float("SHARDQ_POLL_INTERVAL", default=1.0),
     "NOTIFY": env.bool("SHARDQ_NOTIFY", default=True),
+    # A SIGKILLed worker's shards are taken over in a fraction of a second,
+    # not after LEASE_TTL (docs/reliability.md, "A worker that dies").
+    "DEAD_OWNER_DETECTION": env.bool("SHARDQ_DEAD_OWNER_DETECTION", default=True),
+    "DEAD_OWNER_CHECK": env.float("SHARDQ_DEAD_OWNER_CHECK", default=0.1),
     # This web process counts its enqueues and cancels for /metrics/
     # (docs/operations.md, "Metrics"); None: wherever metrics are on (METRICS_PORT).
     "ENQUEUE_METRICS": env.bool("SHARDQ_ENQUEUE_METRICS", default=None),

@@ -16,6 +16,7 @@ Stable ids:
   shardq.E013  SHARDQ["QUEUES"] names a queue no shardq backend's QUEUES has
   shardq.E014  a HISTORY_* setting of SHARDQ is not a valid value
   shardq.E015  JOB_LOG_LEVEL or JOB_LOG_BYTES is not a valid value
+  shardq.E016  DEAD_OWNER_DETECTION or DEAD_OWNER_CHECK is not a valid value
   shardq.W001  "shardq" is in INSTALLED_APPS but no TASKS backend is shardq's
                (E013 and W001 are in ``app_checks.py``: they need the backend
                class, and the backend imports this module)
@@ -35,6 +36,8 @@ from django.db import connections
 
 from .conf import (
     DEFAULTS,
+    dead_owner_check_seconds,
+    dead_owner_detection,
     default_timeout_seconds,
     history_config,
     job_log_bytes,
@@ -237,6 +240,17 @@ def backend_checks(backend) -> list[checks.CheckMessage]:
                     str(exc),
                     hint="Per-job logs: docs/configuration.md (JOB_LOG_LEVEL, JOB_LOG_BYTES).",
                     id="shardq.E015",
+                )
+            )
+    for key, check in (("DEAD_OWNER_DETECTION", dead_owner_detection), ("DEAD_OWNER_CHECK", dead_owner_check_seconds)):
+        try:
+            check(raw[key])
+        except ShardqConfigurationError as exc:
+            errors.append(
+                checks.Error(
+                    str(exc),
+                    hint='Dead-owner detection: docs/reliability.md, "A worker that dies".',
+                    id="shardq.E016",
                 )
             )
     from .pooling import pooling_checks

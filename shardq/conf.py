@@ -72,6 +72,13 @@ DEFAULTS = {
     # job page, at most JOB_LOG_BYTES bytes a job (0: no logs kept).
     "JOB_LOG_LEVEL": "INFO",
     "JOB_LOG_BYTES": 64 * 1024,
+    # Dead-owner detection (docs/reliability.md, "A worker that dies"): a
+    # worker whose lease connection's server session is gone (the process was
+    # SIGKILLed, crashed, ran out of memory) has its shards taken over by the
+    # survivors after DEAD_OWNER_CHECK seconds' checks have seen it gone for
+    # two intervals, not after LEASE_TTL. Off behind a transaction pooler.
+    "DEAD_OWNER_DETECTION": True,
+    "DEAD_OWNER_CHECK": 0.1,
 }
 
 
@@ -96,6 +103,8 @@ class Config:
     history: "HistoryConfig | None" = None
     job_log_level: int = logging.INFO
     job_log_bytes: int = 64 * 1024
+    dead_owner_detection: bool = True
+    dead_owner_check_seconds: float = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +169,10 @@ def get_config() -> Config:
         history=_or_default(history_config, raw, history_config(DEFAULTS)),
         job_log_level=_or_default(job_log_level, raw["JOB_LOG_LEVEL"], logging.INFO),
         job_log_bytes=_or_default(job_log_bytes, raw["JOB_LOG_BYTES"], DEFAULTS["JOB_LOG_BYTES"]),
+        dead_owner_detection=_or_default(dead_owner_detection, raw["DEAD_OWNER_DETECTION"], True),
+        dead_owner_check_seconds=_or_default(
+            dead_owner_check_seconds, raw["DEAD_OWNER_CHECK"], DEFAULTS["DEAD_OWNER_CHECK"]
+        ),
     )
 
 
@@ -265,3 +278,36 @@ def job_log_bytes(value: object) -> int:
             "of log text a job keeps, its attempts together (default 65536; 0 keeps no logs)."
         )
     return value
+
+
+def dead_owner_detection(value: object) -> bool:
+    """SHARDQ["DEAD_OWNER_DETECTION"]: True or False."""
+    if not isinstance(value, bool):
+        raise ShardqConfigurationError(
+            f"SHARDQ['DEAD_OWNER_DETECTION'] = {value!r} is not True or False: whether a worker takes over "
+            "the shards of a peer whose database session is gone before its leases expire (default True)."
+        )
+    return value
+
+
+#: DEAD_OWNER_CHECK's bounds: a hundred checks a second per worker at most;
+#: slower than a minute is no faster than a typical LEASE_TTL.
+MIN_DEAD_OWNER_CHECK, MAX_DEAD_OWNER_CHECK = 0.01, 60.0
+
+
+def dead_owner_check_seconds(value: object) -> float:
+    """SHARDQ["DEAD_OWNER_CHECK"]: seconds between a worker's checks for
+    dead peers, a number (or ``timedelta``) in [0.01, 60]."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not MIN_DEAD_OWNER_CHECK <= value <= MAX_DEAD_OWNER_CHECK
+    ):
+        raise ShardqConfigurationError(
+            f"SHARDQ['DEAD_OWNER_CHECK'] = {value!r} is not a number of seconds from "
+            f"{MIN_DEAD_OWNER_CHECK:g} to {MAX_DEAD_OWNER_CHECK:g}: how often a worker looks for peers whose "
+            "database session is gone (default 0.1; DEAD_OWNER_DETECTION = False turns detection off)."
+        )
+    return float(value)

@@ -389,6 +389,20 @@ class Worker(models.Model):
     stats = models.JSONField(default=dict)
     # A readable name (shardq_worker --worker-id), "" when none was given.
     name = models.CharField(max_length=100, blank=True, default="", db_default="")
+    # Dead-owner detection (docs/reliability.md, "A worker that dies"): the
+    # server session of this worker's lease connection, recorded at every
+    # heartbeat: its backend pid and start, and the server's start
+    # (pg_postmaster_start_time()), so a pid is only ever looked up on the
+    # server that gave it. NULL: not recorded (detection off for this worker,
+    # or a pooler between it and PostgreSQL): it is never taken for dead
+    # before its leases expire.
+    backend_pid = models.IntegerField(null=True, blank=True)
+    backend_start = models.DateTimeField(null=True, blank=True)
+    server_started = models.DateTimeField(null=True, blank=True)
+    # Its LISTEN session, on the same server: gone with the lease session,
+    # the whole process is gone (no grace before its shards are taken).
+    listener_pid = models.IntegerField(null=True, blank=True)
+    listener_start = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "shardq_worker"

@@ -239,7 +239,12 @@ class SteppedWorker:
         worker = self.worker
         if not self._registered:
             worker.store["leaser"].register_worker(
-                worker.id, "stepped", os.getpid(), worker.options.queues or [], pool=worker.pool
+                worker.id,
+                "stepped",
+                os.getpid(),
+                worker.options.queues or [],
+                pool=worker.pool,
+                identity=worker.leaser.detect_dead_owners,
             )
             self._registered = True
         worker.leaser.tick()

@@ -248,6 +248,13 @@ def connect(
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {one_line(exc)}") from exc
 
 
+def client_pid(cursor: psycopg.Cursor[Any], identity: bool = True) -> int | None:
+    """The backend pid this connection was told at connect time (None:
+    ``identity`` off). Through a pooler it is the pooler's, not the
+    server's: ``backend_identity`` (worker.sql) then records nothing."""
+    return cursor.connection.info.backend_pid if identity else None
+
+
 def one_line(exc: BaseException) -> str:
     """The driver's message on one line (libpq's has a newline and a tab in
     "Is the server running on that host ...?"): a log line stays one line."""
@@ -294,6 +301,16 @@ def listen(conn: psycopg.Connection[Any], *channels: str) -> None:
     channel, quoted as an identifier."""
     for channel in channels:
         conn.execute(listen_statement(channel))
+
+
+def record_listener(conn: psycopg.Connection[Any], worker: str, identity: bool = True) -> None:
+    """Dead-owner detection: record ``conn`` (a listener's LISTEN session)
+    beside ``worker``'s lease session (``record_listener`` in worker.sql);
+    ``identity`` False records nothing (detection off)."""
+    conn.execute(
+        QUERIES["record_listener"],
+        {"worker": worker, "client_pid": conn.info.backend_pid if identity else None},
+    )
 
 
 class DatabaseGuard:
@@ -615,10 +632,13 @@ class WorkerStore:
         *,
         pool: str = pools.ALL,
         shard_count: int | None = None,
+        identity: bool = True,
     ) -> None:
         """Register this incarnation in ``pool`` and make sure the pool's
         lease rows exist (a new pool's first worker creates them;
-        ``shard_count`` defaults to SHARDQ["SHARD_COUNT"])."""
+        ``shard_count`` defaults to SHARDQ["SHARD_COUNT"]). ``identity``:
+        record this connection's server session for dead-owner detection
+        (``backend_identity`` in worker.sql; False: detection off here)."""
         if shard_count is None:
             shard_count = get_config().shard_count
 
@@ -635,6 +655,7 @@ class WorkerStore:
                         "queues": dumps(queues),
                         "name": name or "",
                         "pool": pool,
+                        "client_pid": client_pid(cursor, identity),
                     },
                     fetch="none",
                 )
@@ -649,11 +670,44 @@ class WorkerStore:
         return self.beat(worker, stats, ttl, pool, now)[0]
 
     def beat(
-        self, worker: str, stats: Mapping[str, object], ttl: float, pool: str = pools.ALL, now: datetime | None = None
+        self,
+        worker: str,
+        stats: Mapping[str, object],
+        ttl: float,
+        pool: str = pools.ALL,
+        now: datetime | None = None,
+        *,
+        dead: Iterable[str] = (),
+        identity: bool = True,
     ) -> tuple[list[str], int | None]:
-        """``heartbeat``, and the cluster's shard count (None: unknown)."""
-        rows = self.run("heartbeat", {"worker": worker, "stats": dumps(stats), "ttl": ttl, "pool": pool, "now": now})
+        """``heartbeat``, and the cluster's shard count (None: unknown).
+        ``dead``: workers the dead-owner check found gone (not counted live
+        while their session is still gone); ``identity``: record this
+        connection's server session (``register_worker``)."""
+        dead = list(dead)
+
+        def work(cursor: psycopg.Cursor[TupleRow]) -> list[TupleRow]:
+            params = {
+                "worker": worker,
+                "stats": dumps(stats),
+                "ttl": ttl,
+                "pool": pool,
+                "now": now,
+                "dead": dead,
+                "client_pid": client_pid(cursor, identity),
+            }
+            return self._execute(cursor, "heartbeat", params)
+
+        rows = self.guarded("heartbeat", work, raw="heartbeat" in RAW_QUERIES)
         return [str(row[0]) for row in rows], (rows[0][2] if rows else None)
+
+    def dead_owners(self, worker: str, ttl: float, pool: str = pools.ALL) -> list[tuple[str, int, bool, bool]]:
+        """Dead-owner detection's check: the other workers of ``pool``
+        (heartbeat within ``ttl``) whose lease session is gone from this
+        server: (worker id, recorded backend pid, holds a live lease, its
+        LISTEN session is recorded and gone too)."""
+        rows = self.run("dead_owners", {"worker": worker, "ttl": ttl, "pool": pool})
+        return [(str(w), int(pid), bool(holds), bool(whole)) for w, pid, holds, whole in rows]
 
     def claim_shards(
         self,
@@ -664,18 +718,31 @@ class WorkerStore:
         max_worker_losses: int,
         pool: str = pools.ALL,
         now: datetime | None = None,
+        *,
+        dead: Iterable[str] = (),
     ) -> list[NamedRow]:
         """Take up to ``wanted`` free or expired shards of ``pool``, rescue
         the jobs their previous owners left in flight and log each claim: one
         transaction. Rows: shard, claim_version, previous_owner, rescued.
         ``now``: the time leases are read and written at (None: the
-        database's clock; a test jumps past a lease's end with it)."""
+        database's clock; a test jumps past a lease's end with it).
+        ``dead``: workers the dead-owner check found gone; their shards are
+        taken as expired ones while their session is still gone."""
+        dead = list(dead)
 
         def work(cursor: psycopg.Cursor[NamedRow]) -> list[NamedRow]:
             taken = self._execute(
                 cursor,
                 "claim_shards",
-                {"worker": worker, "wanted": wanted, "ttl": ttl, "shard_count": shard_count, "pool": pool, "now": now},
+                {
+                    "worker": worker,
+                    "wanted": wanted,
+                    "ttl": ttl,
+                    "shard_count": shard_count,
+                    "pool": pool,
+                    "now": now,
+                    "dead": dead,
+                },
             )
             if not taken:
                 return []

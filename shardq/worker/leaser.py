@@ -28,6 +28,26 @@ leaser thread sits in a statement until the connection's TCP timeout, and
 the drop must not wait for it (issue 17 part 2: without the watch, a worker
 cut off by the network logged no self-fence for minutes).
 
+Dead-owner detection (docs/reliability.md, "A worker that dies"): a
+SIGKILLed worker's sessions vanish from PostgreSQL at once (the server sees
+the socket close), long before its leases expire. Every worker records the
+server session of this thread's connection (its backend pid and start, the
+server's start) with each heartbeat, and between rounds looks every
+``DEAD_OWNER_CHECK`` seconds (one small statement) for peers of its pool
+whose recorded session is gone from the server. A peer seen gone for two
+intervals is dead, or at once when its LISTEN session (recorded the same
+way by the listener) is gone too: a whole process gone, not a connection: the round that follows does not count it live (the
+shares grow) and claims its shards as if they had expired, the takeover's
+new ``claim_version`` fencing it as an expiry does. The two intervals are
+for a live worker whose connection dropped: its own check fails, and the
+round it runs at once reconnects and records the new session first; if it
+loses the race it is fenced like any worker whose lease was taken. Off with
+``DEAD_OWNER_DETECTION`` False, or when the worker's alias looks like a
+transaction pool (its backend pids mean nothing); a pooler of any kind is
+also seen at the heartbeat (the pid the client was told is not the
+session's), which then records nothing, so such a worker is never taken for
+dead before its leases expire.
+
 Dropping a shard (self-fence, or the start of a drain) takes the write side
 of ``ownership``, a read-write lock whose read side each claim holds from
 choosing its shards until its jobs are buffered (see ``Fetcher.fetch_once``):
@@ -46,7 +66,8 @@ from typing import Protocol
 
 from ..core.rwlock import RWLock
 from ..db.store import LEASE_CHANNEL, WorkerStore
-from ..exceptions import DatabaseUnavailable
+from ..exceptions import DatabaseUnavailable, StatementRejected
+from ..pooling import transaction_pooled
 from .listener import Subscription, WakeLimiter
 from .logs import shard_ranges
 from .pipeline import PipelineConfig
@@ -129,6 +150,21 @@ class Leaser(Service):
         self.releasing_to_stop = False
         self.released_while_stopping = 0
         self.database_ok = True
+        # Dead-owner detection (the module docstring): off by the setting, or
+        # for an alias that looks like a transaction pool (``off_because``).
+        self.off_because = (
+            "SHARDQ['DEAD_OWNER_DETECTION'] is False"
+            if not settings.dead_owner_detection
+            else transaction_pooled(config.database)
+        )
+        self.detect_dead_owners = self.off_because is None
+        self.check_interval = settings.dead_owner_check_seconds
+        # A peer's session must be seen gone this long (two checks) to be dead.
+        self.dead_owner_grace = 2 * self.check_interval
+        # (worker, recorded pid) -> when first seen gone; and the peers found
+        # dead, passed to the heartbeat and the claim (this thread only).
+        self._suspects: dict[tuple[str, int], float] = {}
+        self.dead_owners: frozenset[str] = frozenset()
         self._wake = threading.Event()
         self._claim_first = False  # set by wake_to_claim, read by the next tick
         self._watch: threading.Thread | None = None
@@ -218,6 +254,13 @@ class Leaser(Service):
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
+        if self.off_because is not None and self.off_because != "SHARDQ['DEAD_OWNER_DETECTION'] is False":
+            logger.info(
+                "dead-owner detection is off: %s (a dead worker's shards are taken over when its leases "
+                "expire, after LEASE_TTL %gs)",
+                self.off_because,
+                self.ttl,
+            )
         self.tick()  # hold a share before the first fetch
         super().start()
         self._watch = threading.Thread(target=self._watch_trust, name=f"shardq-{self.name}-deadline", daemon=True)
@@ -232,11 +275,69 @@ class Leaser(Service):
                 # Rebalancing: release the next shard after a short pause,
                 # not a whole heartbeat later.
                 interval = min(interval, 0.02)
-            self._wake.wait(interval)
+            self._wait(interval)
             self._wake.clear()
             if self.stopping:
                 break
             self.tick()
+
+    def _wait(self, interval: float) -> None:
+        """Wait ``interval`` seconds or for a wake; with dead-owner detection
+        on, check for dead peers every ``check_interval`` meanwhile and end
+        the wait when one is found (the next round takes its shards)."""
+        if not self.detect_dead_owners:
+            self._wake.wait(interval)
+            return
+        until = time.monotonic() + interval
+        while (left := until - time.monotonic()) > 0:
+            if self._wake.wait(min(left, self.check_interval)) or self.stopping:
+                return
+            if not self.shutting_down and self.detect_dead_owners and self.check_dead_owners():
+                return
+
+    def check_dead_owners(self) -> bool:
+        """One dead-owner check: should a round run now? Yes when a peer was
+        just found dead (seen gone for ``dead_owner_grace``), when a dead
+        peer still holds leases and this worker is below its share, and when
+        the check itself could not reach the database: this thread's
+        connection may have dropped, and the round reconnects and records
+        the new session before the peers take this worker for dead."""
+        try:
+            rows = self.store.dead_owners(self.worker_id, self.ttl, self.pool)
+        except DatabaseUnavailable:
+            return True
+        except StatementRejected as exc:
+            # Not a matter of the rows (any value they hold is read safely):
+            # the server refuses the check itself. Detection stops; the TTL
+            # still takes a dead worker's shards.
+            self.detect_dead_owners = False
+            self.dead_owners = frozenset()
+            logger.warning("dead-owner detection is off: its check was refused: %s", exc)
+            return False
+        self.stats.add("dead_owner_checks")
+        now = time.monotonic()
+        holding = {worker for worker, _, holds, _ in rows if holds}
+        # Its LISTEN session gone too: the process, not a connection, is
+        # gone (a dropped connection leaves the other): no grace.
+        self._suspects = {
+            (w, pid): min(self._suspects.get((w, pid), now), now - self.dead_owner_grace if whole else now)
+            for w, pid, _, whole in rows
+        }
+        dead = frozenset(w for (w, _), since in self._suspects.items() if now - since >= self.dead_owner_grace)
+        found = dead - self.dead_owners
+        self.dead_owners = dead
+        if found:
+            self.stats.add("dead_owners", len(found))
+            whole = {w for w, _, _, gone in rows if gone}
+            logger.warning(
+                "worker(s) %s: %s (the process died): taking over their shards now, not when their leases expire",
+                ", ".join(sorted(found)),
+                "lease and LISTEN sessions gone from the database"
+                if found <= whole
+                else f"lease session gone from the database for {self.dead_owner_grace:.2f}s or more",
+            )
+            return True
+        return bool(dead & holding) and self.wants_shards()
 
     def _watch_trust(self) -> None:
         """Self-fence at the trust deadline even while the leaser thread is
@@ -285,7 +386,14 @@ class Leaser(Service):
         try:
             self._renew()
             self.stats.add("heartbeats")
-            live, cluster_count = self.store.beat(self.worker_id, self.stats.snapshot(), self.ttl, self.pool)
+            live, cluster_count = self.store.beat(
+                self.worker_id,
+                self.stats.snapshot(),
+                self.ttl,
+                self.pool,
+                dead=self.dead_owners,
+                identity=self.detect_dead_owners,
+            )
             self.database_ok = True
         except DatabaseUnavailable as exc:
             self.stats.add("db_errors")
@@ -383,8 +491,9 @@ class Leaser(Service):
 
     def _claim(self, wanted: int) -> None:
         sent = self.clock()
+        dead = self.dead_owners
         rows = self.store.claim_shards(
-            self.worker_id, wanted, self.ttl, self.shard_count, self.max_worker_losses, self.pool
+            self.worker_id, wanted, self.ttl, self.shard_count, self.max_worker_losses, self.pool, dead=dead
         )
         if not rows:
             return
@@ -396,6 +505,7 @@ class Leaser(Service):
             self.trusted_until = sent + self.ttl - self.margin
         gained = set()
         taken_over: set[int] = set()
+        from_dead = False
         rescued_jobs = 0
         for row in rows:
             shard, version, previous_owner, rescued = (
@@ -410,6 +520,9 @@ class Leaser(Service):
             if previous_owner is not None:
                 self.stats.add("takeovers")
                 taken_over.add(shard)
+                if str(previous_owner) in dead:
+                    self.stats.add("dead_owner_takeovers")
+                    from_dead = True
             if rescued:
                 self.stats.add("rescued", rescued)
                 rescued_jobs += rescued
@@ -417,7 +530,8 @@ class Leaser(Service):
             "claimed %s shard(s) %s%s; holding %s (share %s, %s live worker(s) in pool %s)",
             len(gained),
             shard_ranges(gained),
-            f" (took over the expired lease(s) of {shard_ranges(taken_over)}: {rescued_jobs} job(s) rescued)"
+            f" (took over the {'dead worker(s)' if from_dead else 'expired'} lease(s) of {shard_ranges(taken_over)}: "
+            f"{rescued_jobs} job(s) rescued)"
             if taken_over
             else "",
             len(self.held),

@@ -92,12 +92,16 @@ class Listener(Service):
         stats: Stats,
         subscriptions: Mapping[str, Subscription],
         on_connected: Callable[[], None] = _nothing,
+        on_session: "Callable[[psycopg.Connection], None] | None" = None,
     ) -> None:
         super().__init__()
         self.alias = alias
         self.stats = stats
         self.subscriptions = dict(subscriptions)
         self.on_connected = on_connected
+        # Told of each new connection once it LISTENs (dead-owner detection
+        # records this session beside the lease session: runtime.py).
+        self.on_session = on_session
         self.conn: psycopg.Connection | None = None
         self.backend_pid: int | None = None
         # Set once the LISTENs are in: the worker announces its join only
@@ -130,6 +134,8 @@ class Listener(Service):
             try:
                 self.conn = connect(self.alias, application_name="shardq-listener")
                 listen(self.conn, *self.subscriptions)
+                if self.on_session is not None:
+                    self.on_session(self.conn)
                 self.listening.set()
                 self.backend_pid = self.conn.info.backend_pid
                 delay = 0.1

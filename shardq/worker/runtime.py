@@ -21,8 +21,10 @@ import uuid
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+import psycopg
+
 from ..cron import schedules
-from ..db.store import LEASE_CHANNEL, DatabaseGuard, WorkerStore
+from ..db.store import LEASE_CHANNEL, DatabaseGuard, WorkerStore, record_listener
 from ..tasks import discover
 from . import shutdown as shutdown_signals
 from .archiver import Archiver
@@ -144,7 +146,26 @@ class Worker:
             LEASE_CHANNEL: self.leaser.subscription(),
             CANCEL_CHANNEL: Subscription(self.executor.control.notified),
         }
-        return Listener(self.options.database, self.stats, subscriptions, on_connected=self.pipeline.wake_fetch)
+        return Listener(
+            self.options.database,
+            self.stats,
+            subscriptions,
+            on_connected=self.pipeline.wake_fetch,
+            on_session=self._record_listener_session,
+        )
+
+    def _record_listener_session(self, conn: "psycopg.Connection") -> None:
+        """Dead-owner detection: record the LISTEN session beside the lease
+        session (``record_listener`` in worker.sql). Both gone at once is a
+        dead process: its peers take its shards at their next check, not two
+        checks later. A connection error reconnects the listener; the server
+        refusing the statement only costs that speed-up (logged)."""
+        try:
+            record_listener(conn, self.id, self.leaser.detect_dead_owners)
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            raise
+        except psycopg.Error as exc:
+            logger.warning("could not record the LISTEN session for dead-owner detection: %s", exc)
 
     # -- what the options say ------------------------------------------------------
 
@@ -242,6 +263,7 @@ class Worker:
             name=self.name,
             pool=self.pool,
             shard_count=self.config.settings.shard_count,
+            identity=self.leaser.detect_dead_owners,
         )
         logger.info(
             "worker %s started (pid %s, concurrency %s, queues %s, pool %s, %s shards, lease TTL %gs)",

@@ -70,6 +70,12 @@ COUNTERS = (
     "history_partitions_created",
     "history_partitions_dropped",
     "archiver_errors",
+    # Dead-owner detection (leaser.py): checks for peers whose lease session
+    # is gone, peers found dead (gone for two checks), and shards taken from
+    # them before their leases expired.
+    "dead_owner_checks",
+    "dead_owners",
+    "dead_owner_takeovers",
 )
 
 

@@ -137,7 +137,10 @@ def test_the_admin_worker_list_and_shardq_status_read_every_worker_as_alive_or_d
     from shardq.db.queries import QUERIES
 
     with connection.cursor() as cursor:
-        cursor.execute(QUERIES["heartbeat"], {"worker": None, "stats": "{}", "pool": "*", "ttl": 30.0, "now": None})
+        cursor.execute(
+            QUERIES["heartbeat"],
+            {"worker": None, "stats": "{}", "pool": "*", "ttl": 30.0, "now": None, "dead": [], "client_pid": None},
+        )
         members = {str(row[0]) for row in cursor.fetchall()}
     assert members == {w for w, (_, expected) in ids.items() if expected == "live"}
     assert status_json()["pools"] == [{"pool": "*", "workers": 2, "shards_held": 0, "unowned_shards": 64}]

@@ -1,5 +1,7 @@
 """Property: whatever value a column of ``shardq_job`` holds, a worker stays
-up and every other job is done (issue 24, DESIGN §5).
+up and every other job is done (issue 24, DESIGN §5); and whatever lease
+session a peer's ``shardq_worker`` row records (dead-owner detection), the
+worker stays up and holds its shards.
 
 Each example writes one value of a column's real SQL type (read from
 ``information_schema``: extremes of the integers, infinite and out-of-Python
@@ -19,14 +21,16 @@ faults``) 30 a column.
 
 import json
 import os
+import uuid
 
 import pytest
 from django.db import DataError, IntegrityError
 from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import example as hypothesis_example
 from hypothesis import strategies as st
 
 import shardq
-from tests.helpers import in_process_worker, job_factory, sql, wait_until
+from tests.helpers import in_process_worker, job_factory, leased_shard_factory, sql, wait_until
 from tests.taskapp import limit_tasks
 from tests.taskapp import tasks as t
 
@@ -284,3 +288,105 @@ def pending(ids) -> list:
 
 def failed(worker) -> dict[str, str]:
     return {service.name: repr(service.failure) for service in worker.services() if service.failure is not None}
+
+
+# Dead-owner detection (migration 0025): a peer's recorded lease session, any
+# value of each column's type, and the values that reach pg_stat_activity: a
+# live session's pid (this test's own) and this server's start.
+DEAD_OWNER_LIVE_START = "(SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())"
+DEAD_OWNER_VALUES = {
+    "backend_pid": st.one_of(st.none(), integers(*INT_RANGES["integer"]).map(str), st.just("pg_backend_pid()")),
+    "backend_start": st.one_of(st.none(), timestamps(), st.just(DEAD_OWNER_LIVE_START)),
+    "server_started": st.one_of(st.none(), timestamps(), st.just("pg_postmaster_start_time()")),
+    "listener_pid": st.one_of(st.none(), integers(*INT_RANGES["integer"]).map(str), st.just("pg_backend_pid()")),
+    "listener_start": st.one_of(st.none(), timestamps(), st.just(DEAD_OWNER_LIVE_START)),
+}
+
+
+def sql_value(value: str | None) -> tuple[str, list[str]]:
+    """An SQL expression and its parameters for a drawn timestamptz/int value."""
+    if value is None:
+        return "NULL", []
+    if value.startswith("now"):
+        return f"clock_timestamp() {value[3:]}", []
+    if value.startswith(("pg_", "(SELECT")):
+        return value, []
+    return "%s", [value]
+
+
+@pytest.mark.timeout(1800 if FULL else 600)
+def test_any_recorded_lease_session_of_a_peer_leaves_the_worker_up_and_its_shards_held(fast_poll):
+    """A peer (STOPPING: read by the dead-owner check, not counted a member
+    of the pool) holds one shard for a second, its recorded sessions any
+    values of the five columns (lease and LISTEN sessions): the worker's check and heartbeat go on, no
+    service fails, and the worker holds all 64 shards again (the peer's
+    taken as a dead owner's, or once its lease ends), and runs jobs."""
+    columns = {
+        name for (name,) in sql("SELECT column_name FROM information_schema.columns WHERE table_name = 'shardq_worker'")
+    }
+    assert set(DEAD_OWNER_VALUES) <= columns
+
+    with in_process_worker(concurrency=2) as worker:
+
+        @settings(
+            max_examples=EXAMPLES_PER_COLUMN * 6, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
+        @given(
+            DEAD_OWNER_VALUES["backend_pid"],
+            DEAD_OWNER_VALUES["backend_start"],
+            DEAD_OWNER_VALUES["server_started"],
+            st.tuples(DEAD_OWNER_VALUES["listener_pid"], DEAD_OWNER_VALUES["listener_start"]),
+            st.integers(0, 63),
+        )
+        # Always: a session gone from this server (the shard taken as a dead
+        # owner's) and a live one (kept until its lease ends).
+        @hypothesis_example("2147483647", None, "pg_postmaster_start_time()", (None, None), 5)
+        @hypothesis_example("2147483647", None, "pg_postmaster_start_time()", ("2147483646", None), 4)
+        @hypothesis_example("pg_backend_pid()", DEAD_OWNER_LIVE_START, "pg_postmaster_start_time()", (None, None), 6)
+        def example(pid, start, server, listener, shard):
+            peer = str(uuid.uuid4())
+            parts = [sql_value(v) for v in (pid, start, server, *listener)]
+            try:
+                sql(
+                    "INSERT INTO shardq_worker (id, host, pid, queues, pool, started_at, heartbeat_at, state, stats, "
+                    "name, backend_pid, backend_start, server_started, listener_pid, listener_start) VALUES "
+                    "(%s, 'odd', 1, '[]', '*', clock_timestamp(), clock_timestamp(), 'STOPPING', '{}', '', "
+                    f"({parts[0][0]})::int, ({parts[1][0]})::timestamptz, ({parts[2][0]})::timestamptz, "
+                    f"({parts[3][0]})::int, ({parts[4][0]})::timestamptz)",
+                    [peer, *(param for _, params in parts for param in params)],
+                )
+            except DataError as exc:  # a timestamp PostgreSQL's own range refuses
+                if "out of range" in str(exc):
+                    reject()
+                raise
+            checks, heartbeats = worker.stats["dead_owner_checks"], worker.stats["heartbeats"]
+            try:
+                leased_shard_factory([shard], worker=peer, lease_seconds=1.0)
+                [good] = [int(r.id) for r in shardq.enqueue_many(t.noop, [((), {})])]
+                wait_until(
+                    lambda: (
+                        (
+                            worker.stats["dead_owner_checks"] >= checks + 3
+                            and worker.stats["heartbeats"] >= heartbeats + 2
+                            and len(worker.leaser.held) == 64
+                            and done([good])
+                        )
+                        or failed(worker)
+                    ),
+                    timeout=30,
+                    message=lambda: (
+                        f"the worker beside a peer's session ({pid!r}, {start!r}, {server!r}, {listener!r})"
+                    ),
+                )
+                assert not failed(worker), (
+                    f"a peer's session ({pid!r}, {start!r}, {server!r}, {listener!r}) stopped {failed(worker)}"
+                )
+                takeovers.append(worker.stats["dead_owner_takeovers"])
+            finally:
+                sql("DELETE FROM shardq_job WHERE task_path = 'tests.taskapp.tasks.noop'")
+                sql("DELETE FROM shardq_worker WHERE id = %s", [peer])
+
+        takeovers: list[int] = []
+        example()
+        # The session gone from this server was taken as a dead owner's.
+        assert takeovers and takeovers[-1] >= 1, takeovers

@@ -17,11 +17,16 @@ ON CONFLICT (pool, shard) DO NOTHING;
 -- name: claim_shards
 -- Take up to :wanted unowned or expired shards of pool :pool (SKIP LOCKED), each under a new
 -- claim_version from the one sequence; returns shard, claim_version, previous owner. The store
--- then runs rescue_jobs and log_shard_claims in the same transaction.
+-- then runs rescue_jobs and log_shard_claims in the same transaction. A shard whose owner is in
+-- :dead (the dead-owner check saw its lease session gone) and whose session is still gone
+-- (backend_gone, looked at again here) is taken like an expired one: the new claim_version fences
+-- the old owner exactly as an expiry does, should it be alive after all.
 WITH candidate AS (
-    SELECT id, shard, owner FROM shardq_shard
+    SELECT id, shard, owner FROM shardq_shard AS s
     WHERE pool = %(pool)s AND shard < %(shard_count)s
-      AND (owner IS NULL OR lease_expires < {{now}})
+      AND (owner IS NULL OR lease_expires < {{now}}
+           OR (owner = ANY(%(dead)s::uuid[])
+               AND EXISTS (SELECT 1 FROM shardq_worker AS w WHERE w.id = s.owner AND {{backend_gone}})))
     ORDER BY shard
     LIMIT %(wanted)s
     FOR UPDATE SKIP LOCKED

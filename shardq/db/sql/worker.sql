@@ -3,24 +3,87 @@
 
 -- name: register_worker
 -- Register a worker incarnation (a fresh UUID every start) of pool :pool and its readable name
--- (--worker-id, '' for none).
-INSERT INTO shardq_worker (id, host, pid, queues, pool, started_at, heartbeat_at, state, stats, name)
+-- (--worker-id, '' for none), with its lease session's identity (backend_identity).
+INSERT INTO shardq_worker (id, host, pid, queues, pool, started_at, heartbeat_at, state, stats, name,
+                           backend_pid, backend_start, server_started)
 VALUES (%(worker)s, %(host)s, %(pid)s, %(queues)s::jsonb, %(pool)s, clock_timestamp(), clock_timestamp(),
-        'RUNNING', '{}'::jsonb, %(name)s);
+        'RUNNING', '{}'::jsonb, %(name)s, {{backend_identity*}});
+
+-- name: backend_identity
+-- Dead-owner detection (docs/reliability.md, "A worker that dies"): the identity of this session,
+-- as register_worker and heartbeat record it (a list of three values: backend_pid, backend_start,
+-- server_started). :client_pid is the backend pid the client was told at connect time
+-- (psycopg's info.backend_pid), NULL when detection is off for this worker. A pooler in between
+-- (PgBouncer, any mode) tells the client a pid of its own, so the two differ and nothing is
+-- recorded: a worker is only ever taken for dead by the session it really holds.
+CASE WHEN %(client_pid)s::int = pg_backend_pid() THEN pg_backend_pid() END,
+CASE WHEN %(client_pid)s::int = pg_backend_pid()
+     THEN (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) AS a) END,
+CASE WHEN %(client_pid)s::int = pg_backend_pid() THEN pg_postmaster_start_time() END
+
+-- name: record_listener
+-- Dead-owner detection: the worker's LISTEN session (listener.py, at each connect), recorded beside
+-- its lease session, on the same server only (server_started, as the lease session recorded it) and
+-- only when the client was told this backend's pid (no pooler between: backend_identity).
+UPDATE shardq_worker
+SET listener_pid = CASE WHEN %(client_pid)s::int = pg_backend_pid() AND server_started = pg_postmaster_start_time()
+                        THEN pg_backend_pid() END,
+    listener_start = CASE WHEN %(client_pid)s::int = pg_backend_pid() AND server_started = pg_postmaster_start_time()
+                          THEN (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) AS a) END
+WHERE id = %(worker)s;
+
+-- name: backend_gone
+-- Dead-owner detection: is the lease session recorded in the shardq_worker row w gone from this
+-- server? Only for an identity recorded on this very server (a pid of another server, before a
+-- failover or a restart, is never looked up here); gone when no backend has its pid, or one has
+-- it with another start (the pid was reused). A backend start we may not see (another role without
+-- pg_read_all_stats) counts as the same: when in doubt the owner is alive and its leases expire
+-- as they always did. pg_stat_get_activity(pid) builds the one row of that pid.
+w.backend_pid IS NOT NULL AND w.server_started = pg_postmaster_start_time()
+AND NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(w.backend_pid) AS a
+                WHERE a.pid = w.backend_pid
+                  AND (a.backend_start IS NULL OR w.backend_start IS NULL OR a.backend_start = w.backend_start))
+
+-- name: dead_owners
+-- Dead-owner detection's check (every DEAD_OWNER_CHECK seconds on each worker's lease connection):
+-- the other workers of pool :pool, not stopped, heartbeat within :ttl, whose lease session is gone
+-- (backend_gone): id, the recorded pid, whether it still holds a live lease of the pool, and whether
+-- its LISTEN session (record_listener) is recorded and gone too: the whole process is gone.
+SELECT w.id::text, w.backend_pid,
+       EXISTS (SELECT 1 FROM shardq_shard AS s
+               WHERE s.pool = %(pool)s AND s.owner = w.id AND s.lease_expires > clock_timestamp()),
+       w.listener_pid IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(w.listener_pid) AS a
+                       WHERE a.pid = w.listener_pid
+                         AND (a.backend_start IS NULL OR w.listener_start IS NULL
+                              OR a.backend_start = w.listener_start))
+FROM shardq_worker AS w
+WHERE w.pool = %(pool)s AND w.state <> 'STOPPED' AND w.id <> %(worker)s AND w.backend_pid IS NOT NULL
+  AND w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)
+  AND {{backend_gone}};
 
 -- name: heartbeat
 -- Record this worker's heartbeat and counters; list the live workers of its pool (heartbeat within
 -- the TTL, this one included) in a stable order: they share the pool's shards. Each row also
 -- carries the cluster's shard count (NULL: no cluster row), which shardq_reshard may have raised.
+-- The workers named in :dead (the leaser's dead-owner check saw their lease session gone for two
+-- intervals) are not counted while their session is still gone (backend_gone): the survivors' shares
+-- grow at once and they claim the dead worker's shards. The heartbeat also records this session's
+-- identity (backend_identity).
 WITH me AS (
-    UPDATE shardq_worker SET heartbeat_at = {{now}}, stats = %(stats)s::jsonb
+    UPDATE shardq_worker SET heartbeat_at = {{now}}, stats = %(stats)s::jsonb,
+        (backend_pid, backend_start, server_started) = ({{backend_identity*}}),
+        -- A LISTEN session recorded on another server (before a failover) is forgotten.
+        listener_pid = CASE WHEN server_started = pg_postmaster_start_time() THEN listener_pid END
     WHERE id = %(worker)s
     RETURNING id
 )
 SELECT w.id, (SELECT count(*) FROM me), (SELECT c.shard_count FROM shardq_cluster AS c WHERE c.id = 1)
 FROM shardq_worker w
 WHERE w.state = 'RUNNING' AND w.pool = %(pool)s
-  AND (w.heartbeat_at > {{now}} - make_interval(secs => %(ttl)s) OR w.id = %(worker)s)
+  AND (w.id = %(worker)s
+       OR (w.heartbeat_at > {{now}} - make_interval(secs => %(ttl)s)
+           AND NOT (w.id = ANY(%(dead)s::uuid[]) AND {{backend_gone}})))
 ORDER BY w.started_at, w.id;
 
 -- name: stop_worker
