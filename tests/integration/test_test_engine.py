@@ -74,7 +74,9 @@ def fill(jobs: int, users: int) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(jobs=st.integers(0, 30), users=st.integers(0, 3))
 def test_the_flush_of_small_tables_deletes_every_row_and_keeps_the_files_and_sequences(jobs, users):
     fill(jobs, users)
