@@ -55,6 +55,10 @@ XDIST_GROUPS = {
     "durable_plan": ("integration/test_durable_plan.py",),
 }
 XDIST_FIXTURE_GROUPS = {"wheel": "wheel"}
+# The files whose tests use a grouped fixture: the scheduler (on xdist's
+# controller, which collects nothing) groups by file; collection fails when a
+# test elsewhere uses the fixture, so this list stays whole.
+XDIST_FIXTURE_FILES = {"wheel": ("packaging/test_wheel.py", "packaging/test_readme.py")}
 
 
 # Under xdist the longest tests go first, so that none starts last and runs
@@ -70,21 +74,57 @@ def _under_tests(item) -> Path:
     return path.relative_to(TESTS) if path.is_relative_to(TESTS) else Path("example", path.name)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks
+def pytest_itemcollected(item):
+    """Each test's tier and xdist group marks, set as it is collected (the
+    groups are formed by the scheduler below, from the same tables)."""
+    path = _under_tests(item)
+    if path.parts[0] in PROCESS_DIRECTORIES or PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.process)
+    for group, paths in XDIST_GROUPS.items():
+        if path.as_posix() in paths:
+            item.add_marker(pytest.mark.xdist_group(group))
+    for fixture, group in XDIST_FIXTURE_GROUPS.items():
+        if fixture in getattr(item, "fixturenames", ()):
+            if path.as_posix() not in XDIST_FIXTURE_FILES[group]:
+                raise pytest.UsageError(
+                    f"{item.nodeid} uses the fixture {fixture!r}: add {path.as_posix()!r} to "
+                    f"XDIST_FIXTURE_FILES[{group!r}] in tests/conftest.py, so its tests share the group {group!r}"
+                )
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _group_of_file(test_file: str) -> str | None:
+    """The xdist group of a test file (its path inside tests/), if any."""
+    for group, paths in (*XDIST_GROUPS.items(), *XDIST_FIXTURE_FILES.items()):
+        if test_file in paths:
+            return group
+    return None
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the groups above. xdist 3.8 forms a group from
+    a suffix it writes into each grouped test's node id (``...@group``), which
+    pytest 9.2's node ids (built from ``Node._id``) no longer take: every
+    test was its own unit, as under ``--dist load``. This scheduler groups by
+    the test's file instead (tests/conftest.py's tables), as xdist would have."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FileGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            test_file = nodeid.split("::", 1)[0]
+            group = _group_of_file(test_file.removeprefix("tests/"))
+            return f"group:{group}" if group else super()._split_scope(nodeid)
+
+    return FileGroupScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):  # an xdist worker (each sorts alike: xdist checks they agree)
         first = {name: rank for rank, name in enumerate(XDIST_ORDER)}
         items.sort(key=lambda item: first.get(_under_tests(item).parts[0], len(first)))
-    for item in items:
-        path = _under_tests(item)
-        if path.parts[0] in PROCESS_DIRECTORIES or PROCESS_FIXTURES.intersection(item.fixturenames):
-            item.add_marker(pytest.mark.process)
-        for group, paths in XDIST_GROUPS.items():
-            if path.as_posix() in paths:
-                item.add_marker(pytest.mark.xdist_group(group))
-        for fixture, group in XDIST_FIXTURE_GROUPS.items():
-            if fixture in item.fixturenames:
-                item.add_marker(pytest.mark.xdist_group(group))
 
 
 class ProcessOutsideTier(RuntimeError):
