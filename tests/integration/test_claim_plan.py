@@ -16,27 +16,48 @@ SHARDS = 64
 BACKLOG = 60_000
 
 
+@pytest.fixture(scope="module")
+def ready_backlog(django_db_setup, django_db_blocker):
+    """60k READY jobs over 64 shards and two queues, written once for the
+    module (committed; 2-3 s of inserting each time otherwise) and deleted
+    after it. The module's tests run on one xdist worker (tests/conftest.py
+    XDIST_GROUPS) and each in a transaction rolled back at its end, so what a
+    test changes (its claims, the rows it adds) never reaches the next one."""
+    with django_db_blocker.unblock():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                WITH added AS (
+                    INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard,
+                        key_hash, shard_key, ordered, status, status_rank, fence, attempts, max_attempts,
+                        args, kwargs, errors, worker_ids, enqueued_at)
+                    SELECT 'tests.taskapp.tasks.noop', 'default',
+                           CASE WHEN g %% 5 = 0 THEN 'emails' ELSE 'default' END,
+                           (g * 7919) %% 201 - 100,
+                           clock_timestamp() - make_interval(secs => g %% 3600),
+                           g %% 64, g, NULL, false, 'READY', 0, 0, 0, 1,
+                           '[]'::jsonb, '{}'::jsonb, '[]'::jsonb, '[]'::jsonb, clock_timestamp()
+                    FROM generate_series(1, %s) AS g
+                    RETURNING id)
+                SELECT min(id), max(id) FROM added
+                """,
+                [BACKLOG],
+            )
+            first, last = cursor.fetchone()
+        yield
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM shardq_job WHERE id BETWEEN %s AND %s", [first, last])
+            cursor.execute("VACUUM ANALYZE shardq_job")
+
+
 @pytest.fixture
-def backlog():
-    """60k READY jobs over 64 shards and two queues, analyzed; every shard held
-    by one worker. The test's transaction rolls all of it back."""
+def backlog(ready_backlog):
+    """The module's 60k READY jobs, analyzed as the test begins (a test
+    before it may have analyzed rows it added, then rolled them back), and
+    every shard held by one worker. The test's transaction rolls back the
+    lease and whatever the test does."""
     worker = uuid.uuid4()
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard,
-                key_hash, shard_key, ordered, status, status_rank, fence, attempts, max_attempts,
-                args, kwargs, errors, worker_ids, enqueued_at)
-            SELECT 'tests.taskapp.tasks.noop', 'default',
-                   CASE WHEN g %% 5 = 0 THEN 'emails' ELSE 'default' END,
-                   (g * 7919) %% 201 - 100,
-                   clock_timestamp() - make_interval(secs => g %% 3600),
-                   g %% 64, g, NULL, false, 'READY', 0, 0, 0, 1,
-                   '[]'::jsonb, '{}'::jsonb, '[]'::jsonb, '[]'::jsonb, clock_timestamp()
-            FROM generate_series(1, %s) AS g
-            """,
-            [BACKLOG],
-        )
         cursor.execute("ANALYZE shardq_job")
         cursor.execute(
             "UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1,"
@@ -271,43 +292,3 @@ def explain_analyze(query: str, params: dict) -> dict:
     if isinstance(document, str):
         document = json.loads(document)
     return document[0]["Plan"]
-
-
-def test_a_backlog_of_limited_jobs_costs_the_claims_of_the_others_nothing():
-    """claim_jobs walks a shard's unlimited READY jobs and the limited claim
-    its limited ones, each an equality on shardq_job_ready_idx's second
-    column: neither reads the other's rows (a limited backlog once made
-    every claim_jobs probe filter all of it out: 11 ms a claim at 20,000)."""
-    worker = uuid.uuid4()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard,
-                key_hash, shard_key, ordered, status, status_rank, fence, attempts, max_attempts,
-                args, kwargs, errors, worker_ids, enqueued_at, limit_keys)
-            SELECT 'tests.taskapp.tasks.noop', 'default', 'default', 0, clock_timestamp() - interval '1 hour',
-                   g %% 64, g, NULL, false, 'READY', 0, 0, 0, 1,
-                   '[]'::jsonb, '{}'::jsonb, '[]'::jsonb, '[]'::jsonb, clock_timestamp(),
-                   -- 20,000 limited jobs, due before the 64 unlimited ones
-                   CASE WHEN g <= 20000 THEN '["t:tests.taskapp.limit_tasks.three_at_once"]'::jsonb END
-            FROM generate_series(1, 20064) AS g
-            """,
-            [],
-        )
-        cursor.execute("UPDATE shardq_job SET run_after = clock_timestamp() WHERE limit_keys IS NULL")
-        cursor.execute("ANALYZE shardq_job")
-        cursor.execute(
-            "UPDATE shardq_shard SET owner = %s, claim_version = claim_version + 1,"
-            " lease_expires = clock_timestamp() + interval '1 minute' WHERE shard < %s",
-            [worker, SHARDS],
-        )
-    params = claim_params(worker, per_shard=4, limit=64)
-    unlimited = explain_analyze(QUERIES["claim_jobs"], params)
-    assert unlimited["Actual Rows"] == 64
-    assert filtered_out(unlimited) == 0
-    limited = explain_analyze(
-        QUERIES["claim_limited_candidates"],
-        {**params, "per_shard": 1, "scan": 64, "full": [], "queues": [], "all_queues": True},
-    )
-    assert limited["Actual Rows"] == 64
-    assert filtered_out(limited) == 0

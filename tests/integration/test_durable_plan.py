@@ -5,7 +5,7 @@ from django.db import connection
 
 from shardq.db.queries import QUERIES
 from tests.helpers import scalar
-from tests.integration.test_claim_plan import backlog, claim_cost, claim_params  # noqa: F401
+from tests.integration.test_claim_plan import backlog, claim_cost, claim_params, ready_backlog  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

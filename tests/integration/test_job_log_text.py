@@ -62,7 +62,9 @@ def test_an_attempts_text_is_valid_utf8_without_nul_within_the_bound_and_its_cut
 
 
 @given(lines=st.lists(ANY_TEXT, min_size=1, max_size=4), attempt=st.integers(1, 1000))
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @pytest.mark.django_db
 def test_postgresql_stores_every_entry_as_it_is(lines, attempt):
     log = AttemptLog(4096, PLAIN, _Job([[]], {}))

@@ -74,7 +74,9 @@ def fill(jobs: int, users: int) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(jobs=st.integers(0, 30), users=st.integers(0, 3))
 def test_the_flush_of_small_tables_deletes_every_row_and_keeps_the_files_and_sequences(jobs, users):
     fill(jobs, users)
@@ -126,3 +128,25 @@ def test_after_either_flush_post_migrate_leaves_the_content_types_and_permission
 @pytest.mark.django_db(transaction=True)
 def test_the_test_database_commits_without_waiting_for_the_wal_flush():
     assert scalar("SHOW synchronous_commit") == "off"
+
+
+@pytest.mark.django_db
+def test_the_test_database_is_a_copy_of_a_template_labelled_with_what_migrate_builds_and_is_fully_migrated():
+    """tests/pgtest/creation.py: the test database was copied from the
+    template whose label is the fingerprint of this checkout's migrations (a
+    changed migration would have rebuilt it), and every migration on disk is
+    applied in it, with every model's table present."""
+    from django.apps import apps
+    from django.db.migrations.executor import MigrationExecutor
+
+    from tests.pgtest.creation import fingerprint, template_enabled
+
+    executor = MigrationExecutor(connection)
+    assert executor.migration_plan(executor.loader.graph.leaf_nodes()) == []
+    tables = set(connection.introspection.table_names())
+    assert {model._meta.db_table for model in apps.get_models() if model._meta.managed} <= tables
+    if template_enabled():
+        template = connection.creation.from_template
+        assert template is not None
+        label = scalar("SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s", [template])
+        assert label == fingerprint()

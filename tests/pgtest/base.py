@@ -31,6 +31,8 @@ round trip. ``tests/integration/test_test_engine.py`` checks both paths.
 
 from django.db.backends.postgresql import base, operations
 
+from tests.pgtest.creation import DatabaseCreation
+
 TRUNCATE_ABOVE_BYTES = 1024 * 1024
 #: The tables post_migrate fills, kept in the schema ``pgtest`` after migrate
 #: and put back by the DELETE path (parents first).
@@ -89,3 +91,4 @@ $flush$;"""
 
 class DatabaseWrapper(base.DatabaseWrapper):
     ops_class = DatabaseOperations
+    creation_class = DatabaseCreation
