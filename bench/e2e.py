@@ -1007,7 +1007,8 @@ def bench_database(name: str = "shardq_bench", alias: str = "default") -> str:
     from shardq.db.store import connection_kwargs
 
     s = connections[alias].settings_dict
-    if s["ENGINE"] != "django.db.backends.postgresql":
+    # tests.settings' engine (tests.pgtest) is Django's PostgreSQL backend too.
+    if connections[alias].vendor != "postgresql":
         raise RuntimeError(f"the bench needs PostgreSQL; DATABASES[{alias!r}] is {s['ENGINE']}")
     if s["NAME"] != name:
         with psycopg.connect(**connection_kwargs(alias), autocommit=True) as conn:
