@@ -20,13 +20,32 @@ from ..models import JobHistory
 from .jobs import JobAdmin, QueueFilter, TagFilter, TaskPathFilter
 
 
+class HistoryStatusFilter(admin.SimpleListFilter):
+    """The two statuses a job in history has (not the job list's eight)."""
+
+    title = "status"
+    parameter_name = "status__exact"
+
+    def lookups(self, request, model_admin):
+        return [("SUCCESSFUL", "Successful"), ("FAILED", "Failed (cancelled)")]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(status=self.value()) if self.value() else queryset
+
+
 @admin.register(JobHistory)
 class JobHistoryAdmin(JobAdmin):
     """Finished jobs in shardq_job_history: the job list's columns, read-only."""
 
     # The finish date, not the enqueue date: finished_at is the partition
     # key, so a day's filter reads that day's partition only.
-    list_filter: tuple = ("status", QueueFilter, TaskPathFilter, TagFilter, ("finished_at", admin.DateFieldListFilter))
+    list_filter: tuple = (
+        HistoryStatusFilter,
+        QueueFilter,
+        TaskPathFilter,
+        TagFilter,
+        ("finished_at", admin.DateFieldListFilter),
+    )
     actions = []
 
     def has_view_permission(self, request, obj=None):
