@@ -228,3 +228,39 @@ def test_the_history_list_reads_no_whole_table_filtered_or_searched(month_of_his
             assert len({n["Relation Name"] for n in history_scans}) < len(partitions), (query, summary)
         if sql.lstrip().upper().startswith("SELECT COUNT("):
             assert " LIMIT " in sql.upper(), f"an unbounded count: {sql[:300]}"
+
+
+@pytest.mark.parametrize("name", ["admin_dashboard", "admin_timeseries"])
+def test_the_dashboard_reads_the_finished_window_and_the_dead_letters_over_indexes(month_of_history, db, name):
+    """The dashboard's two statements over a month of jobs (its dead letters
+    in shardq_job, the rest in history): the window's finished jobs over
+    shardq_job_archivable_idx, shardq_job_failed_idx and the history's
+    partitions of the window, the dead letters per shard over a dead-letter
+    index; never a Seq Scan on shardq_job (it read
+    every dead letter: 17 s for 200,000 at load 27) nor on a large history
+    partition."""
+    from shardq.db.queries import QUERIES
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET jit = off")  # as the admin runs it (shardq.admin.common.without_jit)
+    nodes = plan_nodes(QUERIES[name], {"minutes": 60})
+    summary = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes]
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "shardq_job"], summary
+    store = WorkerStore()
+    try:
+        small = {p["name"] for p in store.history_partitions() if p["estimated_rows"] < ROWS / 100}
+    finally:
+        store.close()
+    history_seq = {
+        n["Relation Name"]
+        for n in nodes
+        if n["Node Type"] == "Seq Scan" and (n.get("Relation Name") or "").startswith("shardq_job_history")
+    }
+    assert not history_seq - small, summary
+    indexes = {n.get("Index Name") for n in nodes}
+    assert {"shardq_job_archivable_idx", "shardq_job_failed_idx"} <= indexes, summary
+    if name == "admin_dashboard":
+        # Index-only from shardq_job_dead_shard_idx once vacuum has marked the
+        # pages all-visible (as at ten million jobs); before, the planner may
+        # prefer the dead-letter index by id: an index either way.
+        assert {"shardq_job_dead_shard_idx", "shardq_job_dead_idx"} & indexes, summary
