@@ -254,10 +254,6 @@ class Job(models.Model):
                 condition=Q(status="FAILED", attempts__gte=F("max_attempts")),
                 name="shardq_job_dead_shard_idx",
             ),
-            # The job list's enqueue-date filter, any range (an old day's
-            # jobs are mostly dead letters: without it the list walks the
-            # primary key from the newest job back to that day).
-            models.Index(fields=["enqueued_at"], name="shardq_job_enqueued_idx"),
         ]
         # A fair key fits shardq_job_fair_idx (a btree entry holds at most
         # 2,704 bytes): enqueue stores a key over 200 characters as its
