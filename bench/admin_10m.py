@@ -100,12 +100,24 @@ SECONDARY = [
     "shardq_job_task_idx",
     "shardq_job_key_idx",
     "shardq_job_dead_idx",
+    "shardq_job_archivable_idx",
+    "shardq_job_history_id_idx",
+    "shardq_job_history_task_idx",
+    "shardq_job_history_queue_idx",
+    "shardq_job_history_status_idx",
+    "shardq_job_history_finished_idx",
+    "shardq_job_history_key_idx",
+    "shardq_job_history_kwargs_idx",
+    "shardq_job_history_tags_idx",
 ]
 
 
-def fill_sql(offset: int = 0) -> str:
+def fill_sql(offset: int = 0, history: bool = True) -> str:
     """One chunk's INSERT of rows %(lo)s to %(hi)s of %(n)s (ids offset + row;
-    the caller substitutes the three numbers: the text holds % operators)."""
+    the caller substitutes the three numbers: the text holds % operators).
+    ``history``: the finished jobs the archiver would have moved go to
+    shardq_job_history (its partitions must exist); else every row goes to
+    shardq_job (a deployment with SHARDQ["HISTORY"] False)."""
     bounds, acc = [], 0.0
     for path, share, queue, kwargs, keyed, tagged in TASKS:
         acc += share
@@ -129,25 +141,40 @@ def fill_sql(offset: int = 0) -> str:
             else "NULL::jsonb"
         )
     )
+    columns = (
+        "id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key, ordered, status,"
+        " status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at, started_at,"
+        " last_attempted_at, finished_at, tags"
+    )
+    # One generated chunk, split as the archiver leaves it: the archivable
+    # (SUCCESSFUL, cancelled) go to shardq_job_history, except the newest
+    # (still within HISTORY_GRACE); dead letters, READY, CLAIMED and RUNNING
+    # stay in shardq_job.
+    history_cte = HISTORY_CTE.format(columns=columns) if history else ""
+    hot_only = " WHERE NOT archivable OR fresh" if history else ""
     return f"""
-    INSERT INTO shardq_job (id, task_path, backend, queue_name, priority, run_after, shard, key_hash, shard_key,
-        ordered, status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids,
-        enqueued_at, started_at, last_attempted_at, finished_at, tags)
-    SELECT {int(offset)} + g, x.task, 'default', x.queue, 0, x.at + CASE WHEN x.status = 'READY' AND g % 10 = 0
-               THEN interval '2 hours' ELSE interval '0' END,
-           x.hash & 63, x.hash, x.key, false, x.status, 3, 1,
-           CASE WHEN x.status IN ('READY', 'CLAIMED') THEN 0 WHEN x.status = 'FAILED' AND g % 3 = 0 THEN 1 ELSE 2 END,
-           CASE WHEN x.status = 'FAILED' AND g % 3 = 0 THEN 3 ELSE 2 END,
-           '[]'::jsonb, x.kwargs,
-           CASE WHEN x.status = 'FAILED' THEN jsonb_build_array(jsonb_build_object(
-               'exception_class_path', 'builtins.ValueError', 'traceback', 'Traceback: ValueError: bad input'))
-               ELSE '[]'::jsonb END,
-           CASE WHEN x.status IN ('READY', 'CLAIMED') THEN '[]'::jsonb ELSE '["w-1"]'::jsonb END,
-           x.at,
-           CASE WHEN x.status NOT IN ('READY', 'CLAIMED') THEN x.at + interval '40 ms' END,
-           CASE WHEN x.status NOT IN ('READY', 'CLAIMED') THEN x.at + interval '40 ms' END,
-           CASE WHEN x.status IN ('SUCCESSFUL', 'FAILED') THEN x.at + interval '240 ms' END,
-           x.tags
+    WITH src AS MATERIALIZED (
+    SELECT {int(offset)} + g AS id, x.task AS task_path, 'default' AS backend, x.queue AS queue_name, 0 AS priority,
+           x.at + CASE WHEN x.status = 'READY' AND g % 10 = 0 THEN interval '2 hours' ELSE interval '0' END AS run_after,
+           x.hash & 63 AS shard, x.hash AS key_hash, x.key AS shard_key, false AS ordered, x.status, 3 AS status_rank,
+           1 AS fence,
+           CASE WHEN x.status IN ('READY', 'CLAIMED') THEN 0 WHEN x.status = 'FAILED' AND g % 3 = 0 THEN 1 ELSE 2 END
+               AS attempts,
+           CASE WHEN x.status = 'FAILED' AND g % 3 = 0 THEN 3 ELSE 2 END AS max_attempts,
+           '[]'::jsonb AS args, x.kwargs,
+           CASE WHEN x.status = 'FAILED' AND g % 3 = 0 THEN jsonb_build_array(jsonb_build_object(
+                    'exception_class_path', 'shardq.exceptions.Cancelled', 'traceback', ''))
+                WHEN x.status = 'FAILED' THEN jsonb_build_array(jsonb_build_object(
+                    'exception_class_path', 'builtins.ValueError', 'traceback', 'Traceback: ValueError: bad input'))
+               ELSE '[]'::jsonb END AS errors,
+           CASE WHEN x.status IN ('READY', 'CLAIMED') THEN '[]'::jsonb ELSE '["w-1"]'::jsonb END AS worker_ids,
+           x.at AS enqueued_at,
+           CASE WHEN x.status NOT IN ('READY', 'CLAIMED') THEN x.at + interval '40 ms' END AS started_at,
+           CASE WHEN x.status NOT IN ('READY', 'CLAIMED') THEN x.at + interval '40 ms' END AS last_attempted_at,
+           CASE WHEN x.status IN ('SUCCESSFUL', 'FAILED') THEN x.at + interval '240 ms' END AS finished_at,
+           x.tags,
+           x.status = 'SUCCESSFUL' OR (x.status = 'FAILED' AND g % 3 = 0) AS archivable,
+           g > %(n)s * 0.9999 AS fresh
     FROM generate_series(%(lo)s, %(hi)s) AS g
     CROSS JOIN LATERAL (SELECT (hashint8(g::bigint * 7919) & 1048575)::float8 / 1048576 AS u,
                                power((hashint8(g::bigint * 104729) & 1048575)::float8 / 1048576, 1.6) AS t) AS r
@@ -159,7 +186,17 @@ def fill_sql(offset: int = 0) -> str:
                  CASE WHEN r.u < 0.70 THEN 'READY' WHEN r.u < 0.75 THEN 'CLAIMED'
                       WHEN r.u < 0.85 THEN 'RUNNING' WHEN r.u < 0.97 THEN 'SUCCESSFUL' ELSE 'FAILED' END
              WHEN r.u < 0.97 THEN 'SUCCESSFUL' ELSE 'FAILED' END AS status) AS x
+    ){history_cte}
+    INSERT INTO shardq_job ({columns})
+    SELECT {columns} FROM src{hot_only}
     """
+
+
+HISTORY_CTE = """, history AS (
+        -- (LIKE shardq_job) copies no column default: the defaulted ones are named.
+        INSERT INTO shardq_job_history ({columns}, worker_losses, children_pending, waiting_on, key_limited)
+        SELECT {columns}, 0, false, 0, false FROM src WHERE archivable AND NOT fresh
+    )"""
 
 
 def generate(conn, rows: int, say) -> None:
@@ -170,11 +207,19 @@ def generate(conn, rows: int, say) -> None:
     conn.execute("CREATE TABLE IF NOT EXISTS bench_index_definitions (name text PRIMARY KEY, definition text)")
     conn.execute(
         "INSERT INTO bench_index_definitions SELECT indexname, indexdef FROM pg_indexes"
-        " WHERE tablename = 'shardq_job' AND indexname = ANY(%s) ON CONFLICT (name) DO NOTHING",
+        " WHERE tablename IN ('shardq_job', 'shardq_job_history') AND indexname = ANY(%s)"
+        " ON CONFLICT (name) DO NOTHING",
         [SECONDARY],
     )
     definitions = dict(conn.execute("SELECT name, definition FROM bench_index_definitions").fetchall())
     conn.execute("TRUNCATE shardq_job CASCADE")
+    conn.execute("TRUNCATE shardq_job_history")
+    # A day's partition for each of the 30 days (and one ahead), as the
+    # archiver keeps them with SHARDQ["HISTORY_DAYS"] = 31.
+    from shardq.db.store import WorkerStore
+
+    store = WorkerStore()
+    store.maintain_history(keep_seconds=31 * 86400, width_seconds=86400, ahead_seconds=86400)
     for name in definitions:
         conn.execute(f"DROP INDEX IF EXISTS {name}")
     conn.execute("SET synchronous_commit = off")
@@ -189,11 +234,16 @@ def generate(conn, rows: int, say) -> None:
     for name, definition in definitions.items():
         t = time.perf_counter()
         try:
+            # pg_indexes writes a partitioned table's index "ON ONLY" (the
+            # parent's alone, invalid until each partition's is attached):
+            # rebuilt without ONLY, it is built on every partition.
+            definition = definition.replace(" ON ONLY ", " ON ", 1)
             conn.execute(definition.replace("CREATE INDEX", "CREATE INDEX IF NOT EXISTS", 1))
         except psycopg.Error as exc:
             raise RuntimeError(f"rebuilding {name}: {exc}") from exc
         say(f"index {name} rebuilt in {time.perf_counter() - t:.0f} s")
     conn.execute("VACUUM (ANALYZE) shardq_job")
+    conn.execute("VACUUM (ANALYZE) shardq_job_history")
     say(f"generated {rows:,} rows in {time.perf_counter() - started:.0f} s")
 
 
@@ -209,7 +259,30 @@ def pages(conn, rows: int) -> list[tuple[str, str]]:
         ).fetchone()
     )
     customer = 777
-    some_id = rows // 3
+    # A job of each table near the first third of the month.
+    (some_id,) = conn.execute("SELECT min(id) FROM shardq_job WHERE id >= %s", [rows // 3]).fetchone() or (rows // 3,)
+    (old_id,) = conn.execute(
+        "SELECT id FROM shardq_job_history WHERE id >= %s ORDER BY id LIMIT 1", [rows // 3]
+    ).fetchone() or (rows // 3,)
+    h = "/admin/shardq/jobhistory/"
+    history = [
+        ("history list", h),
+        ("history status SUCCESSFUL", f"{h}?status__exact=SUCCESSFUL"),
+        ("history status FAILED (cancelled)", f"{h}?status__exact=FAILED"),
+        ("history task (30 %)", f"{h}?task=tests.taskapp.admin_tasks.charge"),
+        ("history task (0.1 %)", f"{h}?task={RARE_TASK}"),
+        ("history queue reports", f"{h}?queue=reports"),
+        ("history past 7 days", f"{h}?finished_at__gte={week}"),
+        ("history one day, 10 days ago", f"{h}?finished_at__gte={day}&finished_at__lt={next_day}"),
+        ("history tag billing (20 %)", f"{h}?tag=billing"),
+        ("history tag vip (0.2 %)", f"{h}?tag=vip"),
+        ("history task + status FAILED", f"{h}?task=tests.taskapp.admin_tasks.charge&status__exact=FAILED"),
+        ("history search id", f"{h}?q={old_id}"),
+        ("history search shard key", f"{h}?q=customer-{customer}"),
+        ("history search customer_id=777", f"{h}?q=customer_id={customer}"),
+        ("history search account_id=777 (2 tasks)", f"{h}?q=account_id={customer}"),
+        ("history job page", f"{h}{old_id}/change/"),
+    ]
     return [
         ("job list", "/admin/shardq/job/"),
         ("status SUCCESSFUL", "/admin/shardq/job/?status__exact=SUCCESSFUL"),
@@ -233,14 +306,25 @@ def pages(conn, rows: int) -> list[tuple[str, str]]:
         ("job page", f"/admin/shardq/job/{some_id}/change/"),
         ("dashboard", "/admin/shardq/dashboard/"),
         ("shard map", "/admin/shardq/shard/"),
+        *history,
     ]
 
 
 def seq_scans(sql_statements: list[str]) -> list[str]:
-    """The statements among ``sql_statements`` whose plan has a Seq Scan on shardq_job."""
+    """The statements among ``sql_statements`` whose plan has a Seq Scan on
+    shardq_job, or on more than one partition of shardq_job_history holding
+    over 1 % of its rows."""
     from django.db import connection
 
     found = []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = 'shardq_job_history'::regclass"
+            " AND c.reltuples > 0.01 * (SELECT sum(GREATEST(x.reltuples, 0)) FROM pg_class AS x"
+            " JOIN pg_inherits AS y ON y.inhrelid = x.oid AND y.inhparent = 'shardq_job_history'::regclass)"
+        )
+        large = {row[0] for row in cursor.fetchall()}
     for statement in sql_statements:
         if "shardq_job" not in statement or not statement.lstrip().upper().startswith("SELECT"):
             continue
@@ -248,13 +332,17 @@ def seq_scans(sql_statements: list[str]) -> list[str]:
             cursor.execute("EXPLAIN (FORMAT JSON) " + statement)
             document = cursor.fetchone()[0]
         plan = json.loads(document) if isinstance(document, str) else document
-        stack = [plan[0]["Plan"]]
+        stack, partitions = [plan[0]["Plan"]], set()
         while stack:
             node = stack.pop()
             if node["Node Type"] == "Seq Scan" and node.get("Relation Name") == "shardq_job":
                 found.append(statement[:160])
                 break
+            if node["Node Type"] == "Seq Scan" and node.get("Relation Name") in large:
+                partitions.add(node["Relation Name"])
             stack.extend(node.get("Plans", []))
+        if len(partitions) > 1:
+            found.append(f"{len(partitions)} history partitions: {statement[:160]}")
     return found
 
 
@@ -264,6 +352,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=20)
     p.add_argument("--database", default="shardq_admin10m")
     p.add_argument("--regenerate", action="store_true")
+    p.add_argument("--fill-only", action="store_true", help="fill (when needed) and stop: no page timed")
     p.add_argument("--only", help="time only the pages whose name holds this text")
     p.add_argument("--skip", action="append", default=[], help="skip the pages whose name holds this text")
     args = p.parse_args()
@@ -291,7 +380,10 @@ def main() -> None:
         print(text, flush=True)
 
     with psycopg.connect(url, autocommit=True) as conn:
-        estimate = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE relname = 'shardq_job'").fetchone()[0]
+        estimate = conn.execute(
+            "SELECT sum(GREATEST(c.reltuples, 0))::bigint FROM pg_class AS c WHERE c.relname = 'shardq_job'"
+            " OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'shardq_job_history'::regclass)"
+        ).fetchone()[0]
         if args.regenerate or abs(estimate - args.rows) > args.rows * 0.02:
             generate(conn, args.rows, say)
         else:
@@ -304,6 +396,8 @@ def main() -> None:
             " WHERE relname = 'shardq_job' ORDER BY pg_relation_size(indexrelid) DESC"
         ).fetchall()
         page_list = pages(conn, args.rows)
+    if args.fill_only:
+        return
     User = get_user_model()
     user = User.objects.filter(username="bench").first() or User.objects.create_superuser("bench", "b@example.com", "x")
     client = Client()

@@ -242,6 +242,18 @@ class Job(models.Model):
                 condition=Q(status="FAILED", attempts__gte=F("max_attempts")),
                 name="shardq_job_dead_idx",
             ),
+            # The dashboard's window of finished jobs, the FAILED ones still
+            # in shardq_job (dead letters stay; the archivable ones are in
+            # shardq_job_archivable_idx): a range of finished_at, never a read
+            # of every dead letter. A job that succeeds never enters it.
+            models.Index(fields=["finished_at"], condition=Q(status="FAILED"), name="shardq_job_failed_idx"),
+            # The dashboard's dead letters per shard: an index-only count (the
+            # dead-letter index by id sends it to the heap for each shard).
+            models.Index(
+                fields=["shard"],
+                condition=Q(status="FAILED", attempts__gte=F("max_attempts")),
+                name="shardq_job_dead_shard_idx",
+            ),
         ]
         # A fair key fits shardq_job_fair_idx (a btree entry holds at most
         # 2,704 bytes): enqueue stores a key over 200 characters as its

@@ -2,17 +2,20 @@
 formatting of times, JSON and excerpts, the read-only list base, and the
 tasks this process knows (for redaction)."""
 
+import contextlib
 import functools
 import json
 import math
 import re
+from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
 from django.conf import settings
 from django.contrib import admin
+from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
-from django.db import DatabaseError
+from django.db import DatabaseError, connections, router
 from django.db.models import (
     DateTimeField,
     F,
@@ -23,7 +26,6 @@ from django.db.models import (
 from django.template.response import SimpleTemplateResponse, TemplateResponse
 from django.urls import URLPattern
 from django.utils import timezone
-from django.utils.dateformat import format as format_date
 from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
@@ -122,9 +124,14 @@ def show_time(value, infinite: str | None = None):
         return "—"
     local = timezone.localtime(value) if timezone.is_aware(value) else value
     exact = local.isoformat()
-    # The date may wrap at its hyphens in a narrow column (never inside a number).
-    shown = mark_safe(str(escape(format_date(local, TIME_FORMAT))).replace("-", "-<wbr>"))
-    return format_html('<time datetime="{}" title="{}">{}</time>', exact, exact, shown)
+    # TIME_FORMAT written out (Django's format() costs a visible share of a
+    # page of 100 rows); the date may wrap at its hyphens in a narrow column
+    # (never inside a number). Digits, hyphens and colons: nothing to escape.
+    shown = (
+        f"{local.year:04d}-<wbr>{local.month:02d}-<wbr>{local.day:02d} "
+        f"{local.hour:02d}:{local.minute:02d}:{local.second:02d}"
+    )
+    return mark_safe(f'<time datetime="{exact}" title="{exact}">{shown}</time>')
 
 
 def time_column(name: str, description: str):
@@ -230,6 +237,15 @@ def _pre(text: str):
 # -- lists -------------------------------------------------------------------
 
 
+class _PlaceholderPk:
+    """A row whose primary key is a mark, to reverse a change URL once."""
+
+    MARK = "shardq-pk-placeholder"
+
+    def __init__(self, attname: str) -> None:
+        setattr(self, attname, self.MARK)
+
+
 class SnapshotChangeList(ChangeList):
     """A list whose count is the rows it shows.
 
@@ -241,6 +257,15 @@ class SnapshotChangeList(ChangeList):
     and counted from what was read. (A longer list keeps Django's count:
     its page is bounded by LIMIT and the count is of the whole list.)
     """
+
+    def url_for_result(self, result):
+        """The row's link, Django's ``reverse`` done once a page: reversing
+        (and resolving) the change URL for each of 100 rows is a visible
+        share of the list's time at ten million jobs (docs/admin.md)."""
+        template = self.__dict__.get("_result_url")
+        if template is None:
+            template = self._result_url = super().url_for_result(_PlaceholderPk(self.pk_attname))
+        return template.replace(_PlaceholderPk.MARK, str(quote(getattr(result, self.pk_attname))), 1)
 
     def get_results(self, request):
         super().get_results(request)
@@ -282,6 +307,32 @@ class ReadOnlyMixin:
         return False
 
 
+@contextlib.contextmanager
+def without_jit(using: str) -> Iterator[None]:
+    """PostgreSQL's JIT off on ``using``'s connection while a page runs
+    (``SET jit = off``, then ``RESET jit``). Every admin statement reads a
+    bounded slice of an index, but the planner costs one over
+    shardq_job_history before run-time pruning drops all but its few
+    partitions (the dashboard's: 545,000, above ``jit_above_cost``), so
+    PostgreSQL compiled it: 27 s of compilation for 1 s of execution at
+    ten million jobs on the loaded box (docs/admin.md, "At ten million jobs")."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SET jit = off")
+    try:
+        yield
+    finally:
+        if not connection.needs_rollback and connection.connection is not None:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("RESET jit")
+            except DatabaseError:  # an aborted transaction: its rollback undoes the SET
+                pass
+
+
 def missing_tables_page(view: Any, model_admin: Any) -> Any:
     """``view``, answering "shardq's tables are missing: run manage.py
     migrate" (503) when one of shardq's tables is missing, rather than a
@@ -291,9 +342,10 @@ def missing_tables_page(view: Any, model_admin: Any) -> Any:
     @functools.wraps(view)
     def page(request, *args, **kwargs):
         try:
-            response = view(request, *args, **kwargs)
-            if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
-                response.render()
+            with without_jit(router.db_for_read(model_admin.model)):
+                response = view(request, *args, **kwargs)
+                if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+                    response.render()
             return response
         except (DatabaseError, TablesMissing) as exc:
             missing = exc if isinstance(exc, TablesMissing) else tables_missing(exc)
@@ -337,7 +389,10 @@ def task_of(task_path):
     must not run whatever module a row names."""
     if not isinstance(task_path, str):
         return None
-    if task_path not in registered_paths():
+    from ..tasks.registry import is_registered
+
+    discover_tasks()
+    if not is_registered(task_path):
         return None
     try:
         return resolve(task_path)  # a registered path: answered from the registry, no import

@@ -2,53 +2,51 @@
 ``shardq_job_history`` (docs/architecture.md, "History"), read-only.
 
 The job page's columns and fields, redaction included (it is ``JobAdmin``'s
-display code), over the history's table, kept fast at ten million rows: no
-``COUNT(*)`` (the page count is the planner's estimate unfiltered, and a
-count stopped at ``COUNT_CAP`` rows filtered), filters that each have an
-index of the history's (status, queue, task: each with the id, the list's
-order), and search by exact id or exact task path only (a substring search
-would read every row). No action: a finished job in history is a record.
+display code), over the history's table, kept fast at ten million rows
+(docs/admin.md, "At ten million jobs"): the job list's paginator (a count
+bounded at 1,001 rows, then the planner's estimate; never ``COUNT(*)``),
+filters that each have an index of the history's (status, queue, task: each
+with the id, the list's order; tag: a GIN) or prune its partitions (the
+finish date: the partition key), and the job list's search (id, exact shard
+key, task path, an argument's value), each on an index (migrations 0022 and
+0025). No action: a finished job in history is a record.
 """
-
-from functools import cached_property
 
 from django.contrib import admin
 from django.contrib.admin import ActionLocation
 from django.core.exceptions import ObjectDoesNotExist
-from django.core.paginator import Paginator
 
-from ..db import operations
 from ..models import JobHistory
-from .jobs import JobAdmin, QueueFilter, TaskPathFilter
-
-#: A filtered list counts at most this many rows ("10,000+ pages" past it).
-COUNT_CAP = 10_000
+from .jobs import JobAdmin, QueueFilter, TagFilter, TaskPathFilter
 
 
-class EstimatedPaginator(Paginator):
-    """A paginator that never counts millions of rows: unfiltered, the
-    planner's estimate of the history's rows (``history_estimate``);
-    filtered, a count that stops at COUNT_CAP + 1."""
+class HistoryStatusFilter(admin.SimpleListFilter):
+    """The two statuses a job in history has (not the job list's eight)."""
 
-    @cached_property
-    def count(self) -> int:
-        queryset = self.object_list
-        if not queryset.query.where:
-            (estimate, *_rest) = operations.run("history_estimate", fetch="one")
-            if estimate > COUNT_CAP:
-                return int(estimate)
-        return queryset[: COUNT_CAP + 1].count()
+    title = "status"
+    parameter_name = "status__exact"
+
+    def lookups(self, request, model_admin):
+        return [("SUCCESSFUL", "Successful"), ("FAILED", "Failed (cancelled)")]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(status=self.value()) if self.value() else queryset
 
 
 @admin.register(JobHistory)
 class JobHistoryAdmin(JobAdmin):
     """Finished jobs in shardq_job_history: the job list's columns, read-only."""
 
-    list_filter: tuple = ("status", QueueFilter, TaskPathFilter)
-    search_fields: tuple = ("=id", "=task_path")
-    search_help_text = "A job id or an exact task path."
+    # The finish date, not the enqueue date: finished_at is the partition
+    # key, so a day's filter reads that day's partition only.
+    list_filter: tuple = (
+        HistoryStatusFilter,
+        QueueFilter,
+        TaskPathFilter,
+        TagFilter,
+        ("finished_at", admin.DateFieldListFilter),
+    )
     actions = []
-    paginator = EstimatedPaginator
 
     def has_view_permission(self, request, obj=None):
         # Who may read the jobs may read their history.
@@ -66,10 +64,6 @@ class JobHistoryAdmin(JobAdmin):
 
     def changelist_view(self, request, extra_context=None):
         return admin.ModelAdmin.changelist_view(self, request, extra_context)
-
-    def get_search_results(self, request, queryset, search_term):
-        # Exact id or task path, each on an index (not JobAdmin's shard-key search).
-        return admin.ModelAdmin.get_search_results(self, request, queryset, search_term)
 
     def get_object(self, request, object_id, from_field=None):
         try:

@@ -1,5 +1,7 @@
-"""A paginator that never counts a huge table: the admin's job list at ten
-million rows (docs/admin.md, "At ten million jobs").
+"""A paginator that never counts a huge table: the admin's job list and job
+history at ten million rows (docs/admin.md, "At ten million jobs"); the one
+paginator of both (the history's own, which counted up to 10,000 rows, is
+gone).
 
 Django's paginator runs ``SELECT COUNT(*)`` over everything the list's
 filters match, which at millions of rows reads them all (seconds). This one
@@ -13,7 +15,7 @@ prune deleted most of the table, and before autovacuum analyzes it, the
 planner still estimates the old size, and a list of 1 job would read
 "about 20,000 jobs" over 200 empty pages.
 A count that is an estimate is marked (``estimated``), and the page says
-"about N jobs".
+"about N jobs" (admin/shardq/pagination.html, every shardq list's).
 """
 
 import json

@@ -31,6 +31,12 @@ def registered_task_paths() -> list[str]:
     return list(_registry)
 
 
+def is_registered(task_path: str) -> bool:
+    """Whether ``task_path`` is a task defined (imported) in this process so
+    far (the admin asks for each row: no copy of the registry)."""
+    return task_path in _registry
+
+
 def resolve(task_path: str, extra_modules: tuple = ()) -> Task:
     """The Task a job's ``task_path`` names, from the registry: the tasks
     defined in this process, the configured modules imported once first.

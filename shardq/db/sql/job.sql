@@ -1066,30 +1066,28 @@ SELECT CASE WHEN b.t IS NOT NULL THEN jsonb_build_object('text', left(b.t, %(cha
 -- the wait of the oldest due READY job, RUNNING jobs.
 WITH now AS MATERIALIZED (
     SELECT clock_timestamp() AS t, clock_timestamp() - make_interval(mins => %(minutes)s) AS since
+), window_jobs AS (
+    -- The jobs finished in the window: those still in shardq_job (the
+    -- archiver moves them HISTORY_GRACE seconds after they finished; dead
+    -- letters stay), over shardq_job_archivable_idx and shardq_job_failed_idx
+    -- (each a range of finished_at: never a read of every dead letter), and
+    -- the window's in shardq_job_history.
+    {{finished_in_window*}}
+), dead AS (
+    -- Dead letters per shard and in total, over shardq_job_dead_idx.
+    SELECT x.shard, GROUPING(x.shard) = 1 AS is_total, count(*) AS dead
+    FROM shardq_job AS x WHERE x.status = 'FAILED' AND x.attempts >= x.max_attempts
+    GROUP BY GROUPING SETS ((x.shard), ())
 ), finished AS (
-    -- One scan of the finished jobs still in shardq_job (the archiver moves
-    -- them HISTORY_GRACE seconds after they finished: a few; dead letters
-    -- stay) and of the window's in shardq_job_history, per shard and in total.
+    -- The window's jobs per shard and in total.
     SELECT j.shard, GROUPING(j.shard) = 1 AS is_total,
            count(*) FILTER (WHERE j.finished_at >= now.since) AS finished,
            count(*) FILTER (WHERE j.finished_at >= now.since AND j.status = 'FAILED') AS failed,
-           count(*) FILTER (WHERE j.status = 'FAILED' AND j.attempts >= j.max_attempts) AS dead,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY l.s) FILTER (WHERE j.finished_at >= now.since) AS p50,
            percentile_cont(0.99) WITHIN GROUP (ORDER BY l.s) FILTER (WHERE j.finished_at >= now.since) AS p99,
            avg(l.s) FILTER (WHERE j.finished_at >= now.since) AS mean,
            max(l.s) FILTER (WHERE j.finished_at >= now.since) AS max
-    FROM (
-        SELECT shard, status, attempts, max_attempts, finished_at, last_attempted_at, run_after
-        FROM shardq_job WHERE status IN ('SUCCESSFUL', 'FAILED')
-        UNION ALL
-        -- The window's jobs the archiver moved already (only the partitions
-        -- of the window are read, through their BRIN of finished_at).
-        SELECT h.shard, h.status, h.attempts, h.max_attempts, h.finished_at, h.last_attempted_at, h.run_after
-        -- statement_timestamp() (stable, unlike clock_timestamp()): the
-        -- partitions before the window are pruned when the statement starts.
-        FROM shardq_job_history AS h
-        WHERE h.finished_at >= statement_timestamp() - make_interval(mins => %(minutes)s + 1)
-    ) AS j
+    FROM window_jobs AS j
     CROSS JOIN now
     -- Epoch differences, not timestamp subtraction: a row with an infinite
     -- timestamp gives ±Infinity (or NaN), not "cannot subtract infinite timestamps".
@@ -1098,7 +1096,7 @@ WITH now AS MATERIALIZED (
 )
 SELECT s.shard, s.owner, w.host, w.pid,
        (extract(epoch FROM s.lease_expires) - extract(epoch FROM now.t))::float8,
-       COALESCE(f.finished, 0), COALESCE(f.failed, 0), COALESCE(f.dead, 0), f.p50, f.p99, f.mean, f.max,
+       COALESCE(f.finished, 0), COALESCE(f.failed, 0), COALESCE(d.dead, 0), f.p50, f.p99, f.mean, f.max,
        r.depth, r.due, r.oldest, (SELECT count(*) FROM shardq_job AS x WHERE x.shard = s.shard AND x.status = 'RUNNING')
 FROM (
     -- One row a shard: with several pools, the lease with the most time left
@@ -1109,6 +1107,7 @@ FROM (
 CROSS JOIN now
 LEFT JOIN shardq_worker AS w ON w.id = s.owner
 LEFT JOIN finished AS f ON f.shard = s.shard AND NOT f.is_total
+LEFT JOIN dead AS d ON d.shard = s.shard AND NOT d.is_total
 LEFT JOIN LATERAL (
     -- The shard's slice of shardq_job_ready_idx, once.
     SELECT count(*) AS depth,
@@ -1117,10 +1116,35 @@ LEFT JOIN LATERAL (
     FROM shardq_job AS x WHERE x.shard = s.shard AND x.status = 'READY'
 ) AS r ON true
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, f.finished, f.failed, f.dead, f.p50, f.p99, f.mean, f.max,
-       NULL, NULL, NULL, NULL
-FROM finished AS f WHERE f.is_total
+SELECT NULL, NULL, NULL, NULL, NULL, COALESCE(f.finished, 0), COALESCE(f.failed, 0), COALESCE(d.dead, 0),
+       f.p50, f.p99, f.mean, f.max, NULL, NULL, NULL, NULL
+FROM (SELECT 1) AS one
+LEFT JOIN finished AS f ON f.is_total
+LEFT JOIN dead AS d ON d.is_total
 ORDER BY 1 NULLS LAST;
+
+-- name: finished_in_window
+-- The jobs finished in the last :minutes minutes (and up to a minute more: the caller filters by
+-- its own clock), wherever they are (a FROM-able body, included in admin_dashboard and
+-- admin_timeseries): in shardq_job the archivable ones over shardq_job_archivable_idx (its
+-- predicate repeated, block ``archivable``) and the other FAILED ones (dead letters) over
+-- shardq_job_failed_idx, each a range of finished_at; in shardq_job_history the window's
+-- partitions (pruned at the statement's start: statement_timestamp() is stable) through their BRIN
+-- of finished_at.
+SELECT shard, status, attempts, max_attempts, finished_at, last_attempted_at, run_after
+FROM shardq_job
+WHERE {{archivable*}}
+  AND finished_at >= statement_timestamp() - make_interval(mins => %(minutes)s + 1)
+UNION ALL
+SELECT shard, status, attempts, max_attempts, finished_at, last_attempted_at, run_after
+FROM shardq_job
+WHERE status = 'FAILED'
+  AND (errors -> -1 ->> 'exception_class_path') IS DISTINCT FROM 'shardq.exceptions.Cancelled'
+  AND finished_at >= statement_timestamp() - make_interval(mins => %(minutes)s + 1)
+UNION ALL
+SELECT h.shard, h.status, h.attempts, h.max_attempts, h.finished_at, h.last_attempted_at, h.run_after
+FROM shardq_job_history AS h
+WHERE h.finished_at >= statement_timestamp() - make_interval(mins => %(minutes)s + 1)
 
 -- name: admin_timeseries
 -- Admin dashboard charts, one row a minute of the last :minutes (oldest first; the current minute
@@ -1131,7 +1155,7 @@ ORDER BY 1 NULLS LAST;
 -- start, the dashboard's pickup latency), or on while READY or CLAIMED. No
 -- samples are stored: READY jobs are read over shardq_job_due_idx, CLAIMED and
 -- RUNNING ones over shardq_job_inflight_idx, and the jobs finished in the
--- window by one scan of each table (see admin_dashboard). Earlier
+-- window over indexes of finished_at (block finished_in_window). Earlier
 -- attempts of a retried job, and jobs deleted since (Discard, shardq_prune),
 -- are not in it.
 WITH bounds AS MATERIALIZED (
@@ -1141,16 +1165,10 @@ WITH bounds AS MATERIALIZED (
     SELECT m, LEAST(m + interval '1 minute', b.now) AS edge
     FROM bounds AS b, generate_series(b.since, date_trunc('minute', b.now), interval '1 minute') AS m
 ), finished AS MATERIALIZED (
-    SELECT j.status, j.run_after, j.last_attempted_at, j.finished_at
-    FROM shardq_job AS j, bounds AS b
-    WHERE j.status IN ('SUCCESSFUL', 'FAILED') AND j.finished_at >= b.since
-    UNION ALL
-    -- The window's jobs the archiver moved already.
-    SELECT h.status, h.run_after, h.last_attempted_at, h.finished_at
-    FROM shardq_job_history AS h, bounds AS b
-    WHERE h.finished_at >= b.since
-      -- (stable: prunes the partitions before the window at the start)
-      AND h.finished_at >= date_trunc('minute', statement_timestamp()) - make_interval(mins => %(minutes)s)
+    -- The window's jobs, in either table, each over an index (block finished_in_window).
+    SELECT w.status, w.run_after, w.last_attempted_at, w.finished_at
+    FROM ({{finished_in_window*}}) AS w, bounds AS b
+    WHERE w.finished_at >= b.since
 ), per_minute AS (
     SELECT date_trunc('minute', f.finished_at) AS m,
            count(*) FILTER (WHERE f.status = 'SUCCESSFUL') AS successful,
