@@ -13,14 +13,22 @@ queues; 96 % SUCCESSFUL, 3 % FAILED of which two thirds dead letters,
 and, over the newest 0.5 %, READY (some deferred), CLAIMED and RUNNING jobs;
 shard keys ``customer-N`` over 200,000 customers for keyed tasks; keyword
 arguments ``customer_id``/``order_id``/``user_id`` and an amount; 20 % of
-jobs tagged ``billing``, 1 % also ``vip``.
+jobs tagged ``billing``, 1 % also ``vip``. Split as the archiver leaves a
+deployment (SHARDQ["HISTORY"] on, HISTORY_DAYS 31): the SUCCESSFUL and the
+cancelled (the FAILED that are not dead letters) in shardq_job_history's day
+partitions, but the newest 0.01 % (within HISTORY_GRACE); dead letters,
+READY, CLAIMED and RUNNING jobs in shardq_job (about 243,000 rows of ten
+million).
 
 Then each page is requested ``--requests`` times (after two warm-ups) by
 Django's test client in this process, logged in as a superuser: the time is
 the server's, from the request to the rendered response (no network, no
-browser). Prints p50/p95/max per page, and for the job list the plan of
-every statement it runs on shardq_job (EXPLAIN): a Seq Scan on shardq_job is
-reported. Writes bench/results/admin_10m.json.
+browser). The pages: the job list and the job history, each unfiltered,
+filtered and searched, a job's page in each, the dashboard and the shard map.
+Prints p50/p95/max per page, and the plan of every statement a page runs on
+shardq_job or the history (EXPLAIN): a Seq Scan on shardq_job, or on more
+than one large history partition, is reported. Writes
+bench/results/admin_10m.json.
 """
 
 import argparse

@@ -30,6 +30,7 @@ from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
 from ..conf import get_config
+from ..db import operations
 from ..db.errors import tables_missing
 from ..exceptions import TablesMissing, UnknownTask
 from ..models import Job
@@ -320,15 +321,13 @@ def without_jit(using: str) -> Iterator[None]:
     if connection.vendor != "postgresql":
         yield
         return
-    with connection.cursor() as cursor:
-        cursor.execute("SET jit = off")
+    operations.run("jit_off", using=using, fetch="none")
     try:
         yield
     finally:
         if not connection.needs_rollback and connection.connection is not None:
             try:
-                with connection.cursor() as cursor:
-                    cursor.execute("RESET jit")
+                operations.run("jit_reset", using=using, fetch="none")
             except DatabaseError:  # an aborted transaction: its rollback undoes the SET
                 pass
 

@@ -25,17 +25,24 @@ pytestmark = pytest.mark.usefixtures("shards")
 
 @pytest.fixture
 def archiver(transactional_db):
-    """The archiver, stepped by the test, with no grace (partitions outlive a
-    test's flush: each test starts with none)."""
-    for (name,) in sql(
-        "SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid"
-        " WHERE i.inhparent = 'shardq_job_history'::regclass"
-    ):
-        sql(f'DROP TABLE "{name}"')
+    """The archiver, stepped by the test, with no grace. The history's
+    partitions (and their rows) outlive a test's flush: the test starts
+    with none and leaves none (the dashboard's tests count the history's
+    jobs of the last minutes)."""
+
+    def drop_partitions():
+        for (name,) in sql(
+            "SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = 'shardq_job_history'::regclass"
+        ):
+            sql(f'DROP TABLE "{name}"')
+
+    drop_partitions()
     history = dataclasses.replace(get_config().history, grace_seconds=0.0)
     service = Archiver(WorkerStore(application_name="shardq-archiver-browser"), history, Stats())
     yield service
     service.store.close()
+    drop_partitions()
 
 
 def finish(ids, status: str, *, error: str | None = None, value=None) -> None:

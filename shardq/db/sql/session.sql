@@ -42,3 +42,13 @@ SELECT pg_logical_emit_message(true, 'shardq_ack_flush', '')::text;
 -- How long this session's statements wait for a lock (:ms, text), until changed: the history's
 -- partition DDL gives up rather than queue the readers of shardq_job_history behind it.
 SELECT set_config('lock_timeout', %(ms)s, false);
+
+-- name: jit_off
+-- JIT compilation off for this session (the admin's pages: shardq.admin.common.without_jit). The
+-- planner costs a statement over shardq_job_history before run-time pruning drops all but a few of
+-- its partitions, above jit_above_cost, and compiling took seconds for milliseconds of work.
+SET jit = off
+
+-- name: jit_reset
+-- The session's JIT setting back to the server's (after jit_off).
+RESET jit
