@@ -84,6 +84,12 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
+    -- shardq_job_history is no model's table (a migration's partitioned
+    -- table), so Django's flush leaves it: its archived jobs would be
+    -- counted by the next test (the dashboard, the history admin).
+    IF 'shardq_job' = ANY (flushed) AND to_regclass('shardq_job_history') IS NOT NULL THEN
+        DELETE FROM shardq_job_history;
+    END IF;
 END
 $flush$;"""
         ]
