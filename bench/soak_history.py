@@ -7,7 +7,7 @@ One ``shardq_worker --processes 1 --concurrency 4`` with the history kept
 10 minutes (``HISTORY_DAYS`` = 10/1440) in partitions of 60 s, the archiver
 moving jobs ``HISTORY_GRACE`` (60 s, the default) after they finished.
 
-1. **Peak.** ``--peak-jobs`` no-op jobs enqueued at once; the worker's drain
+1. **Peak.** ``--peak-jobs`` (200,000: long enough that the archiver is at work) no-op jobs enqueued at once; the worker's drain
    rate (first to last finish) is the peak.
 2. **Soak.** ``--minutes`` at ``--load`` × peak: this process enqueues a
    batch every 100 ms (open loop, paced to the schedule). Every
@@ -50,7 +50,7 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=60.0)
     p.add_argument("--load", type=float, default=0.7)
     p.add_argument("--database", default="shardq_soak_history")
-    p.add_argument("--peak-jobs", type=int, default=30_000)
+    p.add_argument("--peak-jobs", type=int, default=200_000)
     p.add_argument("--sample-seconds", type=float, default=10.0)
     p.add_argument("--retention-minutes", type=float, default=10.0)
     p.add_argument("--server", choices=["own", "shared"], default="own")
