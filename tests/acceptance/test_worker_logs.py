@@ -84,14 +84,19 @@ def test_shard_changes_are_one_line_each_claim_release_and_takeover(workers):
     os.killpg(second.pid, signal.SIGKILL)
     second.wait(timeout=30)
 
-    # Its leases expire (TTL 2 s) and the survivor takes them over.
+    # The survivor sees the dead worker's sessions gone (dead-owner
+    # detection: one WARNING naming it) and takes its shards over at once,
+    # in one line.
     wait_until(
-        lambda: lines_with(workers.log(first), "claimed 32 shard(s) 32-63 (took over the expired lease(s) of 32-63: "),
+        lambda: lines_with(
+            workers.log(first), "claimed 32 shard(s) 32-63 (took over the dead worker(s) lease(s) of 32-63: "
+        ),
         timeout=60,
         message=lambda: f"the takeover in the log:\n{workers.log(first)}",
     )
     assert scalar("SELECT count(*) FROM shardq_shard WHERE owner = %s", [first_id]) == 64
-    assert second_id not in workers.log(first)
+    [dead] = lines_with(workers.log(first), second_id)
+    assert "WARNING" in dead and "gone from the database (the process died)" in dead, dead
     stop(workers, first)
 
 

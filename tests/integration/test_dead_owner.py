@@ -147,8 +147,9 @@ def test_a_reused_pid_or_another_servers_identity_never_keeps_or_makes_a_worker_
 
 def test_a_worker_whose_lease_and_listen_sessions_both_ended_is_gone_whole(stores):
     """The LISTEN session, recorded beside the lease session: the lease
-    session alone gone is a dropped connection (the leaser waits two checks),
-    both gone a dead process (no wait)."""
+    session alone gone, with the LISTEN session there, is a live process
+    whose connection dropped (not listed: its leases expire as ever); both
+    gone a dead process (no wait)."""
     ensure_shards()
     store_a, listen_a, store_b = stores(), stores(), stores()
     a, b = register(store_a), register(store_b)
@@ -157,7 +158,7 @@ def test_a_worker_whose_lease_and_listen_sessions_both_ended_is_gone_whole(store
     listen_a.run("record_listener", {"worker": a, "client_pid": listener}, fetch="none")  # as store.record_listener
     assert scalar("SELECT listener_pid FROM shardq_worker WHERE id = %s", [a]) == listener
     pid = end_session(store_a)
-    assert store_b.dead_owners(b, TTL) == [(a, pid, True, False)]
+    assert store_b.dead_owners(b, TTL) == []
     end_session(listen_a)
     assert store_b.dead_owners(b, TTL) == [(a, pid, True, True)]
     # A LISTEN session of another server is never recorded, and one recorded

@@ -48,19 +48,22 @@ AND NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(w.backend_pid) AS a
 -- Dead-owner detection's check (every DEAD_OWNER_CHECK seconds on each worker's lease connection):
 -- the other workers of pool :pool, not stopped, heartbeat within :ttl, whose lease session is gone
 -- (backend_gone): id, the recorded pid, whether it still holds a live lease of the pool, and whether
--- its LISTEN session (record_listener) is recorded and gone too: the whole process is gone.
+-- its LISTEN session (record_listener) is recorded (and so gone too: the whole process is gone).
+-- A peer whose LISTEN session is recorded and still there is alive, whatever its lease session
+-- did (a dropped connection it is reconnecting): it is not listed, and its leases expire as ever.
 SELECT w.id::text, w.backend_pid,
        EXISTS (SELECT 1 FROM shardq_shard AS s
                WHERE s.pool = %(pool)s AND s.owner = w.id AND s.lease_expires > clock_timestamp()),
        w.listener_pid IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(w.listener_pid) AS a
-                       WHERE a.pid = w.listener_pid
-                         AND (a.backend_start IS NULL OR w.listener_start IS NULL
-                              OR a.backend_start = w.listener_start))
 FROM shardq_worker AS w
 WHERE w.pool = %(pool)s AND w.state <> 'STOPPED' AND w.id <> %(worker)s AND w.backend_pid IS NOT NULL
   AND w.heartbeat_at > clock_timestamp() - make_interval(secs => %(ttl)s)
-  AND {{backend_gone}};
+  AND {{backend_gone}}
+  AND (w.listener_pid IS NULL
+       OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(w.listener_pid) AS a
+                      WHERE a.pid = w.listener_pid
+                        AND (a.backend_start IS NULL OR w.listener_start IS NULL
+                             OR a.backend_start = w.listener_start)));
 
 -- name: heartbeat
 -- Record this worker's heartbeat and counters; list the live workers of its pool (heartbeat within
