@@ -78,9 +78,13 @@ def test_the_web_side_works_through_pgbouncer_and_a_worker_on_the_direct_alias_d
     assert sql("SELECT count(*) FROM shardq_job WHERE id = ANY(%s) AND attempts = 1", [ids])[0][0] == len(ids)
     # The worker's connections (lease, claims, LISTEN) are direct, not through PgBouncer.
     assert "shardq.W020" not in workers.log(worker)
+    # The LISTEN session records itself on the worker's row once its LISTENs
+    # are in (dead-owner detection), and only where the server's pid is the
+    # one the client was told: a direct connection.
     listeners = sql(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND application_name = 'shardq-listener' AND query LIKE 'LISTEN%%'"
+        "AND application_name = 'shardq-listener' "
+        "AND pid IN (SELECT listener_pid FROM shardq_worker WHERE listener_pid IS NOT NULL)"
     )[0][0]
     assert listeners == 1
     assert pgbouncer.client_applications() and not [

@@ -23,9 +23,12 @@ from tests.taskapp import fault_tasks
 from tests.workers import query, scalar
 
 WORKERS = size(3, 4)
-WORKFLOWS = size(30, 300)
+WORKFLOWS = size(60, 300)
 MIDDLE = 8  # each workflow: 1 -> 8 -> 1
-JOB_SECONDS = size(0.05, 0.2)  # full size: enough work to span 15 kills
+# Enough work to span the kills (4, full size 15): a dead worker's shards
+# are taken over in a fraction of a second (dead-owner detection), not after
+# its lease, so the work alone must outlast the churn's pace.
+JOB_SECONDS = size(0.15, 0.2)
 CHURN_SECONDS = size(15, 60)
 KILL_EVERY = 2.0
 

@@ -229,17 +229,16 @@ def test_spoofed_notifies_neither_deafen_nor_flood_a_worker(workers):
     me = worker_id_of(w.pid)
     wait_until(lambda: scalar("SELECT count(*) FROM shardq_shard WHERE owner::text = %s", [me]) == 64, timeout=30)
     # The Listener connects on its own thread: send nothing before it listens
-    # on both channels: the job channel's LISTEN comes first, then the lease
-    # channel's and any other (cancel, limits), so a finished LISTEN of any
-    # "shardq_..." channel means both are in place (finished: a
-    # LISTEN still running takes effect at its commit, and a NOTIFY sent
-    # before that is not delivered to it).
+    # on every channel. Once its LISTENs are in it records its session on the
+    # worker's row (dead-owner detection, record_listener): that session
+    # idle means every LISTEN has taken effect (a NOTIFY sent before a
+    # LISTEN commits is not delivered to it).
     wait_until(
         lambda: scalar(
-            # pg_stat_activity is the cluster's: only this database's
-            # listeners (workers on other test databases listen too).
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = 'shardq-listener' AND query LIKE 'LISTEN \"shardq\\_%%' AND state = 'idle'"
+            "SELECT count(*) FROM pg_stat_activity AS a JOIN shardq_worker AS w ON a.pid = w.listener_pid "
+            "WHERE w.id::text = %s AND a.datname = current_database() "
+            "AND a.application_name = 'shardq-listener' AND a.state = 'idle'",
+            [me],
         ),
         timeout=30,
         message="the worker's Listener to listen",
