@@ -231,28 +231,23 @@ def backend_checks(backend) -> list[checks.CheckMessage]:
         errors.append(
             checks.Error(str(exc), hint='History settings: docs/configuration.md, "History".', id="shardq.E014")
         )
-    for key, check in (("JOB_LOG_LEVEL", job_log_level), ("JOB_LOG_BYTES", job_log_bytes)):
-        try:
-            check(raw[key])
-        except ShardqConfigurationError as exc:
-            errors.append(
-                checks.Error(
-                    str(exc),
-                    hint="Per-job logs: docs/configuration.md (JOB_LOG_LEVEL, JOB_LOG_BYTES).",
-                    id="shardq.E015",
-                )
-            )
-    for key, check in (("DEAD_OWNER_DETECTION", dead_owner_detection), ("DEAD_OWNER_CHECK", dead_owner_check_seconds)):
-        try:
-            check(raw[key])
-        except ShardqConfigurationError as exc:
-            errors.append(
-                checks.Error(
-                    str(exc),
-                    hint='Dead-owner detection: docs/reliability.md, "A worker that dies".',
-                    id="shardq.E016",
-                )
-            )
+    for keys, hint, check_id in (
+        (
+            (("JOB_LOG_LEVEL", job_log_level), ("JOB_LOG_BYTES", job_log_bytes)),
+            "Per-job logs: docs/configuration.md (JOB_LOG_LEVEL, JOB_LOG_BYTES).",
+            "shardq.E015",
+        ),
+        (
+            (("DEAD_OWNER_DETECTION", dead_owner_detection), ("DEAD_OWNER_CHECK", dead_owner_check_seconds)),
+            'Dead-owner detection: docs/reliability.md, "A worker that dies".',
+            "shardq.E016",
+        ),
+    ):
+        for key, check in keys:
+            try:
+                check(raw[key])
+            except ShardqConfigurationError as exc:
+                errors.append(checks.Error(str(exc), hint=hint, id=check_id))
     from .pooling import pooling_checks
 
     errors.extend(pooling_checks(backend))  # WORKER_DATABASE, a worker behind a transaction pool
