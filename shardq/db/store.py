@@ -1125,6 +1125,14 @@ class WorkerStore:
         )
         return {row[0] for row in rows}
 
+    def history_gauges(self) -> TupleRow | None:
+        """(estimated rows, partitions, seconds since the oldest partition's
+        start or None) of shardq_job_history; None when it does not exist."""
+        present = self.run("history_present", {}, fetch="one")
+        if not (present and present[0]):
+            return None
+        return self.run("history_gauges", {}, fetch="one")
+
     def queue_controls(self) -> list[TupleRow]:
         """Every queue paused or with a concurrency override: (queue_name,
         paused, concurrency) rows (shardq/queues.py)."""

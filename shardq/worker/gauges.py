@@ -85,6 +85,7 @@ class Gauges(Service):
                 self.metrics.cluster_sample(rows, unowned)
                 self.metrics.fair_sample(summarize_fair_keys(self.store.fair_keys()))
                 self.metrics.queue_control_sample(self.store.queue_controls())
+                self.metrics.history_sample(self.store.history_gauges())
                 return
         except (DatabaseUnavailable, StatementRejected) as exc:
             # The session (and with it the lock) may be gone: export nothing
@@ -94,3 +95,4 @@ class Gauges(Service):
         self.metrics.cluster_sample(None)
         self.metrics.fair_sample(None)
         self.metrics.queue_control_sample(None)
+        self.metrics.history_sample(None)

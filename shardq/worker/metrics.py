@@ -32,7 +32,7 @@ import tempfile
 import threading
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -310,6 +310,24 @@ class Metrics:
             registry=registry,
             multiprocess_mode="livemax",
         )
+        self.history_rows = Gauge(
+            "shardq_history_rows_estimated",
+            "Finished jobs in shardq_job_history, by the planner's estimate (no count(*)) (cluster gauge).",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.history_partitions = Gauge(
+            "shardq_history_partitions",
+            "Partitions of shardq_job_history (one per HISTORY_PARTITION_SECONDS span kept) (cluster gauge).",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.history_oldest = Gauge(
+            "shardq_history_oldest_seconds",
+            "Age of the start of the oldest history partition: how far back history reaches (cluster gauge).",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
         self._fair_names: set[str] = set()
         self._fair_labels: set[tuple[str, str]] = set()
         # Per-job events wait here until ``flush()`` (the gauges thread, once
@@ -459,6 +477,15 @@ class Metrics:
             self.queue_paused.labels(queue).set(paused)
             self.queue_concurrency.labels(queue).set(concurrency)
         self._control_labels |= values.keys()
+
+    def history_sample(self, row: Sequence[Any] | None) -> None:
+        """The history gauges from a ``history_gauges`` row (estimated rows,
+        partitions, seconds since the oldest partition's start), or all zero
+        (None: not the metrics lock's holder, or no history table)."""
+        rows, partitions, age = row if row else (0, 0, None)
+        self.history_rows.set(max(int(rows or 0), 0))
+        self.history_partitions.set(int(partitions or 0))
+        self.history_oldest.set(max(float(age or 0.0), 0.0))
 
     def fair_sample(self, report: Iterable[Mapping[str, Any]] | None) -> None:
         """The fair key gauges from ``shardq.fairness.summarize_fair_keys``'s

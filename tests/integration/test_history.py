@@ -304,6 +304,37 @@ def test_status_reports_the_history_estimate(archiver):
     assert "history: about" in out.getvalue()
 
 
+def test_the_metrics_export_the_history_estimate_and_a_hand_made_unbounded_partition_breaks_nothing(archiver):
+    import prometheus_client
+
+    from shardq.worker.metrics import Metrics
+
+    registry = prometheus_client.CollectorRegistry()
+    metrics = Metrics(registry, multiprocess=False)
+    ids = job_factory(3)
+    finish(ids, "SUCCESSFUL")
+    archiver.pass_once()
+    sql("ANALYZE shardq_job_history")
+    metrics.history_sample(archiver.store.history_gauges())
+    partitions = registry.get_sample_value("shardq_history_partitions")
+    assert partitions >= 1
+    assert registry.get_sample_value("shardq_history_rows_estimated") >= 3
+    # History reaches back over what it keeps, to the start of the oldest partition.
+    reach = archiver.history.keep_seconds + archiver.history.partition_seconds + 60
+    assert 0 < registry.get_sample_value("shardq_history_oldest_seconds") <= reach
+    # An operator's partition made by hand from MINVALUE: counted, its start has no age.
+    sql(
+        "CREATE TABLE shardq_job_history_by_hand PARTITION OF shardq_job_history FOR VALUES FROM (MINVALUE) TO ('2000-01-01')"
+    )
+    metrics.history_sample(archiver.store.history_gauges())
+    assert registry.get_sample_value("shardq_history_partitions") == partitions + 1
+    assert registry.get_sample_value("shardq_history_oldest_seconds") <= reach
+    # Not the metrics lock's holder: zero, nothing stale.
+    metrics.history_sample(None)
+    assert registry.get_sample_value("shardq_history_rows_estimated") == 0
+    assert registry.get_sample_value("shardq_history_partitions") == 0
+
+
 def test_prune_drops_history_partitions_past_older_than_with_no_delete(archiver):
     width = 3600
     archiver.history = dataclasses.replace(archiver.history, partition_seconds=width)

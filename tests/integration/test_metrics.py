@@ -38,6 +38,9 @@ def test_a_bad_metrics_port_setting_is_a_command_error(port):
         call_command("shardq_worker")
 
 
+# The command checks shardq's tables before it binds the port: the test
+# database must be set up even when this is the first test of an xdist worker.
+@pytest.mark.django_db
 @pytest.mark.parametrize("processes", ["1", "2"])
 def test_a_metrics_port_in_use_is_a_command_error_before_anything_starts(processes, tmp_path, monkeypatch):
     # A temp dir of the test's own: another test or run on this machine may

@@ -152,6 +152,14 @@ SELECT * FROM (
 SELECT COALESCE(sum(GREATEST(p.estimated_rows, 0)), 0)::bigint, count(*)::int, min(p.low), max(p.high)
 FROM ({{history_partitions*}}) AS p;
 
+-- name: history_gauges
+-- The metrics' history gauges: estimated rows, partitions, and the seconds since the oldest
+-- partition's start (NULL when no partition has a finite start: none, or one made by hand FROM
+-- MINVALUE or '-infinity').
+SELECT COALESCE(sum(GREATEST(p.estimated_rows, 0)), 0)::bigint, count(*)::int,
+       extract(epoch FROM clock_timestamp() - min(p.low) FILTER (WHERE isfinite(p.low)))::float8
+FROM ({{history_partitions*}}) AS p;
+
 -- name: history_present
 -- Whether shardq_job and shardq_job_history both exist (post_migrate runs after a migrate to an
 -- earlier state too).
