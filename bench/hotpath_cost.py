@@ -46,39 +46,45 @@ VARIANTS: dict[str, list[str]] = {
     "partial_both": [f"{KWARGS} WHERE {INFLIGHT}", f"{TASK} WHERE {INFLIGHT}"],
     # No pending list: each entry goes straight into the GIN tree.
     "nofastupdate": ["ALTER INDEX shardq_job_kwargs_idx SET (fastupdate = off)"],
+    # Every statement of every session on a generic plan (planned once per
+    # prepared statement, not at each execution).
+    "generic_all": [
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET plan_cache_mode = force_generic_plan', "
+        "current_database()); END $$"
+    ],
     # The floor: neither search index (what they cost at most).
     "nosearch": ["DROP INDEX shardq_job_kwargs_idx", "DROP INDEX shardq_job_task_idx"],
 }
 FIGURES = ("jobs_per_s", "worker_cpu_us", "db_hot_path_cpu_us", "db_cpu_us", "server_cpu_us")
 
 
-def migrate(url: str, variant: str) -> None:
+def migrate(url: str, variant: str, checkout: Path = REPO) -> None:
     import psycopg
 
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(REPO)}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=REPO, env=env, check=True)
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(checkout)}
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=checkout, env=env, check=True)
     with psycopg.connect(url, autocommit=True) as conn:
         # docs/operations.md: the hot table's heap stays the size of its live rows.
         conn.execute(
             "ALTER TABLE shardq_job SET (autovacuum_vacuum_scale_factor = 0, "
             "autovacuum_vacuum_threshold = 10000, autovacuum_vacuum_cost_delay = 0)"
         )
-        for statement in VARIANTS[variant]:
+        for statement in VARIANTS.get(variant, []):
             conn.execute(statement)
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
 
 
-def drain(url: str, jobs: int, postmaster: str) -> dict:
+def drain(url: str, jobs: int, postmaster: str, checkout: Path = REPO) -> dict:
     env = {
         **os.environ,
         "DATABASE_URL": url,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": str(checkout),
         "SHARDQ_BENCH_POSTMASTER_PID": postmaster,
     }
     out = subprocess.run(
         [sys.executable, str(REPO / "bench" / "history_drain.py"), str(jobs)],
-        cwd=REPO,
+        cwd=checkout,
         env=env,
         check=True,
         capture_output=True,
@@ -92,14 +98,14 @@ def top_statements(url: str, jobs: int, n: int = 8) -> list[dict]:
 
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT calls, total_exec_time, rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 90) "
+            "SELECT calls, plans, total_exec_time, total_plan_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 80) "
             "FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-            "ORDER BY total_exec_time DESC LIMIT %s",
+            "ORDER BY total_exec_time + total_plan_time DESC LIMIT %s",
             [n],
         ).fetchall()
     return [
-        {"calls": c, "us_per_job": t * 1000 / jobs, "rows": r, "query": q}
-        for c, t, r, q in rows  # total_exec_time is in ms
+        {"calls": c, "plans": n, "us_per_job": t * 1000 / jobs, "plan_us_per_job": pt * 1000 / jobs, "query": q}
+        for c, n, t, pt, q in rows  # total_exec_time is in ms
     ]
 
 
@@ -108,6 +114,12 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--variants", default="full_kwargs,base", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. `git archive` of main): drained first in each round's order as 'baseline', "
+        "its own code on its own migrations, no variant SQL",
+    )
     args = p.parse_args()
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANTS]
@@ -127,6 +139,7 @@ def main() -> None:
             "max_connections": "100",
             "shared_preload_libraries": "pg_stat_statements",
             "pg_stat_statements.track": "top",
+            "pg_stat_statements.track_planning": "on",
         },
     )
     server.init()
@@ -135,10 +148,14 @@ def main() -> None:
         postmaster = (server.data / "postmaster.pid").read_text().split()[0]
         base = server.url.rsplit("/", 1)[0]
         urls = {}
+        checkouts = {name: REPO for name in names}
+        if args.baseline:
+            names.insert(0, "baseline")
+            checkouts["baseline"] = args.baseline.resolve()
         for name in names:
             server.createdb(f"hp_{name}")
             urls[name] = f"{base}/hp_{name}"
-            migrate(urls[name], name)
+            migrate(urls[name], name, checkouts[name])
         runs: dict[str, list[dict]] = {name: [] for name in names}
         tops: dict[str, list[dict]] = {}
         for round_ in range(args.rounds):
@@ -146,7 +163,7 @@ def main() -> None:
             for name in order:
                 with psycopg.connect(urls[name], autocommit=True) as conn:
                     conn.execute("SELECT pg_stat_statements_reset()")
-                result = drain(urls[name], args.jobs, postmaster)
+                result = drain(urls[name], args.jobs, postmaster, checkouts[name])
                 runs[name].append(result)
                 tops[name] = top_statements(urls[name], args.jobs)
                 print(
@@ -176,9 +193,11 @@ def main() -> None:
                 )
             )
         for name in names:
-            print(f"\n  {name}: statements by server time, last round (µs a job, calls)")
+            print(f"\n  {name}: statements by server time, last round (execution and planning µs a job; calls, plans)")
             for t in tops[name]:
-                print(f"    {t['us_per_job']:7.1f} {t['calls']:7d}  {t['query']}")
+                print(
+                    f"    {t['us_per_job']:7.1f} {t['plan_us_per_job']:7.1f} {t['calls']:7d} {t['plans']:6d}  {t['query']}"
+                )
         out = REPO / "bench" / "results"
         out.mkdir(parents=True, exist_ok=True)
         (out / "hotpath_cost.json").write_text(

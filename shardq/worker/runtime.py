@@ -85,6 +85,9 @@ class Worker:
                 f"shardq-{name}",
                 self.database_guard,
                 synchronous_commit=name not in ("fetcher", "starter", "outrank"),
+                # The start writes and the acks: id-driven writes, planned once
+                # (a plan at each call cost the server more than the write).
+                generic_plans=name in ("starter", "completer"),
             )
             for name in STORES
         }

@@ -10,6 +10,15 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- a lost claim or start leaves its jobs READY or CLAIMED, never a wrong outcome).
 SET synchronous_commit = off;
 
+-- name: generic_plans
+-- Plan each prepared statement of this session once (the start and ack connections): their
+-- statements are primary-key writes driven by id arrays, whose plan the values never change,
+-- and under plan_cache_mode's default PostgreSQL planned the start write afresh at every call
+-- (its cost estimate for the generic plan, ten ids an array, lost to the custom plan's for the
+-- few a group holds): the planning took more of the server's CPU than the write itself
+-- (docs/benchmarks.md, "The start write planned once").
+SET plan_cache_mode = force_generic_plan;
+
 -- name: time_before
 -- The database's time :age (an interval) ago: the cutoff of shardq_prune.
 SELECT clock_timestamp() - %(age)s;
@@ -52,3 +61,7 @@ SET jit = off
 -- name: jit_reset
 -- The session's JIT setting back to the server's (after jit_off).
 RESET jit
+
+-- name: show_plan_cache_mode
+-- This session's plan_cache_mode (generic_plans sets it: the tests read it back).
+SHOW plan_cache_mode;
