@@ -52,6 +52,12 @@ VARIANTS: dict[str, list[str]] = {
         "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET plan_cache_mode = force_generic_plan', "
         "current_database()); END $$"
     ],
+    # Every session planning each statement at each call, but the start and ack
+    # connections (their own SET overrides the database's default).
+    "custom_rest": [
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET plan_cache_mode = force_custom_plan', "
+        "current_database()); END $$"
+    ],
     # The floor: neither search index (what they cost at most).
     "nosearch": ["DROP INDEX shardq_job_kwargs_idx", "DROP INDEX shardq_job_task_idx"],
 }

@@ -6,11 +6,9 @@ threads timed at each step of the pickup path.
 
 An enqueuer process (bench/api_child.py ``steady``: ``noop.enqueue()`` one
 by one in autocommit) sends jobs at ``--rate``; the worker here takes them.
-For each job (the n-th NOTIFY is the n-th job: one enqueuer, one
-connection, commits in order), from the enqueue statement's start
-(``enqueued_at``, the server's clock, the same machine's):
+For each job, from the enqueue statement's start (``enqueued_at``, the
+server's clock, the same machine's):
 
-- **notify**: the listener thread has the job's NOTIFY;
 - **claim_begin** / **claim_end**: the claim_jobs statement that took it;
 - **start_begin**: its thread asked for the start write (Starter._write);
 - **started**: ``last_attempted_at`` (the start write's clock_timestamp(), the
@@ -69,18 +67,12 @@ def run(url: str, args) -> None:
 
     django.setup()
     from shardq.db.store import WorkerStore
-    from shardq.worker import listener, starter
+    from shardq.worker import starter
     from shardq.worker.runtime import Worker, WorkerOptions
 
-    notes: list[float] = []
     claims: list[tuple[float, float, list[int]]] = []
     starts: dict[int, tuple[float, float]] = {}
-    on_notify, claim_jobs, write = listener.Listener.on_notify, WorkerStore.claim_jobs, starter.StartWrites._write
-
-    def traced_notify(self, channel, payload):
-        if channel == "shardq":
-            notes.append(time.time())
-        return on_notify(self, channel, payload)
+    claim_jobs, write = WorkerStore.claim_jobs, starter.StartWrites._write
 
     def traced_claim(self, *a, **k):
         began = time.time()
@@ -97,7 +89,6 @@ def run(url: str, args) -> None:
             for job in jobs:
                 starts[job.id] = (began, ended)
 
-    listener.Listener.on_notify = traced_notify
     WorkerStore.claim_jobs = traced_claim
     starter.StartWrites._write = traced_write
 
@@ -115,7 +106,6 @@ def run(url: str, args) -> None:
         ):
             time.sleep(0.05)
         time.sleep(0.5)
-        notes.clear()
         claims.clear()
         env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(REPO)}
         subprocess.run(
@@ -137,28 +127,24 @@ def run(url: str, args) -> None:
     worker.request_stop()
     thread.join()
     claimed_by = {job_id: (b, e) for b, e, ids in claims for job_id in ids}
-    # The warm-up job (api_child's first enqueue) came before the clock: NOTIFYs pair with the last ones.
-    jobs = jobs[len(jobs) - len(notes) :] if len(notes) <= len(jobs) else jobs
     steps: dict[str, list[float]] = {
-        k: [] for k in ("notify", "claim_begin", "claim_end", "start_begin", "started", "start_end")
+        k: [] for k in ("claim_begin", "claim_end", "start_begin", "started", "start_end")
     }
     gaps: dict[str, list[float]] = {
         k: []
         for k in (
-            "enqueue -> notify",
-            "notify -> claim_begin",
+            "enqueue -> claim_begin",
             "claim (its statement)",
             "claim_end -> start_begin",
             "start_begin -> started",
         )
     }
-    for (job_id, enqueued, started), noted in zip(jobs, notes, strict=False):
+    for job_id, enqueued, started in jobs:
         if job_id not in claimed_by or job_id not in starts:
             continue
         cb, ce = claimed_by[job_id]
         sb, se = starts[job_id]
         for name, t in (
-            ("notify", noted),
             ("claim_begin", cb),
             ("claim_end", ce),
             ("start_begin", sb),
@@ -166,8 +152,7 @@ def run(url: str, args) -> None:
             ("start_end", se),
         ):
             steps[name].append((t - enqueued) * 1000)
-        gaps["enqueue -> notify"].append((noted - enqueued) * 1000)
-        gaps["notify -> claim_begin"].append((cb - noted) * 1000)
+        gaps["enqueue -> claim_begin"].append((cb - enqueued) * 1000)
         gaps["claim (its statement)"].append((ce - cb) * 1000)
         gaps["claim_end -> start_begin"].append((sb - ce) * 1000)
         gaps["start_begin -> started"].append((started - sb) * 1000)
