@@ -88,6 +88,9 @@ class Worker:
                 # The start writes and the acks: id-driven writes, planned once
                 # (a plan at each call cost the server more than the write).
                 generic_plans=name in ("starter", "completer"),
+                # The claims: each shard's walk in the ready index's order on
+                # the generic plan too, never a bitmap scan and sort of its slice.
+                ordered_walks=name in ("fetcher", "outrank"),
             )
             for name in STORES
         }

@@ -25,6 +25,7 @@ def prepared(store: WorkerStore) -> dict[str, tuple[int, int]]:
 def test_only_the_start_and_ack_connections_plan_each_statement_once(stepped):
     stores = stepped.worker.store
     assert {name for name, store in stores.items() if store.generic_plans} == {"starter", "completer"}
+    assert {name for name, store in stores.items() if store.ordered_walks} == {"fetcher", "outrank"}
     plain = WorkerStore(application_name="shardq-test-plain")
     generic = WorkerStore(application_name="shardq-test-generic", generic_plans=True)
     try:

@@ -62,6 +62,19 @@ SET jit = off
 -- The session's JIT setting back to the server's (after jit_off).
 RESET jit
 
+-- name: ordered_walks
+-- No bitmap scans on this session (the claim connections): the claim walks each shard's slice of
+-- shardq_job_ready_idx in claim order and stops at its batch. Its prepared statement runs on a
+-- generic plan after five executions, and there, not knowing :min_priority, :lookahead or the
+-- batch, the planner estimated a shard's slice at one row and chose a bitmap scan of the whole
+-- slice and a sort, at every claim: the backlog read and sorted once per claim (1.2 s a claim at
+-- 40,000 READY jobs, 12 ms walked; docs/benchmarks.md, "The database's share of a job").
+SET enable_bitmapscan = off;
+
 -- name: show_plan_cache_mode
 -- This session's plan_cache_mode (generic_plans sets it: the tests read it back).
 SHOW plan_cache_mode;
+
+-- name: show_enable_bitmapscan
+-- This session's enable_bitmapscan (ordered_walks sets it: the tests read it back).
+SHOW enable_bitmapscan;
