@@ -127,9 +127,7 @@ def run(url: str, args) -> None:
     worker.request_stop()
     thread.join()
     claimed_by = {job_id: (b, e) for b, e, ids in claims for job_id in ids}
-    steps: dict[str, list[float]] = {
-        k: [] for k in ("claim_begin", "claim_end", "start_begin", "started", "start_end")
-    }
+    steps: dict[str, list[float]] = {k: [] for k in ("claim_begin", "claim_end", "start_begin", "started", "start_end")}
     gaps: dict[str, list[float]] = {
         k: []
         for k in (
