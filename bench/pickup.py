@@ -35,6 +35,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--notify", type=int, choices=(0, 1), default=1)
     p.add_argument(
+        "--settings",
+        default=None,
+        help="the worker's and the enqueuer's DJANGO_SETTINGS_MODULE (default: bench/e2e.py's, Django's default "
+        "logging over tests.settings; bench.plain_settings: the same without limited tasks)",
+    )
+    p.add_argument(
         "--setting",
         action="append",
         default=[],
@@ -69,6 +75,10 @@ def main() -> None:
         with psycopg.connect(server.url, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION pg_stat_statements")
         bench = e2e.Bench(e2e.Options(server.url, rate=args.rate, latency_seconds=args.seconds))
+        if args.settings:
+            child_env, start_worker, settings_module = bench.child_env, bench.start_worker, args.settings
+            bench.child_env = lambda settings=settings_module, **extra: child_env(settings, **extra)
+            bench.start_worker = lambda *a, **k: start_worker(*a, **{"settings": settings_module, **k})
         rounds = []
         for round_ in range(args.rounds):
             out = bench.shardq_latency(bool(args.notify))

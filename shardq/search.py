@@ -143,8 +143,9 @@ def argument_filter(wheres: Sequence[Mapping[str, Any]], model: type[Model]) -> 
     On shardq_job the index by keyword argument (shardq_job_kwargs_idx)
     leaves out the versions of jobs in flight (CLAIMED, RUNNING: a job's
     claim and start writes are then no entries of it), so the jobs in
-    flight, a few per worker thread, are read through
-    shardq_job_inflight_idx and tested one by one; the matching ids of
+    flight (what the workers hold in their buffers and threads: thousands
+    at most, not the table) are read through shardq_job_inflight_idx and
+    tested one by one; the matching ids of
     both come first (_IdAmong), and the row filters and order apply to
     them. The history's index holds every row: a plain ``@>``."""
     from .models import IN_FLIGHT, Job
