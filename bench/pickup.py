@@ -38,7 +38,7 @@ def main() -> None:
         "--settings",
         default=None,
         help="the worker's and the enqueuer's DJANGO_SETTINGS_MODULE (default: bench/e2e.py's, Django's default "
-        "logging over tests.settings; bench.plain_settings: the same without limited tasks)",
+        "logging over tests.settings)",
     )
     p.add_argument(
         "--setting",
