@@ -78,7 +78,7 @@ def main() -> None:
         if args.settings:
             child_env, start_worker, settings_module = bench.child_env, bench.start_worker, args.settings
             bench.child_env = lambda settings=settings_module, **extra: child_env(settings, **extra)
-            bench.start_worker = lambda *a, **k: start_worker(*a, **{"settings": settings_module, **k})
+            bench.start_worker = lambda *a, **k: start_worker(*a, **{**k, "settings": settings_module})
         rounds = []
         for round_ in range(args.rounds):
             out = bench.shardq_latency(bool(args.notify))

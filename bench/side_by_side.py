@@ -164,6 +164,12 @@ def main(argv: list[str] | None = None) -> None:
         help="own: a PostgreSQL cluster of the bench's own (tests/pgserver.py), started by this process and so at "
         "its priority (run the bench under nice -n -10 on a shared machine); shared: DATABASE_URL's (default)",
     )
+    p.add_argument(
+        "--settings",
+        default=None,
+        help="the shardq worker's DJANGO_SETTINGS_MODULE (default: bench/e2e.py's; bench.plain_settings: no "
+        "limited task, as a project without limits)",
+    )
     p.add_argument("--pgqueuer-worker", metavar="URL", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.pgqueuer_worker:
@@ -200,6 +206,9 @@ def run(args: argparse.Namespace) -> None:
     pgq_url = e2e.bench_database("shardq_side_pgq")  # migrated too: harmless, and it creates the database
     defaults = get_config()
     bench = e2e.Bench(e2e.Options(shardq_url, jobs=args.jobs, poll_interval=defaults.poll_interval_seconds))
+    if args.settings:
+        start_worker, settings_module = bench.start_worker, args.settings
+        bench.start_worker = lambda *a, **k: start_worker(*a, **{**k, "settings": settings_module})
     counts = [int(w) for w in args.workers.split(",") if w.strip()]
     runs: dict[str, dict[str, list[dict]]] = {str(w): {"shardq": [], "pgqueuer": []} for w in counts}
     for round_ in range(args.rounds):
