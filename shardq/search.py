@@ -16,8 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import BooleanField, F, Func, Model, Q, QuerySet
-from django.db.models.expressions import RawSQL
+from django.db.models import BigIntegerField, BooleanField, F, Func, Model, Q, QuerySet
 from django.tasks import Task
 
 from .core.tags import normalize_tags
@@ -119,7 +118,7 @@ def check_where(where: Any, task: Task | None = None) -> dict[str, Any]:
 
 
 class _IdAmong(Func):
-    """``<id> = ANY(ARRAY(<subquery>))``: the subquery (a RawSQL) runs first,
+    """``<id> = ANY(ARRAY(<subquery>))``: the subquery (a named block) runs first,
     once, as an InitPlan, and the row's id is then an index condition of the
     primary key. Written so the planner cannot walk the primary key newest
     first filtering every row by the subquery's terms, which it may choose
@@ -145,10 +144,12 @@ def argument_filter(wheres: Sequence[Mapping[str, Any]], model: type[Model]) -> 
     claim and start writes are then no entries of it), so the jobs in
     flight (what the workers hold in their buffers and threads: thousands
     at most, not the table) are read through shardq_job_inflight_idx and
-    tested one by one; the matching ids of
-    both come first (_IdAmong), and the row filters and order apply to
-    them. The history's index holds every row: a plain ``@>``."""
-    from .models import IN_FLIGHT, Job
+    tested one by one (the named block ``argument_search_ids``); the
+    matching ids of both come first (_IdAmong), and the row filters and
+    order apply to them. The history's index holds every row: a plain
+    ``@>``."""
+    from .db import operations
+    from .models import Job
 
     if not wheres:
         raise ValueError("argument_filter needs at least one where.")
@@ -157,17 +158,8 @@ def argument_filter(wheres: Sequence[Mapping[str, Any]], model: type[Model]) -> 
         for where in wheres:
             match |= Q(kwargs__contains=dict(where))
         return match
-    terms = " OR ".join(["j.kwargs @> %s::jsonb"] * len(wheres))
     values = [json.dumps(dict(where)) for where in wheres]
-    in_flight = ", ".join(f"'{status}'" for status in IN_FLIGHT)
-    # The first branch's status test is shardq_job_kwargs_idx's predicate
-    # word for word (NOT (status IN ...)), which is what lets the planner
-    # use that partial index; the second's is shardq_job_inflight_idx's.
-    ids = RawSQL(
-        f"SELECT j.id FROM shardq_job AS j WHERE ({terms}) AND NOT (j.status IN ({in_flight}))"
-        f" UNION ALL SELECT j.id FROM shardq_job AS j WHERE j.status IN ({in_flight}) AND ({terms})",
-        [*values, *values],
-    )
+    ids = operations.expression("argument_search_ids", {"wheres": values}, BigIntegerField())
     return Q(_IdAmong(F("id"), ids))
 
 
