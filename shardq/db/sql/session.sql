@@ -16,7 +16,7 @@ SET synchronous_commit = off;
 -- and under plan_cache_mode's default PostgreSQL planned the start write afresh at every call
 -- (its cost estimate for the generic plan, ten ids an array, lost to the custom plan's for the
 -- few a group holds): the planning took more of the server's CPU than the write itself
--- (docs/benchmarks.md, "The start write planned once").
+-- (docs/benchmarks.md, "The database's share of a job").
 SET plan_cache_mode = force_generic_plan;
 
 -- name: time_before
