@@ -52,6 +52,34 @@ def backend_cpu() -> dict[int, tuple[str, float]]:
     return found
 
 
+def server_cpu() -> float | None:
+    """CPU seconds of the whole server so far (every process of the cluster:
+    backends, autovacuum, checkpointer, WAL writer), when
+    SHARDQ_BENCH_POSTMASTER_PID names its postmaster (a server of the
+    bench's own): the postmaster's own and its reaped children's time plus
+    each live child's, so a short-lived process (an autovacuum worker)
+    that exits inside the window is still counted."""
+    pid = os.environ.get("SHARDQ_BENCH_POSTMASTER_PID")
+    if not pid:
+        return None
+
+    def stat(p: str) -> list[str]:
+        return Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+
+    fields = stat(pid)
+    total = sum(int(fields[i]) for i in (11, 12, 13, 14))
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            child = stat(entry.name)
+        except OSError:
+            continue
+        if child[1] == pid:
+            total += int(child[11]) + int(child[12])
+    return total / TICK
+
+
 def main() -> None:
     n = int(sys.argv[1])
     history = bool(rows("SELECT to_regclass('shardq_job_history') IS NOT NULL")[0][0])
@@ -74,6 +102,7 @@ def main() -> None:
     while not worker.leaser.held:
         time.sleep(0.01)
     db_before = backend_cpu()
+    server_before = server_cpu()
     cpu, began = time.process_time(), time.monotonic()
     while worker.stats["succeeded"] < n:
         time.sleep(0.01)
@@ -84,6 +113,7 @@ def main() -> None:
         while rows("SELECT count(*) FROM shardq_job WHERE status = 'SUCCESSFUL'")[0][0] and time.monotonic() < deadline:
             time.sleep(0.05)
     db_after = backend_cpu()
+    server_after = server_cpu()
     spent = {pid: (name, after - db_before.get(pid, (name, 0.0))[1]) for pid, (name, after) in db_after.items()}
     db = sum(seconds for _, seconds in spent.values())
     # The archiver's connection works off the job's path (one per cluster, in batches).
@@ -103,6 +133,11 @@ def main() -> None:
                 "total_cpu_us": (worker_cpu + db) / n * 1e6,
                 "archived": moved,
                 "load": os.getloadavg()[0],
+                **(
+                    {"server_cpu_us": (server_after - server_before) / n * 1e6}
+                    if server_before is not None and server_after is not None
+                    else {}
+                ),
             }
         )
     )

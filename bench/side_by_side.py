@@ -157,6 +157,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=10_000)
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions (default 3)")
     p.add_argument("--workers", default="1,2", help="worker process counts, comma-separated (default 1,2)")
+    p.add_argument(
+        "--server",
+        choices=["shared", "own"],
+        default="shared",
+        help="own: a PostgreSQL cluster of the bench's own (tests/pgserver.py), started by this process and so at "
+        "its priority (run the bench under nice -n -10 on a shared machine); shared: DATABASE_URL's (default)",
+    )
+    p.add_argument(
+        "--settings",
+        default=None,
+        help="the shardq worker's DJANGO_SETTINGS_MODULE (default: bench/e2e.py's; bench.plain_settings: no "
+        "limited task, as a project without limits)",
+    )
     p.add_argument("--pgqueuer-worker", metavar="URL", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.pgqueuer_worker:
@@ -164,6 +177,22 @@ def main(argv: list[str] | None = None) -> None:
         return
     if problem := missing_extra():
         sys.exit(problem)
+    if args.server == "own":
+        from tests.pgserver import PrivatePostgres
+
+        server = PrivatePostgres("side", "postgres", settings={"shared_buffers": "256MB", "autovacuum": "on"})
+        server.init()
+        server.start()
+        os.environ["DATABASE_URL"] = server.url
+        try:
+            run(args)
+        finally:
+            server.destroy()
+        return
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     if "DATABASE_URL" not in os.environ:
         sys.exit("bench/side_by_side.py needs DATABASE_URL (a PostgreSQL server it may create two databases on).")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
@@ -177,6 +206,9 @@ def main(argv: list[str] | None = None) -> None:
     pgq_url = e2e.bench_database("shardq_side_pgq")  # migrated too: harmless, and it creates the database
     defaults = get_config()
     bench = e2e.Bench(e2e.Options(shardq_url, jobs=args.jobs, poll_interval=defaults.poll_interval_seconds))
+    if args.settings:
+        start_worker, settings_module = bench.start_worker, args.settings
+        bench.start_worker = lambda *a, **k: start_worker(*a, **{**k, "settings": settings_module})
     counts = [int(w) for w in args.workers.split(",") if w.strip()]
     runs: dict[str, dict[str, list[dict]]] = {str(w): {"shardq": [], "pgqueuer": []} for w in counts}
     for round_ in range(args.rounds):

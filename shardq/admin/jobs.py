@@ -535,9 +535,7 @@ class JobAdmin(BulkActionsMixin, ShardqModelAdmin):
                     "(a sensitive argument is never searched): no job matches.",
                 )
                 return queryset.none(), False
-            match = Q()
-            for value in values:
-                match |= argument_filter({name: value})
+            match = argument_filter([{name: value} for value in values], queryset.model)
             return queryset.filter(match, task_path__in=paths), False
         found = Q(shard_key=term, task_path__in=shown_key_task_paths())
         if term.isdigit() and int(term) < 2**63:

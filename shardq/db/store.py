@@ -409,11 +409,19 @@ class WorkerStore:
         application_name: str = "shardq",
         guard: "DatabaseGuard | None" = None,
         synchronous_commit: bool = True,
+        generic_plans: bool = False,
+        ordered_walks: bool = False,
     ):
         self.alias = alias
         self.application_name = application_name
         self.guard = guard or DatabaseGuard()
         self.synchronous_commit = synchronous_commit
+        # Plan each prepared statement once (``generic_plans`` in sql/session.sql):
+        # for the connections whose statements are id-driven writes.
+        self.generic_plans = generic_plans
+        # No bitmap scans (``ordered_walks`` in sql/session.sql): for the claim
+        # connections, whose walks must keep to the ready index's order.
+        self.ordered_walks = ordered_walks
         self.conn: psycopg.Connection[TupleRow] | None = None
         # The cursor the hot statements reuse (``run(..., keep=True)``).
         self._kept: psycopg.Cursor[TupleRow] | None = None
@@ -437,6 +445,10 @@ class WorkerStore:
             self.conn = connect(self.alias, application_name=self.application_name)
             if not self.synchronous_commit:
                 self.conn.execute(QUERIES["async_commit"])
+            if self.generic_plans:
+                self.conn.execute(QUERIES["generic_plans"])
+            if self.ordered_walks:
+                self.conn.execute(QUERIES["ordered_walks"])
         factory = row_factory if row_factory is not None else dict_row if named else None
         if raw:
             return psycopg.RawCursor(self.conn, row_factory=factory or tuple_row)

@@ -57,6 +57,26 @@ logger = logging.getLogger("shardq.worker")
 STORES = ("leaser", "fetcher", "completer", "starter", "outrank", "handback", "control", "resolver", "waker")
 
 
+def worker_stores(database: str, guard: DatabaseGuard) -> dict[str, WorkerStore]:
+    """A connection (store) each for the worker's services (STORES), with the
+    session settings of what each runs."""
+    return {
+        name: WorkerStore(
+            database,
+            f"shardq-{name}",
+            guard,
+            synchronous_commit=name not in ("fetcher", "starter", "outrank"),
+            # The start writes and the acks: id-driven writes, planned once
+            # (a plan at each call cost the server more than the write).
+            generic_plans=name in ("starter", "completer"),
+            # The claims: each shard's walk in the ready index's order on the
+            # generic plan too, never a bitmap scan and sort of its slice.
+            ordered_walks=name in ("fetcher", "outrank"),
+        )
+        for name in STORES
+    }
+
+
 class Worker:
     """One worker process's services, wired once (see pipeline.py)."""
 
@@ -79,15 +99,7 @@ class Worker:
         # jobs READY or CLAIMED (at-least-once); an ack, committed
         # synchronously after it in the WAL, makes it durable too.
         self.database_guard = DatabaseGuard()
-        self.store = {
-            name: WorkerStore(
-                options.database,
-                f"shardq-{name}",
-                self.database_guard,
-                synchronous_commit=name not in ("fetcher", "starter", "outrank"),
-            )
-            for name in STORES
-        }
+        self.store = worker_stores(options.database, self.database_guard)
         self.pipeline = Pipeline(self.config, self.stats, HandBack(self.store["handback"], self.stats), metrics)
         self.buffer, self.handback = self.pipeline.buffer, self.pipeline.handback
         self.completer = Completer(self.config, self.pipeline, self.store["completer"])

@@ -109,6 +109,75 @@ def test_the_claim_sorts_nothing_over_the_job_table(backlog):
     assert sorting_jobs == []
 
 
+def generic_plan(query: str, params: dict, *session: str) -> dict:
+    """The plan a worker's prepared statement runs on once PostgreSQL has
+    switched it to a generic plan (after five executions; forced here): the
+    statement PREPAREd with its parameters as $n, EXPLAINed at EXECUTE, after
+    the ``session`` statements (the claim connection's settings)."""
+    import re
+
+    names: list[str] = []
+
+    def number(match):
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", number, query).replace("%%", "%")
+    with connection.cursor() as cursor:
+        for statement in ("SET LOCAL plan_cache_mode = force_generic_plan", *session):
+            cursor.execute(statement)
+        cursor.execute("PREPARE shardq_claim_generic AS " + text)
+        try:
+            placeholders = ", ".join(["%s"] * len(names))
+            cursor.execute(
+                f"EXPLAIN (FORMAT JSON) EXECUTE shardq_claim_generic({placeholders})", [params[n] for n in names]
+            )
+            document = cursor.fetchone()[0]
+        finally:
+            cursor.execute("DEALLOCATE shardq_claim_generic")
+    return (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
+
+
+def sorts_of_jobs(plan: dict) -> list[dict]:
+    sorts = [n for n in plan_nodes(plan) if n["Node Type"] in {"Sort", "Incremental Sort"}]
+    return [sort for sort in sorts if any(n.get("Relation Name") == "shardq_job" for n in plan_nodes(sort))]
+
+
+def test_the_claim_on_its_generic_plan_walks_the_ready_index_on_the_claim_connection(backlog):
+    """The worker's claim runs prepared, on a generic plan after five
+    executions. There the planner knows no parameter (priority floor,
+    look-ahead, batch) and, left to itself, read each shard's whole slice
+    by a bitmap scan and sorted it, at every claim; the claim connection
+    (``ordered_walks``) has no bitmap scans, so it walks the index in order."""
+    plan = generic_plan(QUERIES["claim_jobs"], claim_params(backlog), QUERIES["ordered_walks"])
+
+    job_scans = [n for n in plan_nodes(plan) if n.get("Relation Name") == "shardq_job"]
+    assert "shardq_job_ready_idx" in {n.get("Index Name") for n in job_scans}, job_scans
+    assert not any(n["Node Type"] in {"Seq Scan", "Bitmap Heap Scan"} for n in job_scans), job_scans
+    assert sorts_of_jobs(plan) == []
+
+
+def test_without_the_claim_connections_setting_the_generic_plan_sorts_each_shards_backlog(backlog):
+    # Why ordered_walks exists: shown here so the test above is known to be able to fail.
+    plan = generic_plan(QUERIES["claim_jobs"], claim_params(backlog))
+
+    assert sorts_of_jobs(plan) != []
+
+
+def test_the_claim_connections_have_no_bitmap_scans_and_the_others_do(db):
+    from shardq.db.store import WorkerStore
+
+    claims = WorkerStore(application_name="shardq-test-claims", ordered_walks=True)
+    other = WorkerStore(application_name="shardq-test-other")
+    try:
+        assert claims.run("show_enable_bitmapscan", {}, fetch="one")[0] == "off"
+        assert other.run("show_enable_bitmapscan", {}, fetch="one")[0] == "on"
+    finally:
+        claims.close()
+        other.close()
+
+
 def test_one_global_order_by_would_sort_the_whole_backlog(backlog):
     # The design this query replaced (DESIGN §5): shown here so the two tests
     # above are known to be able to fail.

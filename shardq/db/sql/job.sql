@@ -1002,6 +1002,20 @@ SELECT jsonb_build_object('bytes', octet_length(b.t), 'value', CASE WHEN octet_l
 -- A job's kwargs, as admin_job_args_bounded.
 ({{bounded_json*}} FROM (SELECT kwargs AS v, kwargs::text AS t) AS b)
 
+-- name: argument_search_ids
+-- The ids of the jobs enqueued with any one of :wheres' keyword-argument values (a jsonb array's
+-- elements: kwargs @> each), a subquery for the search (shardq/search.py, argument_filter, which
+-- takes these ids first, then the page by primary key). shardq_job_kwargs_idx leaves out the jobs
+-- in flight (0028), so they are read through shardq_job_inflight_idx and tested one by one. The
+-- first branch's status test is shardq_job_kwargs_idx's predicate word for word, which is what
+-- lets the planner use that partial index; the second's is shardq_job_inflight_idx's. (No comment
+-- inside the text: it is wrapped in parentheses as it is.)
+SELECT j.id FROM shardq_job AS j
+WHERE j.kwargs @> ANY(%(wheres)s::jsonb[]) AND NOT (j.status IN ('CLAIMED', 'RUNNING'))
+UNION ALL
+SELECT j.id FROM shardq_job AS j
+WHERE j.status IN ('CLAIMED', 'RUNNING') AND j.kwargs @> ANY(%(wheres)s::jsonb[])
+
 -- name: json_excerpt
 -- The head of an expression over b.t (a jsonb value as text): {"text": its first :chars
 -- characters, "chars": its length, "bytes": its size}, or NULL for SQL NULL.

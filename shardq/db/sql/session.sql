@@ -10,6 +10,15 @@ SELECT pg_notify(%(channel)s, %(payload)s);
 -- a lost claim or start leaves its jobs READY or CLAIMED, never a wrong outcome).
 SET synchronous_commit = off;
 
+-- name: generic_plans
+-- Plan each prepared statement of this session once (the start and ack connections): their
+-- statements are primary-key writes driven by id arrays, whose plan the values never change,
+-- and under plan_cache_mode's default PostgreSQL planned the start write afresh at every call
+-- (its cost estimate for the generic plan, ten ids an array, lost to the custom plan's for the
+-- few a group holds): the planning took more of the server's CPU than the write itself
+-- (docs/benchmarks.md, "The database's share of a job").
+SET plan_cache_mode = force_generic_plan;
+
 -- name: time_before
 -- The database's time :age (an interval) ago: the cutoff of shardq_prune.
 SELECT clock_timestamp() - %(age)s;
@@ -52,3 +61,20 @@ SET jit = off
 -- name: jit_reset
 -- The session's JIT setting back to the server's (after jit_off).
 RESET jit
+
+-- name: ordered_walks
+-- No bitmap scans on this session (the claim connections): the claim walks each shard's slice of
+-- shardq_job_ready_idx in claim order and stops at its batch. Its prepared statement runs on a
+-- generic plan after five executions, and there, not knowing :min_priority, :lookahead or the
+-- batch, the planner estimated a shard's slice at one row and chose a bitmap scan of the whole
+-- slice and a sort, at every claim: the backlog read and sorted once per claim (1.2 s a claim at
+-- 40,000 READY jobs, 12 ms walked; docs/benchmarks.md, "The database's share of a job").
+SET enable_bitmapscan = off;
+
+-- name: show_plan_cache_mode
+-- This session's plan_cache_mode (generic_plans sets it: the tests read it back).
+SHOW plan_cache_mode;
+
+-- name: show_enable_bitmapscan
+-- This session's enable_bitmapscan (ordered_walks sets it: the tests read it back).
+SHOW enable_bitmapscan;
