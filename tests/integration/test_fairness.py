@@ -282,12 +282,15 @@ def test_the_fair_walk_probes_shardq_job_fair_idx_and_sorts_no_backlog():
     assert not [s for s in sorts if any(n.get("Relation Name") == "shardq_job" for n in nodes(s))]
 
 
-def seven_tenants_one_of_whose_jobs_ran_2_s_and_one_just_started():
+def seven_tenants_one_of_whose_jobs_ran_20_s_and_one_just_started():
     for i, tenant in enumerate(["big", "mid", "k1", "k2", "k3", "k4", "k5"]):
         shardq.enqueue_many(t.tenant_job, [((tenant,), {}) for _ in range(20 - i)])
-    # One of "big"'s ran 2 s in the last minute; one of "mid"'s started just now.
+    # One of "big"'s ran 20 s in the last minute; one of "mid"'s started just
+    # now. big's share of the worker time stays above 0.9 while mid's run,
+    # counted up to the moment a test reads it, is under 2.2 s (at 2 s for
+    # big, 0.22 s: a test at load 5 read 0.842).
     sql(
-        "UPDATE shardq_job SET status = 'SUCCESSFUL', last_attempted_at = clock_timestamp() - interval '3 s',"
+        "UPDATE shardq_job SET status = 'SUCCESSFUL', last_attempted_at = clock_timestamp() - interval '21 s',"
         " finished_at = clock_timestamp() - interval '1 s' WHERE id = (SELECT min(id) FROM shardq_job WHERE fair_key = 'big')"
     )
     sql(
@@ -302,7 +305,7 @@ def test_shardq_status_shows_each_queues_top_fair_keys_and_the_rest_as_other():
 
     from django.core.management import call_command
 
-    seven_tenants_one_of_whose_jobs_ran_2_s_and_one_just_started()
+    seven_tenants_one_of_whose_jobs_ran_20_s_and_one_just_started()
     out = io.StringIO()
     call_command("shardq_status", "--json", stdout=out)
 
@@ -322,7 +325,7 @@ def test_shardq_status_shows_each_queues_top_fair_keys_and_the_rest_as_other():
 def test_the_admin_dashboard_shows_each_queues_top_fair_keys_and_the_rest_as_other(admin_client):
     from django.urls import reverse
 
-    seven_tenants_one_of_whose_jobs_ran_2_s_and_one_just_started()
+    seven_tenants_one_of_whose_jobs_ran_20_s_and_one_just_started()
 
     page = admin_client.get(reverse("admin:shardq_dashboard_changelist")).content.decode()
 
@@ -357,7 +360,7 @@ def fair_gauges(registry):
 def test_the_metrics_holder_exports_each_queues_top_fair_keys_and_the_rest_as_other():
     from prometheus_client import CollectorRegistry
 
-    seven_tenants_one_of_whose_jobs_ran_2_s_and_one_just_started()
+    seven_tenants_one_of_whose_jobs_ran_20_s_and_one_just_started()
     registry = CollectorRegistry()
     _, gauges = fair_gauges(registry)
     try:

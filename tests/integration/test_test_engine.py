@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import job_factory, scalar, sql
-from tests.pgtest.base import KEPT_TABLES, TRUNCATE_ABOVE_BYTES
+from tests.pgtest.base import TRUNCATE_ABOVE_BYTES, kept_tables
 
 
 def table_sizes() -> dict[str, int]:
@@ -20,22 +20,27 @@ def table_sizes() -> dict[str, int]:
 
 def kept_rows_are_the_copies() -> bool:
     """Each kept table holds exactly the rows of its copy in ``pgtest``."""
+    kept = kept_tables(connection)
+    assert {"django_content_type", "auth_permission", "shardq_shard", "shardq_cluster"} <= set(kept), kept
     return all(
         scalar(
             f'SELECT NOT EXISTS ((TABLE "{t}" EXCEPT TABLE pgtest."{t}") UNION ALL (TABLE pgtest."{t}" EXCEPT TABLE "{t}"))'
         )
-        for t in KEPT_TABLES
+        for t in kept
     )
 
 
 def post_migrate_rows() -> set[tuple]:
-    """The content types and permissions by their natural keys (ids aside)."""
-    return set(
-        sql(
-            "SELECT ct.app_label, ct.model, p.codename, p.name FROM django_content_type AS ct "
+    """What post_migrate writes, ids aside: the content types and
+    permissions by their natural keys, shardq's cluster row and its lease rows."""
+    return {
+        *sql(
+            "SELECT 'content type', ct.app_label, ct.model, p.codename, p.name FROM django_content_type AS ct "
             "LEFT JOIN auth_permission AS p ON p.content_type_id = ct.id"
-        )
-    )
+        ),
+        *sql("SELECT 'cluster', id, shard_count, version, reshard_from, switched_at FROM shardq_cluster"),
+        *sql("SELECT 'shard', pool, shard, owner, lease_expires, claim_version, claimed_at FROM shardq_shard"),
+    }
 
 
 def truncations() -> int:
@@ -46,14 +51,15 @@ def truncations() -> int:
 
 def flush() -> None:
     """The flush pytest-django runs after a transactional test (Django's
-    TransactionTestCase: no sequence reset), without the post_migrate that
-    writes the content types and permissions back."""
+    TransactionTestCase: no sequence reset), without post_migrate (the
+    tests' flush command sends none after the engine's flush either)."""
     call_command("flush", interactive=False, verbosity=0, reset_sequences=False, inhibit_post_migrate=True)
 
 
 def emptied() -> dict[str, int]:
     """The tables that still hold rows, besides the kept ones."""
-    return {table: rows for table, rows in table_sizes().items() if rows and table not in KEPT_TABLES}
+    kept = kept_tables(connection)
+    return {table: rows for table, rows in table_sizes().items() if rows and table not in kept}
 
 
 def fill(jobs: int, users: int) -> None:
@@ -84,7 +90,7 @@ def test_the_flush_of_small_tables_deletes_every_row_and_keeps_the_files_and_seq
     before = truncations()
     flush()
     assert emptied() == {}
-    assert kept_rows_are_the_copies(), "the content types and permissions are put back as migrate left them"
+    assert kept_rows_are_the_copies(), "what post_migrate wrote is put back as it wrote it"
     assert truncations() == before, "a small flush DELETEs (no new file)"
     assert scalar("SELECT last_value FROM shardq_job_id_seq") == next_id, "a flush resets no sequence"
 
@@ -102,15 +108,18 @@ def test_a_table_grown_past_the_bound_is_flushed_with_truncate():
     assert scalar("SELECT pg_total_relation_size('shardq_job')") > TRUNCATE_ABOVE_BYTES
     before = truncations()
     flush()
-    assert not any(table_sizes().values()), table_sizes()
+    assert emptied() == {}
+    assert kept_rows_are_the_copies(), "what post_migrate wrote is put back after the TRUNCATE too"
     assert truncations() != before, "a table past the bound is TRUNCATEd"
 
 
 @pytest.mark.django_db(transaction=True)
-def test_after_either_flush_post_migrate_leaves_the_content_types_and_permissions_djangos_flush_leaves():
+@pytest.mark.parametrize("jobs", [3, 5000], ids=["delete", "truncate"])
+def test_after_either_flush_the_tables_hold_what_djangos_flush_and_post_migrate_leave_and_no_signal_is_sent(jobs):
     from django.core.management.color import no_style
     from django.core.management.sql import emit_post_migrate_signal
     from django.db.backends.postgresql.operations import DatabaseOperations
+    from django.db.models.signals import post_migrate
 
     tables = connection.introspection.django_table_names(only_existing=True, include_views=False)
     # Django's own flush (its TRUNCATE of every table), then its post_migrate.
@@ -118,11 +127,32 @@ def test_after_either_flush_post_migrate_leaves_the_content_types_and_permission
     emit_post_migrate_signal(0, False, "default")
     djangos = post_migrate_rows()
     assert djangos and not scalar("SELECT count(*) FROM shardq_job")
-    fill(3, 1)
-    # The tests' flush, as a transactional test's teardown runs it.
-    call_command("flush", interactive=False, verbosity=0, reset_sequences=False)
+    fill(1, 1)
+    sql(
+        "INSERT INTO shardq_job (task_path, backend, queue_name, priority, run_after, shard, key_hash, ordered, "
+        "status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at, "
+        "worker_losses) SELECT task_path, backend, queue_name, priority, run_after, mod(g, 64), g, ordered, "
+        "status, status_rank, fence, attempts, max_attempts, args, kwargs, errors, worker_ids, enqueued_at, "
+        "worker_losses FROM shardq_job, generate_series(1, %s) AS g",
+        [jobs - 1],
+    )
+    sql("UPDATE shardq_shard SET owner = gen_random_uuid(), claim_version = 7 WHERE shard < 3")
+    sql("DELETE FROM shardq_shard WHERE shard = 63")
+    assert (scalar("SELECT pg_total_relation_size('shardq_job')") > TRUNCATE_ABOVE_BYTES) == (jobs > 100)
+    sent = []
+
+    def receiver(**kwargs):
+        sent.append(kwargs["app_config"].label)
+
+    post_migrate.connect(receiver, dispatch_uid="test_engine_probe")
+    try:
+        # The tests' flush, as a transactional test's teardown runs it.
+        call_command("flush", interactive=False, verbosity=0, reset_sequences=False)
+    finally:
+        post_migrate.disconnect(dispatch_uid="test_engine_probe")
     assert post_migrate_rows() == djangos
-    assert emptied().keys() <= {"shardq_shard", "shardq_cluster"}, "post_migrate's shard rows only"
+    assert emptied() == {}
+    assert sent == [], "the rows were put back: no post_migrate"
 
 
 @pytest.mark.django_db(transaction=True)
