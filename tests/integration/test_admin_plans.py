@@ -10,6 +10,7 @@ every matching row. The timings at ten million rows are bench/admin_10m.py's
 (make bench-admin)."""
 
 import json
+import statistics
 
 import pytest
 from django.contrib.admin.sites import site
@@ -245,6 +246,11 @@ def test_the_history_list_reads_no_whole_table_filtered_or_searched(month_of_his
     finally:
         store.close()
     small = {p["name"] for p in partitions if p["estimated_rows"] < ROWS / 100}
+    # The month's window ends now, so its first and last days are partial
+    # (their share of a day is the time of day): on a few thousand rows the
+    # planner may rightly read the table. Every whole day is checked.
+    day = statistics.median(p["estimated_rows"] for p in partitions if p["estimated_rows"] >= ROWS / 100)
+    small |= {p["name"] for p in partitions if p["estimated_rows"] < 0.9 * day}
     for sql, params in ran:
         nodes = plan_nodes(sql, params)
         summary = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes]
