@@ -40,6 +40,7 @@ from pathlib import Path
 import psutil
 import psycopg
 
+from bench import cpu as cputime
 from bench import fairshare, limit, limits, priority
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,6 +119,9 @@ class Bench:
         # points it at another one; see bench/ab_drain.py).
         self.repo = REPO
         self._compiled: set[Path] = set()  # checkouts byte-compiled (byte_compile)
+        # The postmaster's pid of a server of the bench's own on this
+        # machine: drains then report the whole server's CPU per job too.
+        self.postmaster: int | None = None
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -375,13 +379,14 @@ class Bench:
         limit.fill(self.url, fill)
         self.byte_compile(self.repo)  # once, before the clock starts
         peak = [0]
+        client0, server0 = cputime.children_cpu(), self.server_cpu()
         started = time.perf_counter()
         proc = self.start_worker(processes, name=f"{name}-{processes}p", flags=flags, settings=settings)
         root = psutil.Process(proc.pid)
-        cpu = CpuTrack(root)
+        track = CpuTrack(root)
 
         def sample():
-            cpu.sample()
+            track.sample()
             if sample_rss:
                 peak[0] = max(peak[0], _tree_rss(root))
 
@@ -404,10 +409,11 @@ class Bench:
                     time.sleep(0.05)
                 wall = time.perf_counter() - started
         finally:
-            cpu.sample()
+            track.sample()
             self.stop_worker(proc)
+        client, server = cputime.children_cpu() - client0, self.server_cpu()
         n, steady, first, last = self.finished()
-        spent = CpuTrack.spent(cpu.samples, first, last) if n > 1 else None
+        spent = CpuTrack.spent(track.samples, first, last) if n > 1 else None
         return {
             "jobs": n,
             "wall_s": wall,
@@ -415,7 +421,15 @@ class Bench:
             "steady_rate": steady,
             "cpu_us_per_job": spent / (n - 1) * 1e6 if spent is not None else None,
             "peak_rss_mib": peak[0] / 2**20 if sample_rss else None,
+            # The whole run's (boot and shutdown included): the worker
+            # processes', and the server's when it is the bench's own.
+            "run_cpu_us_per_job": client / n * 1e6 if n else None,
+            "server_cpu_us_per_job": (server - server0) / n * 1e6 if n and server is not None else None,
         }
+
+    def server_cpu(self) -> float | None:
+        """The server's CPU seconds so far (bench/cpu.py), when it is the bench's own (``postmaster``)."""
+        return cputime.cluster_cpu(self.postmaster) if self.postmaster is not None else None
 
     def drains(self) -> dict:
         """Every drain once a round, alternated: limit, shardq with Django's

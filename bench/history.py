@@ -121,8 +121,16 @@ def fill(url: str, rows: int) -> float:
         return time.monotonic() - began if filled else 0.0
 
 
-def drain(url: str, checkout: Path, jobs: int) -> dict:
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(checkout)}
+def drain(url: str, checkout: Path, jobs: int, extra_env: dict[str, str] | None = None) -> dict:
+    """One no-op drain of ``jobs`` (bench/history_drain.py) in a fresh process
+    of ``checkout`` on ``url``: its JSON line as a dict."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PYTHONPATH": str(checkout),
+        **(extra_env or {}),
+    }
     out = subprocess.run(
         [sys.executable, str(REPO / "bench" / "history_drain.py"), str(jobs)],
         cwd=checkout,

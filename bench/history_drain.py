@@ -20,6 +20,9 @@ import django
 
 django.setup()
 
+# This script's own directory (first on sys.path), not the package of the
+# checkout under test (PYTHONPATH), which may predate bench/cpu.py.
+from cpu import cluster_cpu  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 
@@ -53,31 +56,11 @@ def backend_cpu() -> dict[int, tuple[str, float]]:
 
 
 def server_cpu() -> float | None:
-    """CPU seconds of the whole server so far (every process of the cluster:
-    backends, autovacuum, checkpointer, WAL writer), when
-    SHARDQ_BENCH_POSTMASTER_PID names its postmaster (a server of the
-    bench's own): the postmaster's own and its reaped children's time plus
-    each live child's, so a short-lived process (an autovacuum worker)
-    that exits inside the window is still counted."""
+    """CPU seconds of the whole server so far (bench/cpu.py ``cluster_cpu``),
+    when SHARDQ_BENCH_POSTMASTER_PID names its postmaster (a server of the
+    bench's own)."""
     pid = os.environ.get("SHARDQ_BENCH_POSTMASTER_PID")
-    if not pid:
-        return None
-
-    def stat(p: str) -> list[str]:
-        return Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-
-    fields = stat(pid)
-    total = sum(int(fields[i]) for i in (11, 12, 13, 14))
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            child = stat(entry.name)
-        except OSError:
-            continue
-        if child[1] == pid:
-            total += int(child[11]) + int(child[12])
-    return total / TICK
+    return cluster_cpu(pid) if pid else None
 
 
 def main() -> None:

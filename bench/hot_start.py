@@ -81,7 +81,10 @@ def one(url: str, statement: str, jobs: int, group: int) -> dict:
             conn.execute(statement, [ids[start : start + group]], prepare=True)
         wall = time.perf_counter() - began
         spent = cpu(pid) - began_cpu
-        time.sleep(0.6)  # the statistics collector's flush (PG 15: at most every 500 ms)
+        # This backend's counts reach the shared statistics at its next
+        # report, at most once a second (PG 15): force it, then read.
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT 1")
         conn.execute("SELECT pg_stat_clear_snapshot()")
         after_hot = conn.execute(
             "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'shardq_job'"
@@ -102,17 +105,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--group", type=int, default=4)
     args = p.parse_args()
-    from tests.pgserver import PrivatePostgres
+    from bench.ownserver import own_server
 
-    server = PrivatePostgres("hotstart", "shardq_hotstart", settings={"shared_buffers": "256MB"})
-    server.init()
-    server.start()
-    try:
-        server.createdb()
-        os.environ["DATABASE_URL"] = server.url
-        from bench import e2e
-
-        e2e.migrate(server.url)
+    with own_server("hotstart", "shardq_hotstart", migrate=True) as server:
         runs: dict[str, list[dict]] = {"today": [], "hot": []}
         for round_ in range(args.rounds):
             for name in ("today", "hot") if round_ % 2 == 0 else ("hot", "today"):
@@ -130,8 +125,6 @@ def main() -> None:
                 f"{figure}: today {statistics.median(r[figure] for r in runs['today']):.1f}, hot "
                 f"{statistics.median(r[figure] for r in runs['hot']):.1f}, hot ÷ today {statistics.median(ratios):.2f}"
             )
-    finally:
-        server.destroy()
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import history  # noqa: E402
+
 INFLIGHT = "NOT (status IN ('CLAIMED', 'RUNNING'))"
 KWARGS = "DROP INDEX shardq_job_kwargs_idx; CREATE INDEX shardq_job_kwargs_idx ON shardq_job USING gin (kwargs jsonb_path_ops)"
 TASK = "DROP INDEX shardq_job_task_idx; CREATE INDEX shardq_job_task_idx ON shardq_job (task_path, id DESC)"
@@ -80,25 +82,6 @@ def migrate(url: str, variant: str, checkout: Path = REPO) -> None:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
 
 
-def drain(url: str, jobs: int, postmaster: str, checkout: Path = REPO) -> dict:
-    env = {
-        **os.environ,
-        "DATABASE_URL": url,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "PYTHONPATH": str(checkout),
-        "SHARDQ_BENCH_POSTMASTER_PID": postmaster,
-    }
-    out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "history_drain.py"), str(jobs)],
-        cwd=checkout,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def top_statements(url: str, jobs: int, n: int = 8) -> list[dict]:
     import psycopg
 
@@ -133,25 +116,11 @@ def main() -> None:
         sys.exit(f"unknown variant {unknown[0]!r}: one of {', '.join(VARIANTS)}")
     import psycopg
 
-    from tests.pgserver import PrivatePostgres
+    from bench.ownserver import own_server, postmaster_pid
 
-    server = PrivatePostgres(
-        "hotpath",
-        "postgres",
-        settings={
-            "autovacuum": "on",
-            "autovacuum_naptime": "10s",
-            "shared_buffers": "256MB",
-            "max_connections": "100",
-            "shared_preload_libraries": "pg_stat_statements",
-            "pg_stat_statements.track": "top",
-            "pg_stat_statements.track_planning": "on",
-        },
-    )
-    server.init()
-    server.start()
-    try:
-        postmaster = (server.data / "postmaster.pid").read_text().split()[0]
+    settings = {"autovacuum": "on", "autovacuum_naptime": "10s", "max_connections": "100"}
+    with own_server("hotpath", settings=settings, statements=True) as server:
+        postmaster = str(postmaster_pid(server))
         base = server.url.rsplit("/", 1)[0]
         urls = {}
         checkouts = {name: REPO for name in names}
@@ -169,7 +138,9 @@ def main() -> None:
             for name in order:
                 with psycopg.connect(urls[name], autocommit=True) as conn:
                     conn.execute("SELECT pg_stat_statements_reset()")
-                result = drain(urls[name], args.jobs, postmaster, checkouts[name])
+                result = history.drain(
+                    urls[name], checkouts[name], args.jobs, {"SHARDQ_BENCH_POSTMASTER_PID": postmaster}
+                )
                 runs[name].append(result)
                 tops[name] = top_statements(urls[name], args.jobs)
                 print(
@@ -209,8 +180,6 @@ def main() -> None:
         (out / "hotpath_cost.json").write_text(
             json.dumps({"jobs": args.jobs, "summary": summary, "runs": runs, "statements": tops}, indent=1)
         )
-    finally:
-        server.destroy()
 
 
 if __name__ == "__main__":

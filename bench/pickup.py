@@ -48,32 +48,18 @@ def main() -> None:
         help="a server setting (repeatable), e.g. synchronous_commit=off",
     )
     args = p.parse_args()
-    from tests.pgserver import PrivatePostgres
+    from bench.ownserver import own_server
 
-    settings = {
-        "shared_buffers": "256MB",
-        "max_connections": "100",
-        "shared_preload_libraries": "pg_stat_statements",
-        "pg_stat_statements.track": "top",
-        "pg_stat_statements.track_planning": "on",
-    }
+    settings = {"max_connections": "100"}
     for item in args.setting:
         name, _, value = item.partition("=")
         settings[name] = value
-    server = PrivatePostgres("pickup", "shardq_pickup", settings=settings)
-    server.init()
-    server.start()
-    try:
-        server.createdb()
-        os.environ["DATABASE_URL"] = server.url
-        os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-        from bench import e2e
-
-        e2e.migrate(server.url)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    with own_server("pickup", "shardq_pickup", settings, statements=True, migrate=True) as server:
         import psycopg
 
-        with psycopg.connect(server.url, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION pg_stat_statements")
+        from bench import e2e
+
         bench = e2e.Bench(e2e.Options(server.url, rate=args.rate, latency_seconds=args.seconds))
         if args.settings:
             child_env, start_worker, settings_module = bench.child_env, bench.start_worker, args.settings
@@ -109,8 +95,6 @@ def main() -> None:
         (out_dir / "pickup.json").write_text(
             json.dumps({"args": vars(args), "summary": summary, "rounds": rounds}, indent=1)
         )
-    finally:
-        server.destroy()
 
 
 if __name__ == "__main__":

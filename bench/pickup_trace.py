@@ -45,21 +45,11 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=200.0)
     p.add_argument("--seconds", type=float, default=10.0)
     args = p.parse_args()
-    from tests.pgserver import PrivatePostgres
+    from bench.ownserver import own_server
 
-    server = PrivatePostgres("trace", "shardq_trace", settings={"shared_buffers": "256MB"})
-    server.init()
-    server.start()
-    try:
-        server.createdb()
-        os.environ["DATABASE_URL"] = server.url
-        os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-        from bench import e2e
-
-        e2e.migrate(server.url)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    with own_server("trace", "shardq_trace", migrate=True) as server:
         run(server.url, args)
-    finally:
-        server.destroy()
 
 
 def run(url: str, args) -> None:

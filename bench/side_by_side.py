@@ -37,6 +37,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from bench import cpu  # noqa: E402
+
 ENTRYPOINT = "noop"
 ENQUEUE_BATCH = 1000
 
@@ -95,11 +98,13 @@ async def _pgqueuer_prepare(url: str, jobs: int) -> None:
         await connection.close()
 
 
-def pgqueuer_drain(url: str, jobs: int, workers: int) -> dict:
+def pgqueuer_drain(url: str, jobs: int, workers: int, postmaster: int | None = None) -> dict:
     import psycopg
 
     asyncio.run(_pgqueuer_prepare(url, jobs))
     with psycopg.connect(url, autocommit=True) as conn:
+        client0 = cpu.children_cpu()
+        server0 = cpu.cluster_cpu(postmaster) if postmaster is not None else None
         started = time.perf_counter()
         procs = [
             subprocess.Popen(
@@ -130,13 +135,22 @@ def pgqueuer_drain(url: str, jobs: int, workers: int) -> dict:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+        client = cpu.children_cpu() - client0
+        server = cpu.cluster_cpu(postmaster) - server0 if postmaster is not None and server0 is not None else None
         n, first, last = conn.execute(
             "SELECT count(*), extract(epoch FROM min(created))::float8, extract(epoch FROM max(created))::float8"
             " FROM pgqueuer_log WHERE status = 'successful'"
         ).fetchone()
     if n != jobs:
         raise RuntimeError(f"pgqueuer logged {n} successful jobs of {jobs}")
-    return {"jobs": n, "wall_s": wall, "wall_rate": n / wall, "steady_rate": (n - 1) / (last - first)}
+    return {
+        "jobs": n,
+        "wall_s": wall,
+        "wall_rate": n / wall,
+        "steady_rate": (n - 1) / (last - first),
+        "run_cpu_us_per_job": client / n * 1e6,
+        "server_cpu_us_per_job": server / n * 1e6 if server is not None else None,
+    }
 
 
 # -- shardq -------------------------------------------------------------------------
@@ -178,21 +192,17 @@ def main(argv: list[str] | None = None) -> None:
     if problem := missing_extra():
         sys.exit(problem)
     if args.server == "own":
-        from tests.pgserver import PrivatePostgres
+        from bench.ownserver import own_server, postmaster_pid
 
-        server = PrivatePostgres("side", "postgres", settings={"shared_buffers": "256MB", "autovacuum": "on"})
-        server.init()
-        server.start()
-        os.environ["DATABASE_URL"] = server.url
-        try:
-            run(args)
-        finally:
-            server.destroy()
+        with own_server("side", settings={"autovacuum": "on"}) as server:
+            run(args, postmaster=postmaster_pid(server))
         return
     run(args)
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, postmaster: int | None = None) -> None:
+    """The interleaved rounds and their summary; ``postmaster``: the pid of
+    a server of the bench's own, whose CPU per job is then reported too."""
     if "DATABASE_URL" not in os.environ:
         sys.exit("bench/side_by_side.py needs DATABASE_URL (a PostgreSQL server it may create two databases on).")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
@@ -206,6 +216,7 @@ def run(args: argparse.Namespace) -> None:
     pgq_url = e2e.bench_database("shardq_side_pgq")  # migrated too: harmless, and it creates the database
     defaults = get_config()
     bench = e2e.Bench(e2e.Options(shardq_url, jobs=args.jobs, poll_interval=defaults.poll_interval_seconds))
+    bench.postmaster = postmaster
     if args.settings:
         start_worker, settings_module = bench.start_worker, args.settings
         bench.start_worker = lambda *a, **k: start_worker(*a, **{**k, "settings": settings_module})
@@ -214,11 +225,16 @@ def run(args: argparse.Namespace) -> None:
     for round_ in range(args.rounds):
         for w in counts:
             for name in ("shardq", "pgqueuer") if round_ % 2 == 0 else ("pgqueuer", "shardq"):
-                out = shardq_drain(bench, args.jobs, w) if name == "shardq" else pgqueuer_drain(pgq_url, args.jobs, w)
+                if name == "shardq":
+                    out = shardq_drain(bench, args.jobs, w)
+                else:
+                    out = pgqueuer_drain(pgq_url, args.jobs, w, postmaster)
                 runs[str(w)][name].append(out)
+                server = out["server_cpu_us_per_job"]
                 print(
                     f"round {round_ + 1}, {w} worker(s), {name:8s}: wall {out['wall_rate']:7,.0f} jobs/s "
-                    f"({out['wall_s']:.2f} s), steady {out['steady_rate']:7,.0f} jobs/s",
+                    f"({out['wall_s']:.2f} s), steady {out['steady_rate']:7,.0f} jobs/s; CPU a job: workers "
+                    f"{out['run_cpu_us_per_job']:.0f} µs" + (f", server {server:.0f} µs" if server is not None else ""),
                     flush=True,
                 )
     summary: dict[str, dict] = {}
@@ -228,9 +244,11 @@ def run(args: argparse.Namespace) -> None:
     for w in counts:
         side = runs[str(w)]
         row: dict[str, float] = {}
-        for figure in ("wall_rate", "steady_rate"):
+        for figure in ("wall_rate", "steady_rate", "run_cpu_us_per_job", "server_cpu_us_per_job"):
             s = [r[figure] for r in side["shardq"]]
             q = [r[figure] for r in side["pgqueuer"]]
+            if None in s or None in q:
+                continue
             row[f"shardq_{figure}"] = statistics.median(s)
             row[f"pgqueuer_{figure}"] = statistics.median(q)
             row[f"ratio_{figure}"] = statistics.median(a / b for a, b in zip(s, q, strict=True))
@@ -239,6 +257,16 @@ def run(args: argparse.Namespace) -> None:
             f"  {w} worker(s): wall shardq {row['shardq_wall_rate']:,.0f} vs pgqueuer {row['pgqueuer_wall_rate']:,.0f} "
             f"jobs/s = {row['ratio_wall_rate']:.2f}x; steady {row['shardq_steady_rate']:,.0f} vs "
             f"{row['pgqueuer_steady_rate']:,.0f} = {row['ratio_steady_rate']:.2f}x"
+        )
+        print(
+            f"    CPU a job, the workers' whole run: shardq {row['shardq_run_cpu_us_per_job']:.0f} vs pgqueuer "
+            f"{row['pgqueuer_run_cpu_us_per_job']:.0f} µs = {row['ratio_run_cpu_us_per_job']:.2f}x"
+            + (
+                f"; the server's: {row['shardq_server_cpu_us_per_job']:.0f} vs "
+                f"{row['pgqueuer_server_cpu_us_per_job']:.0f} µs = {row['ratio_server_cpu_us_per_job']:.2f}x"
+                if "ratio_server_cpu_us_per_job" in row
+                else ""
+            )
         )
     results = REPO / "bench" / "results"
     results.mkdir(parents=True, exist_ok=True)

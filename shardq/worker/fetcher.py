@@ -127,6 +127,12 @@ class Fetcher(Service):
         self._plain_checked = -math.inf
         self._plain_unknown = True
         self._limited_took = False
+        # Quiet (told_shards): the held shards (shard -> fence) when a claim
+        # over all of them found nothing, until when no claim over all of
+        # them is due, and the shards NOTIFYs told of since.
+        self._quiet: dict[int, int] | None = None
+        self._quiet_until = -math.inf
+        self._told: set[int] = set()
         # Fairness (docs/fairness.md): the round's turn, whether the claim
         # goes by it, and the weights it shares out by (FairRound). Keys the
         # claim passes over wake the fetcher when they run low
@@ -241,8 +247,10 @@ class Fetcher(Service):
         if shard not in self.leaser.held:
             return
         # New jobs in a held shard: the next round runs the ordinary claim
-        # even if its last one found nothing (jobs_notified).
+        # even if its last one found nothing (jobs_notified), over this
+        # shard at least (FetchWake.notified).
         self.jobs_notified()
+        self._wake.notified(shard)
         if priority is not None:
             # Recorded even when the claim is put off: the one the limiter
             # delivers later takes it.
@@ -250,14 +258,16 @@ class Fetcher(Service):
             if self.outranks.ask():
                 self.outrank()
         if self.fetch_wakes.ask():
-            self.wake()
+            self._wake.wake()
 
     def limit_freed(self, payload: str) -> None:
         """A slot of limit ``payload`` was freed somewhere: claim now if this
         worker was passing that limit over (docs/limits.md)."""
         limiter = self.limiter
-        if limiter is not None and limiter.freed(payload) and self.fetch_wakes.ask():
-            self.wake()
+        if limiter is not None and limiter.freed(payload):
+            self._wake.want_full()
+            if self.fetch_wakes.ask():
+                self._wake.wake()
 
     def _notices_pending(self) -> bool:
         return self.fetch_wakes.pending or self.outranks.pending
@@ -266,7 +276,7 @@ class Fetcher(Service):
         if self.outranks.due():
             self.outrank()
         if self.fetch_wakes.due():
-            self.wake()
+            self._wake.wake()
 
     @property
     def waiting_for_slots(self) -> bool:
@@ -313,42 +323,23 @@ class Fetcher(Service):
             start = self._rotation % len(order)
             self._rotation += 1
             order = order[start:] + order[:start]
-            # The claim takes the highest priority level due over all these
-            # shards (see claim_jobs); a shallow pass takes a few jobs of it
-            # from every shard that has it. After a short answer (the level
-            # ran out, or lives in a few shards) the next claim goes at once,
-            # and a deep pass lets any shard fill the batch, so a backlog in a
-            # few shards drains at full speed.
-            per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
-            self.pipeline.in_flight_lowest = self._last_lowest
-            rows: list[ClaimedJob] = []
-            try:
-                if self.plain_claim_due(limited):
-                    self._plain_unknown = False
-                    checked = time.monotonic()
-                    claimed = self._claim(order, per_shard, free)
-                    if not isinstance(claimed, list):
-                        self._plain_unknown = True  # failed: look again next round
-                        return claimed
-                    rows = claimed
-                    self._plain_empty, self._plain_checked = not rows, checked
-                if rows:
-                    self._last_lowest = min(job.priority for job in rows)
-                    self.take(rows)
-            finally:
-                self.pipeline.in_flight_lowest = None
-            # Limited jobs have their own claim (claim_jobs leaves them out),
-            # for the demand the ordinary claim left.
-            took_limited = self.claim_limited(order, free - len(rows)) if limited else 0
-            self._limited_took = took_limited > 0
+            told = self.told_shards(shards)
+            if told is not None:
+                rows, took_limited = self.claim_told(told, order, free, limited)
+            else:
+                rows, took_limited = self.claim_all(order, free, limited)
         finally:
             ownership.release_read()
         if limited:
             # Slots the claim found nothing here needs go back now, not after
             # this round's sleep: another worker may be waiting for them.
             self.keep_limit_slots(renew=False)
+        if not isinstance(rows, list):
+            return rows  # the claim failed: wait this long
         if took_limited:
             return None
+        if told is not None:
+            return self.after_told(told, rows, free, limited)
         # Fewer rows than asked does not mean empty (per-shard limits, SKIP
         # LOCKED): go again while a claim finds anything; sleep only on none.
         if rows:
@@ -358,7 +349,114 @@ class Fetcher(Service):
             self._deep = False
             return None
         # Idle: sleep until the poll, or until the next deferred job comes
-        # within the look-ahead (no NOTIFY marks that moment).
+        # within the look-ahead (no NOTIFY marks that moment). Until then,
+        # a NOTIFY's claim walks only the shards told of (told_shards).
+        sleep = self.idle_sleep(order, limited)
+        self._quiet, self._quiet_until = dict(shards), time.monotonic() + sleep
+        return sleep
+
+    def claim_all(self, order: list[int], free: int, limited: bool) -> tuple[list[ClaimedJob] | float, int]:
+        """A round over every held shard (``order``): the ordinary claim,
+        then the limited one for the demand it left. (its rows, or how long
+        to wait when it failed; how many limited jobs were claimed)."""
+        # The claim takes the highest priority level due over all these
+        # shards (see claim_jobs); a shallow pass takes a few jobs of it
+        # from every shard that has it. After a short answer (the level
+        # ran out, or lives in a few shards) the next claim goes at once,
+        # and a deep pass lets any shard fill the batch, so a backlog in a
+        # few shards drains at full speed.
+        per_shard = free if self._deep else max(1, math.ceil(2 * free / len(order)))
+        rows = self.claim_plain(order, per_shard, free, limited)
+        if not isinstance(rows, list):
+            return rows, 0
+        # Limited jobs have their own claim (claim_jobs leaves them out),
+        # for the demand the ordinary claim left.
+        took_limited = self.claim_limited(order, free - len(rows)) if limited else 0
+        self._limited_took = took_limited > 0
+        return rows, took_limited
+
+    # -- quiet: the told shards' claim -------------------------------------------
+
+    def told_shards(self, shards: dict[int, int]) -> list[int] | None:
+        """The shards this round claims from when only NOTIFYs of new jobs
+        woke the fetcher since a claim over every held shard found nothing
+        (quiet): those told of, sorted. None: claim from every shard (the
+        poll or a deferred job's due time came, the held shards or their
+        fences changed, something else woke it: free room, a queue control,
+        a limit slot, a fair key run low (FetchWake.set); or a round was
+        asked with nothing told, as a test's direct call)."""
+        full, told = self._wake.take()
+        quiet = self._quiet
+        if quiet is not None and not full and time.monotonic() < self._quiet_until and quiet == shards:
+            self._told.update(shard for shard in told if shard in shards)
+            if self._told:
+                return sorted(self._told)
+        self._quiet = None
+        self._told.clear()
+        return None
+
+    def claim_told(
+        self, told: list[int], order: list[int], free: int, limited: bool
+    ) -> tuple[list[ClaimedJob] | float, int]:
+        """A quiet round: the ordinary claim over the shards NOTIFYs told of
+        (``told``), every other held shard having had nothing at the last
+        claim over all of them and no NOTIFY since: one index probe a told
+        shard, not one a held shard. Limited jobs (their own claim, over
+        ``order``: every shard, as a limit's state is decided over all of
+        them) are looked for when the told shards had no ordinary job; a
+        limited claim that took some ends the quiet."""
+        self.stats.add("told_claims")
+        rows = self.claim_plain(told, free, free, limited)
+        if not isinstance(rows, list):
+            return rows, 0
+        took_limited = 0
+        if not rows and limited:
+            took_limited = self.claim_limited(order, free)
+            self._limited_took = took_limited > 0
+            if took_limited:
+                self._quiet = None  # the limited drain goes on over every shard
+        return rows, took_limited
+
+    def after_told(self, told: list[int], rows: list[ClaimedJob], free: int, limited: bool) -> float | None:
+        """After a quiet round: go again at once while the told shards may
+        hold more (several shards, or a full batch: the claim's walk of one
+        shard below the batch took all it had due); else sleep until the
+        quiet ends, or a deferred job of the told shards comes due."""
+        if rows and (len(told) > 1 or len(rows) >= free):
+            return None
+        self._told.clear()
+        now = time.monotonic()
+        self._quiet_until = min(self._quiet_until, now + self.idle_sleep(told, limited))
+        return max(0.0, self._quiet_until - now)
+
+    def claim_plain(self, order: list[int], per_shard: int, free: int, limited: bool) -> list[ClaimedJob] | float:
+        """The ordinary claim of this round (``claim_jobs``) when due, its
+        jobs routed (``take``): its rows, or how long to wait when it
+        failed. The caller holds the ownership read lock."""
+        self.pipeline.in_flight_lowest = self._last_lowest
+        rows: list[ClaimedJob] = []
+        try:
+            if self.plain_claim_due(limited):
+                self._plain_unknown = False
+                checked = time.monotonic()
+                claimed = self._claim(order, per_shard, free)
+                if not isinstance(claimed, list):
+                    self._plain_unknown = True  # failed: look again next round
+                    self._quiet = None
+                    return claimed
+                rows = claimed
+                self._plain_empty, self._plain_checked = not rows, checked
+            if rows:
+                self._last_lowest = min(job.priority for job in rows)
+                self.take(rows)
+        finally:
+            self.pipeline.in_flight_lowest = None
+        return rows
+
+    def idle_sleep(self, order: list[int], limited: bool) -> float:
+        """How long an idle fetcher sleeps: the poll interval, or less when a
+        deferred job of these shards comes within the look-ahead sooner, or
+        a rate limit passed over has its next token sooner."""
         try:
             due_in = self.store.seconds_until_due(order)
         except DatabaseUnavailable:

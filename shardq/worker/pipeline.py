@@ -23,6 +23,7 @@ once from ``settings.SHARDQ`` and the command's options (``WorkerOptions``)
 and validated then (River's ``producerConfig.mustValidate``).
 """
 
+import builtins
 import os
 import threading
 from collections.abc import Callable
@@ -158,6 +159,61 @@ class OutrankingClaim:
     limit: int
 
 
+class FetchWake:
+    """What the fetcher sleeps on between claims: an event, plus why it was set.
+
+    ``set()`` (free room, new shards, a control or a limit slot changed,
+    anything but new jobs) asks for a claim over every held shard;
+    ``notified(shard)`` only records that a NOTIFY told of new jobs in
+    ``shard``, and ``wake()`` wakes the fetcher for those: while the last
+    claim over every shard found nothing, it claims only the shards told of
+    (``Fetcher.scope``), one index probe each instead of one per held shard.
+    """
+
+    __slots__ = ("_event", "_lock", "_full", "_shards")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._full = True
+        self._shards: builtins.set[int] = builtins.set()
+
+    def set(self) -> None:
+        with self._lock:
+            self._full = True
+        self._event.set()
+
+    def notified(self, shard: int) -> None:
+        with self._lock:
+            self._shards.add(shard)
+
+    def want_full(self) -> None:
+        """Ask for a claim over every shard, without waking the fetcher (a
+        rate-limited wake follows)."""
+        with self._lock:
+            self._full = True
+
+    def wake(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    def take(self) -> tuple[bool, builtins.set[int]]:
+        """(was a claim over every shard asked for, the shards NOTIFYs told
+        of) since the last call."""
+        with self._lock:
+            full, shards = self._full, self._shards
+            self._full, self._shards = False, builtins.set()
+        return full, shards
+
+
 class Pipeline:
     """What the stages share (see the module docstring)."""
 
@@ -170,7 +226,7 @@ class Pipeline:
         # Claimed jobs that will not run here go back to READY through it.
         self.handback = handback
         # The fetcher sleeps on this between claims.
-        self.fetch_wake = threading.Event()
+        self.fetch_wake = FetchWake()
         task_of = partial(resolve, extra_modules=config.task_modules)
         self.buffer = Buffer(
             config.concurrency + config.max_prefetch + OUTRANKING_ROOM,

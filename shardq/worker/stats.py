@@ -25,6 +25,7 @@ COUNTERS = (
     "acks_carried",  # outcomes written by a start write they rode on (no ack statement of their own)
     "ack_flushes",  # synchronous commits that made the carried outcomes durable (one per flush interval)
     "claim_statements",  # claim_jobs statements (claimed ÷ these: the claim batch; empty ones count)
+    "told_claims",  # of those, claims of only the shards a NOTIFY told of (quiet: Fetcher.told_shards)
     "starts_refused",  # start writes that found the claim superseded (the job is not run)
     "quarantined",  # unreadable rows failed at claim
     "outcomes_refused",  # outcomes PostgreSQL refused to store (the job failed instead)
