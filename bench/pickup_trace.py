@@ -151,6 +151,24 @@ def run(url: str, args) -> None:
     print("gaps (ms):")
     for name, values in gaps.items():
         print(f"  {name:28s} {q(values, 0.5):7.2f} {q(values, 0.9):7.2f} {q(values, 0.99):7.2f}")
+    # The tail: where the slowest 2 % of pickups spent their time, and how
+    # many came while a claim was already in flight (they wait for it).
+    traced = [
+        (started - enqueued, job_id, enqueued)
+        for job_id, enqueued, started in jobs
+        if job_id in claimed_by and job_id in starts
+    ]
+    tail = sorted(traced, reverse=True)[: max(1, len(traced) // 50)]
+    if tail:
+        print(f"the slowest {len(tail)} pickups (from {tail[-1][0] * 1000:.2f} ms), mean ms of each gap:")
+        for name, part in (
+            ("enqueue -> claim_begin", lambda j, e: claimed_by[j][0] - e),
+            ("claim (its statement)", lambda j, e: claimed_by[j][1] - claimed_by[j][0]),
+            ("claim_end -> start_begin", lambda j, e: starts[j][0] - claimed_by[j][1]),
+        ):
+            print(f"  {name:28s} {statistics.fmean(part(j, e) for _, j, e in tail) * 1000:7.2f}")
+        busy = sum(1 for _, j, e in tail if any(b < e < end and j not in ids for b, end, ids in claims))
+        print(f"  came while another claim was in flight: {busy} of {len(tail)}")
     durations = [(e - b) * 1000 for b, e, _ in claims]
     empty = sum(1 for _, _, ids in claims if not ids)
     print(
