@@ -172,8 +172,13 @@ def write_odd_job(name: str, data_type: str, value: str | None, state: str, shar
         parent_id, job_id, sibling_id = (int(r.id) for r in wf.enqueue())
         others = [parent_id, sibling_id]
     else:
+        # A limited one does not sleep (three_at_once sleeps 0.2 s unless
+        # told): every example's rows are run in one batch by two threads.
         [job_id] = job_factory(
-            1, shard=shard, task_path=LIMITED_PATH if state == "limited" else "tests.taskapp.tasks.noop"
+            1,
+            shard=shard,
+            task_path=LIMITED_PATH if state == "limited" else "tests.taskapp.tasks.noop",
+            kwargs={"sleep": 0} if state == "limited" else None,
         )
     if state == "limited":
         sql("UPDATE shardq_job SET limit_keys = %s::jsonb WHERE id = %s", [LIMITED_KEYS, job_id])
