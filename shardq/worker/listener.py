@@ -34,6 +34,13 @@ from .stats import Stats
 
 logger = logging.getLogger("shardq.worker.fetcher")
 
+# The longest wait for a notification while none is pending: how long a stop
+# waits for the listener's thread (a blocked notifies() cannot be woken: it
+# holds the connection's lock). A wait that ends idle costs one poll() of
+# the socket; a notification ends it at once, whatever its length. At 0.5 s
+# every in-process worker's stop took 0.4 s on average (the tests start ~70).
+IDLE_WAIT_SECONDS = 0.1
+
 
 def _never() -> bool:
     return False
@@ -144,7 +151,7 @@ class Listener(Service):
                 while not self._stop.is_set():
                     # Short waits only while a suppressed wake-up is pending.
                     pending = self.pending()
-                    for note in self.conn.notifies(timeout=0.005 if pending else 0.5, stop_after=256):
+                    for note in self.conn.notifies(timeout=0.005 if pending else IDLE_WAIT_SECONDS, stop_after=256):
                         self.on_notify(note.channel, note.payload)
                         if not pending and self.pending():
                             break  # deliver it on time, not when this wait ends

@@ -57,7 +57,11 @@ def test_a_task_that_kills_its_process_dead_letters_itself_only(workers):
     supervisor = workers.start("--processes", "1", "--concurrency", "6")
     wait_until(lambda: all_shards_owned(), timeout=60)
     innocents = [audit_tasks.innocent.enqueue(n, seconds=2.5) for n in range(3)]
-    overrunning = [audit_tasks.overruns.enqueue(30) for _ in range(2)]
+    # Past their 4 s timeout whenever the crash comes (their first attempt
+    # ends there); a sleep is not interrupted, so each stays a zombie until
+    # it ends, and the lost jobs' runs one at a time wait for it: 8 s, not
+    # 30 (two zombies of 30 s were 50 s of this test's 72).
+    overrunning = [audit_tasks.overruns.enqueue(8) for _ in range(2)]
     beside = innocents + overrunning
     wait_until(
         lambda: all(job(r.id)["status"] == "RUNNING" for r in beside),

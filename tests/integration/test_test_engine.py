@@ -18,6 +18,14 @@ def table_sizes() -> dict[str, int]:
     return {table: scalar(f'SELECT count(*) FROM "{table}"') for table in tables}
 
 
+def tables_past_the_bound() -> list[str]:
+    """The tables whose size (with indexes and TOAST) makes the flush TRUNCATE."""
+    tables = connection.introspection.django_table_names(only_existing=True, include_views=False)
+    return [
+        t for t in tables if scalar("SELECT pg_total_relation_size(%s::regclass)", [f'"{t}"']) > TRUNCATE_ABOVE_BYTES
+    ]
+
+
 def kept_rows_are_the_copies() -> bool:
     """Each kept table holds exactly the rows of its copy in ``pgtest``."""
     kept = kept_tables(connection)
@@ -88,10 +96,18 @@ def test_the_flush_of_small_tables_deletes_every_row_and_keeps_the_files_and_seq
     fill(jobs, users)
     next_id = scalar("SELECT last_value FROM shardq_job_id_seq")
     before = truncations()
+    # A table may come to this test past the bound (an earlier test's
+    # rolled-back bulk insert leaves its file grown, and no flush followed):
+    # then the flush TRUNCATEs, as it must, and leaves every table small for
+    # the next example. This failed as a flaky test in a whole run.
+    grown = tables_past_the_bound()
     flush()
     assert emptied() == {}
     assert kept_rows_are_the_copies(), "what post_migrate wrote is put back as it wrote it"
-    assert truncations() == before, "a small flush DELETEs (no new file)"
+    if grown:
+        assert truncations() != before, f"tables past the bound ({grown}) are TRUNCATEd"
+    else:
+        assert truncations() == before, "a small flush DELETEs (no new file)"
     assert scalar("SELECT last_value FROM shardq_job_id_seq") == next_id, "a flush resets no sequence"
 
 

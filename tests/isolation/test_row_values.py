@@ -184,12 +184,14 @@ def test_the_claim_into_owned_slots_quarantines_a_bare_string_key_instead_of_fai
     assert f'limit_keys "{THREE_AT_ONCE}" is not a JSON array' in unreadable_error(bad)
 
 
-def test_a_ready_row_due_at_infinity_never_stops_the_idle_fetcher():
+def test_a_ready_row_due_at_infinity_never_stops_the_idle_fetcher(settings):
     """The issue's second row: the idle fetcher asks when the next deferred
     job falls due, and 'infinity' minus now failed the statement, so the
     fetcher died (45 restarts in 75 s under the supervisor). Such a row is
     never due: it stays READY, and the fetcher's sleep follows the finite
-    ones."""
+    ones. (A 0.05 s poll: every idle round asks, whatever the interval; three
+    rounds at the default 1 s took 3 s.)"""
+    settings.SHARDQ = {**settings.SHARDQ, "POLL_INTERVAL": 0.05}
     never = poison("run_after = 'infinity'")
     leased_shard_factory(range(64))
     store = WorkerStore(application_name="test-row-values")
