@@ -1369,10 +1369,7 @@ def fields_row[R: "DataclassInstance"](cls: type[R]) -> RowFactory[R]:
     fields = [f.name for f in dataclasses.fields(cls)]
 
     def factory(cursor: psycopg.Cursor[Any]) -> RowMaker[R]:
-        # The names from the result itself: ``cursor.description`` builds a
-        # Column object a column at every call (80 µs a claim, profiled).
-        result = cursor.pgresult
-        names = [] if result is None else [(result.fname(i) or b"").decode() for i in range(result.nfields)]
+        names = [column.name for column in cursor.description or ()]
         unknown = set(names) - set(fields)
         if unknown:
             raise TypeError(f"{cls.__name__} has no field for column(s) {sorted(unknown)}")
