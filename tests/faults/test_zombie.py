@@ -8,6 +8,7 @@ import signal
 import time
 
 import shardq
+from shardq.conf import get_config
 from tests.faults.harness import (
     HEARTBEAT,
     TTL,
@@ -114,7 +115,20 @@ def test_a_paused_worker_self_fences_on_waking_and_every_late_completion_is_reje
         late_attempts += ran - landed
     rejections = sum(worker_stats(w).get("fence_rejections", 0) for w in ids)
     report = check_invariants(query, expected_jobs=total)
-    assert report["statuses"] == {"SUCCESSFUL": total}, report
+    # A job RUNNING on the paused worker at MAX_WORKER_LOSSES (3) pauses is
+    # dead-lettered as WorkerLost, by design, and check_invariants (a) allows
+    # a FAILED job only so. At the full size's 30 pauses it happens: within a
+    # priority level a claim takes a few jobs of each shard in turn, not the
+    # oldest of all, so a rescued job can wait behind newer ones until its
+    # shard is back on the worker paused next (one job in 5 of 6 full runs in
+    # session 14, on the session's start tree as on its end).
+    worker_lost = scalar(
+        "SELECT count(*) FROM shardq_job WHERE status = 'FAILED' AND worker_losses >= %s "
+        "AND errors::text LIKE '%%shardq.exceptions.WorkerLost%%'",
+        [get_config().max_worker_losses],
+    )
+    assert report["statuses"].get("SUCCESSFUL", 0) + worker_lost == total, report
+    assert worker_lost <= len(paused) // 3, (worker_lost, len(paused))
     figures(
         "zombie",
         pauses=PAUSES,
@@ -122,6 +136,7 @@ def test_a_paused_worker_self_fences_on_waking_and_every_late_completion_is_reje
         late_completions=late_attempts,
         rejections_counted=rejections,
         committed_before_takeover=committed_before_takeover,
+        dead_lettered_worker_lost=worker_lost,
         self_fence_p50=percentile(self_fence_seconds, 50),
         self_fence_max=max(self_fence_seconds),
         double_commits=report["double_commits"],
